@@ -1,0 +1,40 @@
+"""matroot: batched matrix inverse p-th roots for any array-API backend.
+
+``matroot.inv_root(a, p)`` computes ``(A + eps·I)^(-1/p)`` for every symmetric
+positive (semi)definite matrix of a stack ``a[..., n, n]`` of NumPy, CuPy or
+PyTorch arrays, with Newton–Schulz, coupled Newton, Chebyshev or eigh.
+"""
+
+from .roots import (
+    ConvergenceWarning,
+    InvRootResult,
+    default_max_iter,
+    default_tol,
+    inv_root,
+    inv_root_info,
+)
+from .scaling import (
+    SpectralBounds,
+    lambda_max_bound,
+    lambda_min_estimate,
+    power_iteration,
+    spectral_bounds,
+)
+from .solvers.auto import choose_method
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "inv_root",
+    "inv_root_info",
+    "InvRootResult",
+    "ConvergenceWarning",
+    "default_tol",
+    "default_max_iter",
+    "choose_method",
+    "power_iteration",
+    "lambda_max_bound",
+    "lambda_min_estimate",
+    "spectral_bounds",
+    "SpectralBounds",
+]

@@ -1,0 +1,113 @@
+"""Input validation for the public functions, with messages that name the problem."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from ._xp import array_namespace, backend_name
+
+METHODS = ("auto", "evd", "newton_db", "coupled_newton", "chebyshev")
+SCALINGS = ("power", "frobenius")
+MATMUL_DTYPES = (None, "float16", "bfloat16")
+COMPUTE_DTYPES = (None, "float32", "float64")
+
+
+def check_stack(a, name: str = "a"):
+    """Validate a stack of square real floating matrices; return its namespace."""
+    try:
+        xp = array_namespace(a)
+    except TypeError as err:
+        raise TypeError(
+            f"{name} must be an array of a supported library (NumPy, CuPy, PyTorch, "
+            f"array-api-strict), got {type(a).__name__}"
+        ) from err
+    if a.ndim < 2:
+        raise ValueError(
+            f"{name} must have at least 2 dimensions (..., n, n), got shape {tuple(a.shape)}"
+        )
+    if a.shape[-1] != a.shape[-2]:
+        raise ValueError(
+            f"{name} must be a stack of square matrices (..., n, n), got shape {tuple(a.shape)}"
+        )
+    if not xp.isdtype(a.dtype, "real floating"):
+        if xp.isdtype(a.dtype, "complex floating"):
+            what = "complex matrices are not supported (the roots are of real symmetric matrices)"
+        elif xp.isdtype(a.dtype, "bool"):
+            what = "boolean arrays are not matrices to take roots of"
+        else:
+            what = "integer arrays are not promoted; cast to float32 or float64 first"
+        raise TypeError(f"{name} has dtype {a.dtype}: {what}")
+    return xp
+
+
+def check_p(p, method: str):
+    """Validate the root order for ``method``; return it as int or float."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"p must be a real number, got {type(p).__name__}")
+    if not math.isfinite(p) or p <= 0:
+        raise ValueError(f"p must be a finite number > 0, got {p}")
+    if float(p).is_integer():
+        p = int(p)
+    supported = methods_supporting(p)
+    if method != "auto" and method not in supported:
+        raise ValueError(
+            f"method={method!r} does not support p={p}; methods that do: "
+            + ", ".join(repr(m) for m in supported)
+        )
+    return p
+
+
+def methods_supporting(p) -> tuple[str, ...]:
+    """The solver names that can compute A^(-1/p) for this p."""
+    names = ["evd"]
+    if isinstance(p, int):
+        if p & (p - 1) == 0:
+            names.append("newton_db")
+        names += ["coupled_newton", "chebyshev"]
+    return tuple(names)
+
+
+def check_choice(value, name: str, choices):
+    if value not in choices:
+        raise ValueError(
+            f"{name}={value!r} is not one of " + ", ".join(repr(c) for c in choices)
+        )
+    return value
+
+
+def check_nonnegative(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    return float(value)
+
+
+def check_max_iter(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"max_iter must be a positive integer or None, got {value!r}")
+    return int(value)
+
+
+def check_matmul_dtype(xp, value, compute_dtype_name: str):
+    check_choice(value, "matmul_dtype", MATMUL_DTYPES)
+    if value is None:
+        return None
+    if compute_dtype_name == "float64":
+        raise ValueError(
+            f"matmul_dtype={value!r} is for float32 computation; the input (or "
+            "compute_dtype) asks for float64"
+        )
+    if value == "bfloat16" and backend_name(xp) != "torch":
+        raise ValueError(
+            f"matmul_dtype='bfloat16' is not available in the {backend_name(xp)} backend "
+            "(only PyTorch has bfloat16)"
+        )
+    if value == "float16" and not hasattr(xp, "float16"):
+        raise ValueError(
+            f"matmul_dtype='float16' is not available in the {backend_name(xp)} backend"
+        )
+    return value

@@ -1,0 +1,181 @@
+"""Array-namespace seam: the only module that knows which array library is in use.
+
+Everything else in matroot receives ``xp`` (an array-API namespace) and calls the
+helpers here for what the standard leaves out: identity stacks, host transfers,
+device kinds, 16-bit rounding and the fused ``c*I + alpha*(a @ b)`` product that
+torch can do in one kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import array_api_compat
+from array_api_compat import (
+    array_namespace,
+    device as device_of,
+    is_cupy_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+)
+
+__all__ = [
+    "array_namespace",
+    "device_of",
+    "is_torch_namespace",
+    "is_cupy_namespace",
+    "is_numpy_namespace",
+    "backend_name",
+    "is_accelerator",
+    "identity_stack",
+    "add_scaled_identity",
+    "shifted_product",
+    "to_numpy",
+    "from_numpy",
+    "dtype_from_name",
+    "round_to",
+    "batched_where",
+    "frobenius_norm",
+    "symmetric_part",
+    "Matmul",
+]
+
+
+def backend_name(xp) -> str:
+    """Short name of the array library behind ``xp`` ("numpy", "torch", ...)."""
+    if is_numpy_namespace(xp):
+        return "numpy"
+    if is_torch_namespace(xp):
+        return "torch"
+    if is_cupy_namespace(xp):
+        return "cupy"
+    if array_api_compat.is_array_api_strict_namespace(xp):
+        return "array_api_strict"
+    return getattr(xp, "__name__", "unknown")
+
+
+def is_accelerator(xp, x) -> bool:
+    """True when ``x`` lives on a device where a host sync is expensive."""
+    if is_cupy_namespace(xp):
+        return True
+    if is_torch_namespace(xp):
+        return x.device.type != "cpu"
+    return False
+
+
+def identity_stack(xp, n: int, dtype, device):
+    """An ``(n, n)`` identity that broadcasts against ``(b, n, n)`` stacks."""
+    return xp.eye(n, dtype=dtype, device=device)
+
+
+def add_scaled_identity(a, c):
+    """Return ``a + c[..., None, None] * I`` for a stack ``a`` and per-matrix ``c``."""
+    xp = array_namespace(a)
+    n = a.shape[-1]
+    eye = identity_stack(xp, n, a.dtype, device_of(a))
+    return a + c[..., None, None] * eye
+
+
+def shifted_product(c: float, alpha: float, a, b, eye):
+    """Return ``c * I + alpha * (a @ b)`` for ``(b, n, n)`` stacks.
+
+    torch fuses this into one ``baddbmm`` call; other backends use the generic
+    expression. Both paths are compared in the tests.
+    """
+    xp = array_namespace(a)
+    if is_torch_namespace(xp) and a.ndim == 3 and a.dtype == b.dtype:
+        import torch
+
+        base = (c * eye).expand(a.shape[0], -1, -1)
+        return torch.baddbmm(base, a, b, beta=1.0, alpha=alpha)
+    return c * eye + alpha * (a @ b)
+
+
+def to_numpy(x) -> np.ndarray:
+    """Copy an array of any supported backend to a host NumPy array."""
+    xp = array_namespace(x)
+    if is_numpy_namespace(xp):
+        return np.asarray(x)
+    if is_torch_namespace(xp):
+        return x.detach().cpu().numpy()
+    if is_cupy_namespace(xp):
+        return x.get()
+    return np.from_dlpack(x)
+
+
+def from_numpy(xp, arr: np.ndarray, *, dtype=None, device=None):
+    """Move a host NumPy array into namespace ``xp`` on ``device``."""
+    arr = np.ascontiguousarray(arr)
+    if dtype is None:
+        return xp.asarray(arr, device=device)
+    return xp.astype(xp.asarray(arr, device=device), dtype)
+
+
+def dtype_from_name(xp, name: str):
+    """Look up ``xp.<name>``; raise ValueError when the backend lacks that dtype."""
+    if name == "bfloat16" and is_torch_namespace(xp):
+        import torch
+
+        return torch.bfloat16
+    dtype = getattr(xp, name, None)
+    if dtype is None:
+        raise ValueError(
+            f"matmul_dtype={name!r} is not available in the {backend_name(xp)} backend"
+        )
+    return dtype
+
+
+def round_to(x, dtype):
+    """Round ``x`` to ``dtype`` and come back to x's dtype (operand rounding)."""
+    xp = array_namespace(x)
+    return xp.astype(xp.astype(x, dtype), x.dtype)
+
+
+def batched_where(mask, new, old):
+    """Per-matrix select: ``new[i]`` where ``mask[i]`` else ``old[i]``."""
+    xp = array_namespace(new)
+    return xp.where(mask[:, None, None], new, old)
+
+
+def frobenius_norm(a):
+    """Frobenius norm over the last two axes; the caller keeps entries O(1)."""
+    xp = array_namespace(a)
+    return xp.sqrt(xp.sum(a * a, axis=(-2, -1)))
+
+
+def symmetric_part(a):
+    """Return ``(a + aᵀ) / 2`` computed without overflow near the dtype's maximum."""
+    xp = array_namespace(a)
+    return a / 2 + xp.matrix_transpose(a) / 2
+
+
+class Matmul:
+    """Batched matmul under a precision policy.
+
+    With ``operand_dtype=None`` this is plain ``a @ b``. With a 16-bit dtype both
+    operands are rounded to it and the product is accumulated and returned in the
+    iterate's (float32) dtype, which is what tensor-core GEMMs with float32
+    accumulation compute. On CUDA torch the 16-bit GEMM itself runs.
+
+    ``count`` records how many products were formed, for the diagnostics.
+    """
+
+    def __init__(self, xp, operand_dtype=None):
+        self.xp = xp
+        self.operand_dtype = operand_dtype
+        self.count = 0
+
+    def __call__(self, a, b):
+        self.count += 1
+        if self.operand_dtype is None:
+            return a @ b
+        xp = self.xp
+        if is_torch_namespace(xp) and a.device.type == "cuda":
+            return (a.to(self.operand_dtype) @ b.to(self.operand_dtype)).to(a.dtype)
+        return round_to(a, self.operand_dtype) @ round_to(b, self.operand_dtype)
+
+    def shifted(self, c: float, alpha: float, a, b, eye):
+        """``c * I + alpha * (a @ b)`` under this policy."""
+        if self.operand_dtype is None:
+            self.count += 1
+            return shifted_product(c, alpha, a, b, eye)
+        return c * eye + alpha * self(a, b)

@@ -1,0 +1,269 @@
+"""The public entry points: validate → regularise → scale → solve → unscale → report."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+from . import _xp
+from ._checks import (
+    COMPUTE_DTYPES,
+    METHODS,
+    SCALINGS,
+    check_choice,
+    check_matmul_dtype,
+    check_max_iter,
+    check_nonnegative,
+    check_p,
+    check_stack,
+)
+from .scaling import lambda_max_bound, lambda_min_estimate
+from .solvers import SOLVERS
+from .solvers.auto import choose_method
+
+__all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
+           "default_tol", "default_max_iter"]
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """Some matrices of a stack did not reach ``tol`` or came back non-finite."""
+
+
+class InvRootResult(NamedTuple):
+    """Result of :func:`inv_root_info`.
+
+    Attributes
+    ----------
+    root : array, shape (..., n, n)
+        ``(A + eps·I)^(-1/p)`` in the input's namespace, device and dtype.
+    residual : array, shape (...)
+        The method's final residual: ``‖I − ZY‖_F/√n`` (newton_db, worst stage),
+        ``‖I − M‖_F/√n`` (coupled_newton), the fit's relative error bound
+        (chebyshev), the relative negative-eigenvalue deficit (evd).
+    iterations : array, shape (...)
+        Steps taken per matrix (polynomial degree for chebyshev, 0 for evd).
+    converged : array of bool, shape (...)
+        True where the residual met ``tol`` with a finite result.
+    lambda_max : array, shape (...)
+        The λmax upper estimate of ``A + eps·I`` used to scale it.
+    matmuls : array, shape (...)
+        n×n matrix products spent on each matrix (0 for evd).
+    method : str
+        The solver that ran (what ``"auto"`` resolved to).
+    """
+
+    root: object
+    residual: object
+    iterations: object
+    converged: object
+    lambda_max: object
+    matmuls: object
+    method: str
+
+
+#: Per (method, dtype) residual targets; chosen so the default call meets the
+#: accuracy table in the README (measured in tests/test_accuracy.py).
+_DEFAULT_TOL = {
+    ("newton_db", "float32"): 1e-5,
+    ("newton_db", "float64"): 1e-12,
+    ("coupled_newton", "float32"): 1e-5,
+    ("coupled_newton", "float64"): 1e-12,
+    ("chebyshev", "float32"): 1e-4,
+    ("chebyshev", "float64"): 1e-8,
+    ("evd", "float32"): 0.0,
+    ("evd", "float64"): 0.0,
+}
+_DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "evd": 1}
+
+
+def default_tol(method: str, compute_dtype: str) -> float:
+    """The ``tol`` that ``method`` uses when none is given, for float32 or float64."""
+    return _DEFAULT_TOL[(method, compute_dtype)]
+
+
+def default_max_iter(method: str) -> int:
+    """The iteration cap (degree cap for chebyshev) used when none is given."""
+    return _DEFAULT_MAX_ITER[method]
+
+
+def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
+             max_iter=None, matmul_dtype=None, check_finite=True, compute_dtype=None):
+    """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
+
+    Parameters
+    ----------
+    a : array, shape (..., n, n)
+        Symmetric positive (semi)definite matrices of any supported backend
+        (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
+        ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
+    p : float
+        Root order. Any real ``p > 0`` for ``"evd"``; a positive integer for
+        ``"coupled_newton"`` and ``"chebyshev"``; a power of two for ``"newton_db"``.
+    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev"}
+        The solver; ``"auto"`` picks by backend, device, size and dtype
+        (:func:`matroot.choose_method`).
+    eps : float
+        Ridge added to the diagonal before the root is taken, ``>= 0``.
+    scaling : {"power", "frobenius"}
+        How λmax is estimated to scale the spectrum into the solver's basin.
+    tol : float, optional
+        Per-matrix residual at which an iterative solver stops (chebyshev: the
+        target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
+        exactly k steps. Default: :func:`matroot.default_tol`.
+    max_iter : int, optional
+        Cap on iterations (on the degree for chebyshev).
+    matmul_dtype : {None, "float16", "bfloat16"}
+        Round matmul operands to 16 bits with float32 accumulation.
+    check_finite : bool
+        Raise ValueError on NaN/Inf input. With False, affected matrices come back
+        NaN with ``converged=False`` and the others are unaffected.
+    compute_dtype : {None, "float32", "float64"}
+        Dtype of the computation. Default: float64 for float64 input, else float32.
+
+    Returns
+    -------
+    array, shape (..., n, n)
+        Same namespace, device, shape and dtype as ``a``.
+
+    Raises
+    ------
+    ValueError
+        Bad shape, p, eps, option, or non-finite input with ``check_finite``.
+    TypeError
+        Integer, boolean or complex input.
+
+    Warns
+    -----
+    ConvergenceWarning
+        When matrices did not converge or came back non-finite; call
+        :func:`inv_root_info` to see which.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> a = np.diag([16.0, 81.0])
+    >>> np.round(matroot.inv_root(a, 4, method="newton_db"), 6)
+    array([[0.5     , 0.      ],
+           [0.      , 0.333333]])
+    """
+    result = inv_root_info(a, p, method=method, eps=eps, scaling=scaling, tol=tol,
+                           max_iter=max_iter, matmul_dtype=matmul_dtype,
+                           check_finite=check_finite, compute_dtype=compute_dtype)
+    xp = _xp.array_namespace(result.root)
+    failed = ~result.converged
+    if tol == 0 and result.method != "evd":
+        failed = ~xp.isfinite(result.residual)
+    count = int(xp.sum(xp.astype(failed, xp.int32)))
+    if count:
+        warnings.warn(
+            f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "
+            "matrices did not converge or are not positive definite; "
+            "inv_root_info tells which", ConvergenceWarning, stacklevel=2)
+    return result.root
+
+
+def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
+                  max_iter=None, matmul_dtype=None, check_finite=True,
+                  compute_dtype=None):
+    """:func:`inv_root` with per-matrix diagnostics.
+
+    Takes the same arguments as :func:`inv_root`.
+
+    Returns
+    -------
+    InvRootResult
+        ``root`` plus per-matrix ``residual``, ``iterations``, ``converged``,
+        ``lambda_max`` and ``matmuls`` arrays of shape ``a.shape[:-2]``, and the
+        ``method`` that ran.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> a = np.stack([np.diag([1.0, 4.0]), np.diag([9.0, 9.0])])
+    >>> res = matroot.inv_root_info(a, 2, method="coupled_newton")
+    >>> res.converged.tolist(), res.iterations.shape
+    ([True, True], (2,))
+    """
+    xp = check_stack(a)
+    check_choice(method, "method", METHODS)
+    p = check_p(p, method)
+    eps = check_nonnegative(eps, "eps")
+    check_choice(scaling, "scaling", SCALINGS)
+    check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
+    max_iter = check_max_iter(max_iter)
+    if tol is not None:
+        tol = check_nonnegative(tol, "tol")
+    work_name = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
+    matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
+    if method == "auto":
+        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
+    if tol is None:
+        tol = default_tol(method, work_name)
+    if max_iter is None:
+        max_iter = default_max_iter(method)
+
+    batch = tuple(a.shape[:-2])
+    n = a.shape[-1]
+    dev = _xp.device_of(a)
+    if check_finite and not bool(xp.all(xp.isfinite(a))):
+        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
+                         "roots for those matrices instead)")
+    b = math.prod(batch)
+    if b == 0 or n == 0:
+        return _empty_result(xp, a, batch, method)
+
+    work_dtype = getattr(xp, work_name)
+    stack = xp.reshape(xp.astype(a, work_dtype), (b, n, n))
+    finite = xp.all(xp.isfinite(stack), axis=(-2, -1))
+    eye = _xp.identity_stack(xp, n, work_dtype, dev)
+    # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
+    stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
+    if eps > 0:
+        stack = stack + eps * eye
+
+    lam_max = lambda_max_bound(stack, scaling=scaling)
+    nonzero = lam_max > 0
+    scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
+    scaled = stack / scale[:, None, None]
+
+    solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
+                         check_every=4 if _xp.is_accelerator(xp, a) else 1,
+                         matmul=_xp.Matmul(xp, None if matmul_dtype is None
+                                           else _xp.dtype_from_name(xp, matmul_dtype)))
+    if method == "chebyshev":
+        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
+    out = SOLVERS[method](scaled, p, **solver_kwargs)
+
+    root = out.root * (scale ** (-1.0 / p))[:, None, None]
+    usable = finite & nonzero
+    root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
+    nan_b = xp.full_like(out.residual, float("nan"))
+    residual = xp.where(usable, out.residual, nan_b)
+    converged = out.converged & usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+
+    root = xp.reshape(xp.astype(root, a.dtype), (*batch, n, n))
+    return InvRootResult(
+        root=root,
+        residual=xp.reshape(residual, batch),
+        iterations=xp.reshape(out.iterations, batch),
+        converged=xp.reshape(converged, batch),
+        lambda_max=xp.reshape(xp.where(finite, lam_max, nan_b), batch),
+        matmuls=xp.reshape(out.matmuls, batch),
+        method=method,
+    )
+
+
+def _lower_bound(scaled, eps_scaled):
+    """A lower bound on the scaled spectrum: eps when it is informative, else an estimate."""
+    xp = _xp.array_namespace(scaled)
+    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled)) / 2
+    return xp.maximum(estimate, eps_scaled)
+
+
+def _empty_result(xp, a, batch, method):
+    dev = _xp.device_of(a)
+    real = xp.zeros(batch, dtype=a.dtype, device=dev)
+    count = xp.zeros(batch, dtype=xp.int32, device=dev)
+    return InvRootResult(xp.zeros(a.shape, dtype=a.dtype, device=dev), real, count,
+                         xp.ones(batch, dtype=xp.bool, device=dev), real, count, method)

@@ -1,0 +1,74 @@
+"""The shared loop of the iterative solvers: per-matrix freezing, batched stop checks.
+
+Each matrix of a stack stops on its own once its residual is at most ``tol`` (or
+turns non-finite): its iterate is frozen, so it does not degrade while the others
+go on. The loop asks the device whether any matrix is still active only every
+``check_every`` steps, which bounds the host syncs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from .. import _xp
+
+
+class IterationOutcome(NamedTuple):
+    """Final iterate and per-matrix diagnostics of :func:`iterate_frozen`."""
+
+    state: tuple
+    residual: object
+    iterations: object
+    converged: object
+
+
+def iterate_frozen(
+    state: tuple,
+    step: Callable,
+    residual_of: Callable,
+    *,
+    tol: float,
+    max_iter: int,
+    check_every: int,
+) -> IterationOutcome:
+    """Run ``state = step(state)`` per matrix until its residual is at most ``tol``.
+
+    Parameters
+    ----------
+    state : tuple of arrays, each (b, n, n)
+        The coupled iterates.
+    step : callable
+        ``step(state) -> (residual_of_state, next_state)``; the residual belongs to
+        the *incoming* state, so a product it shares with the update is formed once.
+    residual_of : callable
+        ``residual_of(state) -> residual``, used only when ``max_iter`` is hit.
+    tol : float
+        Per-matrix stop threshold; 0 runs exactly ``max_iter`` steps.
+    max_iter : int
+        Step cap.
+    check_every : int
+        Steps between host-side checks for an early exit.
+    """
+    xp = _xp.array_namespace(state[0])
+    b = state[0].shape[0]
+    dev = _xp.device_of(state[0])
+    active = xp.ones((b,), dtype=xp.bool, device=dev)
+    residual = xp.full((b,), float("inf"), dtype=state[0].dtype, device=dev)
+    iterations = xp.zeros((b,), dtype=xp.int32, device=dev)
+    for k in range(max_iter):
+        res, new_state = step(state)
+        residual = xp.where(active, res, residual)
+        still = active & xp.isfinite(res)
+        if tol > 0:
+            still = still & (res > tol)
+        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
+        iterations = iterations + xp.astype(still, xp.int32)
+        active = still
+        if (k + 1) % check_every == 0 and not bool(xp.any(active)):
+            break
+    else:
+        if bool(xp.any(active)):
+            residual = xp.where(active, residual_of(state), residual)
+    finite = xp.isfinite(residual)
+    converged = finite & (residual <= tol) if tol > 0 else xp.zeros_like(active)
+    return IterationOutcome(state, residual, iterations, converged)

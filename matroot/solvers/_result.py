@@ -1,0 +1,20 @@
+"""The common return type of the solvers."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class SolverOutput(NamedTuple):
+    """What every solver returns for a ``(b, n, n)`` stack.
+
+    ``root`` is the inverse root of the *scaled* stack the solver was given;
+    the other fields are per-matrix arrays of shape ``(b,)``. ``matmuls`` counts
+    the n×n products each matrix needed (work skipped after it froze excluded).
+    """
+
+    root: object
+    residual: object
+    iterations: object
+    converged: object
+    matmuls: object
