@@ -1,8 +1,10 @@
 """The shared loop of the iterative solvers: per-matrix freezing, batched stop checks.
 
-Each matrix of a stack stops on its own once its residual is at most ``tol`` (or
-turns non-finite): its iterate is frozen, so it does not degrade while the others
-go on. The loop asks the device whether any matrix is still active only every
+Each matrix of a stack stops on its own once its residual is at most ``tol``, once
+the residual stalls at the rounding floor (it fell below ``sqrt(tol)`` and then did
+not halve in a step: quadratic convergence has ended, and more steps only add
+rounding error), or once it turns non-finite. Its iterate is frozen, so it does
+not degrade while the others go on. The loop asks the device whether any matrix is still active only every
 ``check_every`` steps, which bounds the host syncs.
 """
 
@@ -43,7 +45,8 @@ def iterate_frozen(
     residual_of : callable
         ``residual_of(state) -> residual``, used only when ``max_iter`` is hit.
     tol : float
-        Per-matrix stop threshold; 0 runs exactly ``max_iter`` steps.
+        Per-matrix stop threshold; 0 runs exactly ``max_iter`` steps. A matrix
+        counts as converged when it met ``tol`` or stalled at the rounding floor.
     max_iter : int
         Step cap.
     check_every : int
@@ -55,12 +58,16 @@ def iterate_frozen(
     active = xp.ones((b,), dtype=xp.bool, device=dev)
     residual = xp.full((b,), float("inf"), dtype=state[0].dtype, device=dev)
     iterations = xp.zeros((b,), dtype=xp.int32, device=dev)
+    stalled = xp.zeros((b,), dtype=xp.bool, device=dev)
+    stall_level = tol ** 0.5
     for k in range(max_iter):
         res, new_state = step(state)
+        previous = residual
         residual = xp.where(active, res, residual)
         still = active & xp.isfinite(res)
         if tol > 0:
-            still = still & (res > tol)
+            stalled = stalled | (still & (res <= stall_level) & (res > previous / 2))
+            still = still & (res > tol) & ~stalled
         state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
         iterations = iterations + xp.astype(still, xp.int32)
         active = still
@@ -70,5 +77,5 @@ def iterate_frozen(
         if bool(xp.any(active)):
             residual = xp.where(active, residual_of(state), residual)
     finite = xp.isfinite(residual)
-    converged = finite & (residual <= tol) if tol > 0 else xp.zeros_like(active)
+    converged = finite & ((residual <= tol) | stalled) if tol > 0 else xp.zeros_like(active)
     return IterationOutcome(state, residual, iterations, converged)
