@@ -28,8 +28,8 @@ _QUICK = {"batch": 4, "size": 24, "repeats": 1}
 _FULL = {"batch": 16, "size": 128, "repeats": 3}
 
 
-def _fail(message: str) -> int:
-    print(f"matroot: error: {message}", file=sys.stderr)
+def _fail(message: str, prefix: str = "matroot: error") -> int:
+    print(f"{prefix}: {message}", file=sys.stderr)
     return 2
 
 
@@ -111,18 +111,19 @@ def forward(words: tuple, argv: list) -> int:
     """Import the module behind ``words`` and run its ``main(argv)``."""
     module_name, what = FORWARDED[words]
     command = "matroot " + " ".join(words)
+    prefix = f"{command}: error"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         missing = err.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
-            return _fail(f"{command}: {what} is not part of this matroot "
-                         f"({matroot.__version__}); module {module_name} is missing")
-        return _fail(f"{command}: {what} needs the package {missing!r}, which is not "
-                     "installed")
+            return _fail(f"{what} is not part of this matroot ({matroot.__version__}); "
+                         f"module {module_name} is missing", prefix)
+        return _fail(f"{what} needs the package {missing!r}, which is not installed",
+                     prefix)
     entry = getattr(module, "main", None)
     if entry is None:
-        return _fail(f"{command}: {module_name} has no main(argv)")
+        return _fail(f"{module_name} has no main(argv)", prefix)
     code = entry(argv)
     return 0 if code is None else int(code)
 

@@ -19,7 +19,7 @@ _ALIASES = {"array-api-strict": "array_api_strict", "strict": "array_api_strict"
 _INSTALL_HINT = {
     "torch": "pip install torch",
     "array_api_strict": "pip install array-api-strict",
-    "cupy": "pip install cupy-cuda12x (needs an NVIDIA GPU and driver)",
+    "cupy": "pip install cupy-cuda12x (needs an NVIDIA GPU and its driver)",
 }
 
 
@@ -192,7 +192,7 @@ def select_targets(backends=None, device=None) -> list[Target]:
                 hint = _INSTALL_HINT.get(info.name, "")
                 raise UnavailableError(
                     f"backend {info.name!r} is not available: {info.missing}"
-                    + (f" ({hint})" if hint else ""))
+                    + (f"; {hint}" if hint else ""))
     infos = [info for info in infos if info.available]
     if device is None:
         return [Target(info.name, dev) for info in infos for dev in info.devices]
