@@ -186,7 +186,7 @@ def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
     >>> import numpy as np, matroot
     >>> b = matroot.spectral_bounds(np.diag([1.0, 4.0]), eps=1.0)
     >>> round(float(b.lambda_min), 2), round(float(b.lambda_max), 2)
-    (2.0, 5.25)
+    (2.0, 5.0)
     """
     xp = check_stack(a)
     reg = _xp.add_scaled_identity(a, xp.full(a.shape[:-2], eps, dtype=a.dtype,
