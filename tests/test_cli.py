@@ -235,3 +235,11 @@ def test_module_entry_point_runs():
     version = subprocess.run([sys.executable, "-m", "matroot", "--version"],
                              capture_output=True, text=True, timeout=120)
     assert version.returncode == 0 and version.stdout.startswith("matroot ")
+
+
+def test_info_save_writes_the_json(tmp_path, capsys):
+    path = tmp_path / "info.json"
+    code, out, _ = run_cli(capsys, "info", "--backend", "numpy", "--save", str(path))
+    assert code == 0 and "backends:" in out
+    saved = json.loads(path.read_text())
+    assert {s["backend"] for s in saved["support"]} == {"numpy"}

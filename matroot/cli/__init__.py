@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "method in every precision on each to show what is supported.")
     _add_target_options(info)
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.add_argument("--save", metavar="PATH", help="also write the JSON to PATH")
 
     bench = commands.add_parser("bench", help="benchmarks: 'bench solvers ...' or "
                                               "'bench optim ...' (arguments go to them)")
@@ -185,6 +186,10 @@ def run_info_command(args) -> int:
         return _fail(str(err))
     data = collect(targets=targets)
     print(json.dumps(data, indent=2) if args.json else format_info(data))
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
     return 0
 
 
