@@ -66,7 +66,9 @@ def test_support_page_matches_what_info_finds():
     assert probed, "no backend to compare with"
     for entry in probed:
         col = column[(entry["backend"], entry["device"])]
-        claim = claims[(entry["method"], entry["precision"], col)]
+        key = (entry["method"], entry["precision"], col)
+        assert key in claims, f"docs/data/support.csv has no row for {key[:2]}"
+        claim = claims[key]
         assert claim in _PAGE_STATUS[entry["status"]], (entry, claim)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import textwrap
 
 import numpy as np
 
@@ -31,14 +32,16 @@ PRECISIONS = (
 P_VALUES = (0.5, 1, 2, 3, 4, 8)
 _PROBE_P = 4
 _PROBE_KAPPA = 100.0
+#: A ridge, as the solvers see in practice (some use it as their lower bound).
+_PROBE_EPS = 1e-3
 
 
 def _probe_stack(n: int = 16, batch: int = 3):
-    """A float64 SPD stack with κ = 100 and its exact inverse 4th root."""
+    """A float64 SPD stack with κ(A + eps I) = 100 and its exact inverse 4th root."""
     rng = np.random.default_rng(7)
     q, _ = np.linalg.qr(rng.standard_normal((batch, n, n)))
-    lam = np.geomspace(1.0, 1.0 / _PROBE_KAPPA, n)
-    a = (q * lam[None, None, :]) @ np.swapaxes(q, -1, -2)
+    lam = np.geomspace(1.0, 1.0 / _PROBE_KAPPA, n)  # of A + eps I
+    a = (q * (lam - _PROBE_EPS)[None, None, :]) @ np.swapaxes(q, -1, -2)
     oracle = (q * lam[None, None, :] ** (-1.0 / _PROBE_P)) @ np.swapaxes(q, -1, -2)
     return (a + np.swapaxes(a, -1, -2)) / 2, oracle
 
@@ -51,7 +54,7 @@ def probe(target: Target, method: str, precision) -> dict:
              "precision": label}
     try:
         a = target.asarray(a64.astype(dtype))
-        result = matroot.inv_root_info(a, _PROBE_P, method=method,
+        result = matroot.inv_root_info(a, _PROBE_P, method=method, eps=_PROBE_EPS,
                                        matmul_dtype=matmul_dtype)
     except (ValueError, TypeError) as err:
         return {**entry, "status": "unsupported", "detail": str(err)}
@@ -93,8 +96,9 @@ def collect(targets=None, methods=None) -> dict:
              "device_names": i.device_names, "missing": i.missing} for i in infos],
         "p_support": {m: [p for p in P_VALUES if m in methods_supporting(_as_p(p))]
                       for m in methods},
-        "probe": f"a stack of 3 SPD 16x16 matrices, condition number {_PROBE_KAPPA:g}, "
-                 f"p = {_PROBE_P}; 'yes' means it ran, converged and met the "
+        "probe": f"a stack of 3 SPD 16x16 matrices, eps = {_PROBE_EPS:g}, condition "
+                 f"number {_PROBE_KAPPA:g}, p = {_PROBE_P}; 'yes' means it ran, "
+                 "converged and met the "
                  "precision's error bound against a float64 oracle",
         "precisions": [{"label": p[0], "dtype": p[1], "matmul_dtype": p[2],
                         "max_rel_err": p[3]} for p in PRECISIONS],
@@ -134,7 +138,9 @@ def format_info(data: dict) -> str:
         lines.append("  " + method.ljust(mwidth) + "  "
                      + "  ".join(c.rjust(5) for c in cells))
 
-    lines += ["", f"support, tried here on {data['probe']}:"]
+    lines += ["", "support:"]
+    lines += textwrap.wrap(f"tried here on {data['probe']}.", width=88,
+                           initial_indent="  ", subsequent_indent="  ")
     labels = [p["label"] for p in data["precisions"]]
     targets = list(dict.fromkeys((s["backend"], s["device"]) for s in data["support"]))
     notes: list[str] = []
