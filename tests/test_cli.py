@@ -243,3 +243,25 @@ def test_info_save_writes_the_json(tmp_path, capsys):
     assert code == 0 and "backends:" in out
     saved = json.loads(path.read_text())
     assert {s["backend"] for s in saved["support"]} == {"numpy"}
+
+
+def test_demo_reports_a_crashing_solver_and_goes_on(monkeypatch, tmp_path, capsys):
+    import matroot
+
+    real = matroot.inv_root_info
+
+    def flaky(a, p, *, method, **kwargs):
+        if method == "coupled_newton":
+            raise IndexError("index out of range\nsecond line")
+        return real(a, p, method=method, **kwargs)
+
+    monkeypatch.setattr(matroot, "inv_root_info", flaky)
+    report_path = tmp_path / "demo.json"
+    code, out, _ = run_cli(capsys, "--quick", "--backend", "numpy", "--no-plot",
+                           "--json", str(report_path))
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(report_path.read_text())["rows"]}
+    assert rows["coupled_newton"]["note"] == "failed with IndexError: index out of range"
+    assert rows["coupled_newton"]["time_s"] is None
+    assert rows["chebyshev"]["converged"] is not None
+    assert "failed with IndexError: index out of range" in out

@@ -164,8 +164,12 @@ def run_target(target: Target, problem: Problem, methods, repeats: int) -> list[
             result, row.time_s = timed(
                 lambda: matroot.inv_root_info(a, p, method=method, eps=eps), target,
                 repeats)
-        except (ValueError, TypeError) as err:
-            row.note = str(err)
+        except (ValueError, TypeError) as err:  # the method rejects this p or dtype
+            row.note = f"skipped: {err}"
+            rows.append(row)
+            continue
+        except Exception as err:  # a solver bug: report it and go on with the others
+            row.note = f"failed with {type(err).__name__}: {str(err).splitlines()[0]}"
             rows.append(row)
             continue
         _fill_accuracy(row, relative_errors(result.root, problem.oracle))
@@ -237,7 +241,7 @@ def format_table(report: dict) -> str:
     body = []
     for row in report["rows"]:
         if row["time_s"] is None:
-            body.append((_target_label(row), row["method"], "skipped: " + row["note"]))
+            body.append((_target_label(row), row["method"], row["note"]))
             continue
         conv = "-" if row["converged"] is None else f"{row['converged']}/{row['total']}"
         matmuls = "-" if row["matmuls_median"] is None else f"{row['matmuls_median']:g}"

@@ -58,6 +58,9 @@ def probe(target: Target, method: str, precision) -> dict:
                                        matmul_dtype=matmul_dtype)
     except (ValueError, TypeError) as err:
         return {**entry, "status": "unsupported", "detail": str(err)}
+    except Exception as err:  # a solver bug: say so rather than stop the listing
+        return {**entry, "status": "error",
+                "detail": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
     root = _xp.to_numpy(result.root).astype(np.float64)
     errors = np.linalg.norm(root - oracle, axis=(-2, -1)) / np.linalg.norm(
         oracle, axis=(-2, -1))
