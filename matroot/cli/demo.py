@@ -241,15 +241,16 @@ def format_table(report: dict) -> str:
     body = []
     for row in report["rows"]:
         if row["time_s"] is None:
-            body.append((_target_label(row), row["method"], row["note"]))
+            note = row["note"] if len(row["note"]) <= 100 else row["note"][:99] + "…"
+            body.append((_target_label(row), row["method"], note))
             continue
         conv = "-" if row["converged"] is None else f"{row['converged']}/{row['total']}"
         matmuls = "-" if row["matmuls_median"] is None else f"{row['matmuls_median']:g}"
         body.append((_target_label(row), row["method"], f"{row['time_s'] * 1e3:.1f}",
                      f"{row['speedup_vs_eigh']:.2f}x", _sci(row["rel_err_median"]),
                      _sci(row["rel_err_max"]), _iterations(row), matmuls, conv))
-    widths = [max(len(header[i]), *(len(r[i]) for r in body if len(r) > i))
-              for i in range(len(header))]
+    full = [r for r in body if len(r) == len(header)]
+    widths = [max([len(header[i])] + [len(r[i]) for r in full]) for i in range(len(header))]
     right = {2, 3, 4, 5, 6, 7, 8}
 
     def fmt(cells):
