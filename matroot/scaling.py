@@ -78,7 +78,7 @@ def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
     v = _start_vectors(xp, n, k, a.dtype, _xp.device_of(a))
     v = xp.broadcast_to(v, (*batch, n, k))
     best = xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
-    tiny = xp.finfo(a.dtype).tiny
+    tiny = xp.finfo(a.dtype).smallest_normal
     for _ in range(num_iter):
         w = b @ v
         norms = xp.sqrt(xp.sum(w * w, axis=-2))
