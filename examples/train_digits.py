@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 1e-2, 3e-2])
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (0: torch's default)")
     parser.add_argument("--out", type=pathlib.Path,
                         default=pathlib.Path(__file__).parent / "results")
     parser.add_argument("--quick", action="store_true",
@@ -128,7 +130,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.lrs, args.eval_every = 30, 1, [1e-2], 10
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     train_data, test_data = load_data()
     began = time.perf_counter()
 

@@ -139,7 +139,7 @@ def run(args) -> dict:
             state_bytes_split={k: memory[k] for k in ("moments", "factors", "roots", "counters")})
     plan = contenders["stacked"]["state"].plan
     return dict(
-        backend=args.backend, device=args.device, method=args.method,
+        backend=args.backend, device=args.device, method=args.method, threads=args.threads,
         block_size=args.block_size, quick=args.quick, warmup=args.warmup, steps=args.steps,
         parameters=int(sum(np.prod(s) for s in shapes)), shapes=[list(s) for s in shapes],
         blocks=plan.num_blocks, factor_sizes=sorted({s.size for s in plan.stacks}),
@@ -187,6 +187,9 @@ def main(argv=None) -> int:
                         help="largest block side (default 128 with --quick, else 256)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per layout")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (0: torch's default); 1 is steadier on a "
+                             "machine shared with other jobs")
     parser.add_argument("--out", type=pathlib.Path, default=None,
                         help="write the report as JSON here (and a .md table beside it)")
     args = parser.parse_args(argv)
@@ -194,6 +197,10 @@ def main(argv=None) -> int:
         args.steps = 3 if args.quick else 5
     if args.block_size is None:
         args.block_size = 128 if args.quick else 256
+    if args.threads and args.backend == "torch":
+        import torch
+
+        torch.set_num_threads(args.threads)
     report = run(args)
     table = format_table(report)
     print(table)
