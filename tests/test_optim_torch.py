@@ -303,6 +303,9 @@ def test_groups_differing_only_in_lr_and_weight_decay_share_stacks():
     split = Shampoo([{"params": decay}, {"params": rest, "betas": (0.5, 0.9)}], block_size=16)
     _train(model, split, 1)
     assert len(split._families) == 2
+    frozen_lr.param_groups[1]["betas"] = (0.5, 0.9)
+    with pytest.raises(ValueError, match="share Shampoo factor stacks"):
+        _train(model, frozen_lr, 1)
 
 
 def test_closure_returns_the_loss():

@@ -123,7 +123,8 @@ class Shampoo(torch.optim.Optimizer):
         return {id(p): g for g in self.param_groups for p in g["params"]}
 
     def _family_config(self, family, group_of) -> core.ShampooConfig:
-        configs = [self._group_config(group_of[id(p)]) for p in family.params]
+        groups = {id(group_of[id(p)]): group_of[id(p)] for p in family.params}
+        configs = [self._group_config(g) for g in groups.values()]
         shared = dataclasses.replace(configs[0], lr=0.0, weight_decay=0.0)
         for config in configs[1:]:
             if dataclasses.replace(config, lr=0.0, weight_decay=0.0) != shared:
