@@ -76,11 +76,19 @@ def _max_diff(a, b) -> float:
     return max(float((x.detach() - y.detach()).abs().max()) for x, y in zip(a, b))
 
 
-def _run_side_by_side(rank, options, steps, scale_at=None):
+def _groups(params, split):
+    """Two parameter groups that differ in block_size: two families, each split on its own."""
+    if split is None:
+        return params
+    return [{"params": params[:split]},
+            {"params": params[split:], "block_size": 6, "lr": 0.02}]
+
+
+def _run_side_by_side(rank, options, steps, scale_at=None, split_groups=None):
     """A sharded and a single-process optimizer stepped on the same gradients."""
     sharded, single = _params(), _params()
-    opt = Shampoo(sharded, **options)
-    ref = Shampoo(single, distributed=None, **options)
+    opt = Shampoo(_groups(sharded, split_groups), **options)
+    ref = Shampoo(_groups(single, split_groups), distributed=None, **options)
     opt._form_families()
     sharding = opt._families[0].sharding
     gathered = []
@@ -128,6 +136,12 @@ def _scenario_equality(rank, world):
             root_refreshes=ref.diagnostics()["root_refreshes"])
         out[method] = result
     return out
+
+
+def _scenario_two_families(rank, world):
+    opt, _, _, _, result = _run_side_by_side(rank, OPTIONS, 6, split_groups=5)
+    result["families"] = [f.sharding is not None for f in opt._families]
+    return result
 
 
 def _scenario_failed_roots(rank, world):
@@ -255,6 +269,7 @@ def _worker(rank, world, port, tmpdir):
                                 timeout=timedelta(seconds=60))
         result["backend"] = dist.get_backend()
         result["equality"] = _scenario_equality(rank, world)
+        result["two_families"] = _scenario_two_families(rank, world)
         result["failed_roots"] = _scenario_failed_roots(rank, world)
         result["nonfinite"] = _scenario_nonfinite(rank, world)
         result["checkpoint"] = _scenario_checkpoint(rank, world, tmpdir)
@@ -318,6 +333,14 @@ def test_sharded_updates_equal_single_process_bitwise(ranks):
         assert eq["params_equal"]
     assert sum(r["equality"][method]["owned_blocks"] for r in results) == \
         results[0]["equality"][method]["total_blocks"]
+
+
+def test_parameter_groups_with_their_own_stacks_are_sharded_too(ranks):
+    world, results = ranks
+    for rank, r in enumerate(results):
+        tf = r["two_families"]
+        assert tf["families"] == [True, True]
+        assert all(tf["updates_equal"]), f"rank {rank}: first mismatch {tf['first_mismatch']}"
 
 
 def test_memory_per_rank_is_below_single_process(ranks):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .blocking import BlockPlan, plan_blocks
+from .blocking import ELEMENTWISE, BlockPlan, plan_blocks
 from .sharding import ShardPlan, gather_buckets, local_plan, shard_plan
 
 __all__ = [
@@ -93,14 +93,11 @@ def resolve_process_group(distributed):
     return group if dist.get_world_size(group) > 1 else None
 
 
-def _collective_device(group, like: torch.device) -> torch.device:
-    """Where the tensors of a collective on ``group`` must live."""
-    if dist.get_backend(group) == "nccl":
-        if like.type != "cuda":
-            raise ValueError("the process group runs NCCL, which needs CUDA tensors, but "
-                             f"the parameters are on {like}; use gloo for CPU parameters")
-        return like
-    return like
+def _check_device(group, device: torch.device) -> None:
+    """Refuse tensors the group's backend cannot send (NCCL takes CUDA tensors only)."""
+    if dist.get_backend(group) == "nccl" and device.type != "cuda":
+        raise ValueError("the process group runs NCCL, which needs CUDA tensors, but the "
+                         f"parameters are on {device}; use gloo for CPU parameters")
 
 
 def agree_on_gradients(grads, group, device):
@@ -128,13 +125,13 @@ def agree_on_gradients(grads, group, device):
     GradientMismatchError
         On every rank, when a parameter has a gradient on some ranks only.
     """
-    device = _collective_device(group, device)
+    _check_device(group, device)
     count = len(grads)
     flags = torch.zeros(2 * count, dtype=torch.int32, device=device)
     present = [i for i, g in enumerate(grads) if g is not None]
     if present:
         index = torch.tensor(present, device=device)
-        finite = torch.stack([torch.isfinite(grads[i]).all() for i in present]).to(device)
+        finite = torch.stack([torch.isfinite(grads[i]).all().to(device) for i in present])
         flags[index] = 1
         flags[index + count] = (~finite).to(torch.int32)
     dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=group)
@@ -204,7 +201,8 @@ class BlockSharding:
         Parameters
         ----------
         updates : list of tensors or None
-            Parameter-shaped updates in the family's order, changed in place.
+            Parameter-shaped updates in the family's order, changed in place
+            (a non-contiguous entry is replaced by a contiguous copy first).
             None (no gradient this step, on every rank) is skipped.
 
         Returns
@@ -215,9 +213,15 @@ class BlockSharding:
         present = [u for u in updates if u is not None]
         if not present:
             return 0
-        device = _collective_device(self.group, present[0].device)
-        views = [None if u is None else u.view(layout.view)
-                 for u, layout in zip(updates, self.plan.params)]
+        device = present[0].device
+        _check_device(self.group, device)
+        views = [None] * len(updates)
+        for i, (u, layout) in enumerate(zip(updates, self.plan.params)):
+            if u is not None and layout.kind != ELEMENTWISE:
+                # Blocks are written through a view, so the update must be contiguous;
+                # the caller applies the list entries, so replacing one is seen.
+                updates[i] = u if u.is_contiguous() else u.contiguous()
+                views[i] = updates[i].view(layout.view)
         gathered = 0
         for bucket in self.buckets:
             dtype = getattr(torch, bucket.dtype)
