@@ -351,6 +351,11 @@ def test_memory_per_rank_is_below_single_process(ranks):
         assert e["stack_bytes"] < e["single_stack_bytes"], f"rank {rank}"
     # Factors and roots are split, not copied: they add up to the single-process ones.
     assert sum(e["stack_bytes"] for e in eq) == eq[0]["single_stack_bytes"]
+    # The planner predicts the largest rank's stacks and the replicated moments.
+    planned = plan_summary([(str(i), s) for i, s in enumerate(SHAPES)], block_size=8,
+                           world_sizes=[world])["worlds"][0]
+    assert planned["preconditioner"] == max(e["stack_bytes"] for e in eq)
+    assert planned["moments"] == eq[0]["state_bytes"] - eq[0]["stack_bytes"]
 
 
 def test_all_gather_volume_is_what_the_planner_says(ranks):
