@@ -275,7 +275,7 @@ def make_plan(params, config: ShampooConfig) -> BlockPlan:
                        stacked=config.stacked)
 
 
-def init(params, config: ShampooConfig) -> ShampooState:
+def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None) -> ShampooState:
     """Initial state for a sequence of parameter arrays.
 
     Parameters
@@ -283,6 +283,9 @@ def init(params, config: ShampooConfig) -> ShampooState:
     params : sequence of arrays
         All of one namespace and device (NumPy, CuPy, PyTorch, array-api-strict).
     config : ShampooConfig
+    plan : BlockPlan, optional
+        Keep factors for this plan's blocks only (a sharded run passes the part
+        of :func:`make_plan` one rank owns). Default: :func:`make_plan`.
 
     Returns
     -------
@@ -299,7 +302,7 @@ def init(params, config: ShampooConfig) -> ShampooState:
     params = list(params)
     xp = _namespace(params, "params")
     device = _xp.device_of(params[0])
-    plan = make_plan(params, config)
+    plan = make_plan(params, config) if plan is None else plan
     names = [compute_dtype_name(xp, p.dtype) for p in params]
     stacks = init_stacks(plan, xp, device)
 

@@ -20,6 +20,7 @@ from itertools import chain
 import torch
 
 from . import core
+from .distributed import BlockSharding, agree_on_gradients, check_shard, resolve_process_group
 
 __all__ = ["Shampoo"]
 
@@ -29,11 +30,12 @@ _PER_GROUP = ("lr", "weight_decay")
 
 
 class _Family:
-    """Parameters that share factor stacks, and their core state."""
+    """Parameters that share factor stacks, their core state and, when sharded, their split."""
 
-    def __init__(self, params, state: core.ShampooState):
+    def __init__(self, params, state: core.ShampooState, sharding=None):
         self.params = params
         self.state = state
+        self.sharding = sharding
 
 
 class Shampoo(torch.optim.Optimizer):
@@ -63,6 +65,10 @@ class Shampoo(torch.optim.Optimizer):
     start_preconditioning_step, root_method, matrix_eps, root_options,
     precondition_1d, stacked, nonfinite_grads
         As in :class:`matroot.optim.ShampooConfig`.
+    distributed : "auto", None or ProcessGroup
+        ``"auto"``: when ``torch.distributed`` is initialised with more than one
+        rank, split the blocks over its ranks (see :mod:`matroot.optim.distributed`
+        and docs/distributed.rst); None: never.
 
     Notes
     -----
@@ -90,7 +96,7 @@ class Shampoo(torch.optim.Optimizer):
                  nesterov=False, bias_correction=True, grafting_beta2=None, block_size=1024,
                  precondition_frequency=10, start_preconditioning_step=None, root_method="auto",
                  matrix_eps=1e-8, root_options=None, precondition_1d=False, stacked=True,
-                 nonfinite_grads="raise"):
+                 nonfinite_grads="raise", distributed="auto"):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         nesterov=nesterov, bias_correction=bias_correction,
                         grafting_beta2=grafting_beta2, block_size=block_size,
@@ -101,6 +107,7 @@ class Shampoo(torch.optim.Optimizer):
                         stacked=stacked, nonfinite_grads=nonfinite_grads)
         core.ShampooConfig(**defaults)
         self._families: list[_Family] = []
+        self._process_group = resolve_process_group(distributed)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -150,10 +157,17 @@ class Shampoo(torch.optim.Optimizer):
                 else:
                     pending.append((shared, p.device, [p]))
         for config, _, members in pending:
-            state = core.init([p.detach() for p in members], config)
-            self._families.append(_Family(members, state))
+            self._families.append(self._new_family(members, config))
+            state = self._families[-1].state
             for p, m, v in zip(members, state.exp_avg, state.exp_avg_sq):
                 self.state[p] = {"step": 0, "exp_avg": m, "exp_avg_sq": v}
+
+    def _new_family(self, members, config) -> _Family:
+        detached = [p.detach() for p in members]
+        if self._process_group is None:
+            return _Family(members, core.init(detached, config))
+        sharding = BlockSharding(core.make_plan(detached, config), self._process_group)
+        return _Family(members, core.init(detached, config, plan=sharding.local), sharding)
 
     def _sync_family_state(self, family):
         """The family's core state with the per-parameter entries of ``self.state``."""
@@ -180,11 +194,10 @@ class Shampoo(torch.optim.Optimizer):
                     raise TypeError("Shampoo does not support sparse gradients")
                 fam_grads.append(None if p.grad is None else p.grad.detach())
             grads.append(fam_grads)
-        present = [g for g in chain.from_iterable(grads) if g is not None]
-        if present and not bool(torch.stack([torch.isfinite(g).all() for g in present]).all()):
-            if self._nonfinite_policy(grads, group_of) == "raise":
-                bad = [i for i, p in enumerate(self._all_params())
-                       if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        bad = self._nonfinite_params(grads)
+        if bad:
+            params = self._all_params()
+            if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
                 raise core.NonFiniteGradientError(
                     f"gradients of parameters {bad} (state_dict numbering) contain NaN or Inf; "
                     "pass nonfinite_grads='skip' to skip such steps instead")
@@ -203,6 +216,9 @@ class Shampoo(torch.optim.Optimizer):
                 fam_grads, family.state, [p.detach() for p in family.params], config,
                 lr=[g["lr"] for g in groups], weight_decay=[g["weight_decay"] for g in groups],
                 check_grads=False)
+            if family.sharding is not None and \
+                    family.state.step >= config.first_preconditioned_step:
+                family.sharding.share_updates(updates)
             for p, u, t in zip(family.params, updates, family.state.param_steps):
                 self.state[p]["step"] = t
                 if u is None:
@@ -213,13 +229,19 @@ class Shampoo(torch.optim.Optimizer):
                     p.copy_(p.to(u.dtype) + u)
         return loss
 
-    def _nonfinite_policy(self, grads, group_of) -> str:
-        for family, fam_grads in zip(self._families, grads):
-            for p, g in zip(family.params, fam_grads):
-                if g is not None and not bool(torch.isfinite(g).all()):
-                    if group_of[id(p)]["nonfinite_grads"] == "raise":
-                        return "raise"
-        return "skip"
+    def _nonfinite_params(self, grads) -> list:
+        """state_dict numbers of parameters with NaN/Inf gradients (on any rank when sharded)."""
+        members = [p for f in self._families for p in f.params]
+        flat = list(chain.from_iterable(grads))
+        if self._process_group is not None:
+            flags = agree_on_gradients(flat, self._process_group, members[0].device)
+        else:
+            present = [g for g in flat if g is not None]
+            if not present or bool(torch.stack([torch.isfinite(g).all() for g in present]).all()):
+                return []
+            flags = [g is not None and not bool(torch.isfinite(g).all()) for g in flat]
+        index = {id(p): i for i, p in enumerate(self._all_params())}
+        return sorted(index[id(p)] for p, bad in zip(members, flags) if bad)
 
     def diagnostics(self) -> dict:
         """Counters and memory of the optimizer state, summed over families.
@@ -259,6 +281,9 @@ class Shampoo(torch.optim.Optimizer):
              "factors": list(f.state.factors), "roots": list(f.state.roots),
              "root_failures": list(f.state.root_failures)}
             for f in self._families]
+        for record, f in zip(sd["shampoo_families"], self._families):
+            if f.sharding is not None:
+                record["shard"] = f.sharding.record()
         return sd
 
     def load_state_dict(self, state_dict):
@@ -283,6 +308,10 @@ class Shampoo(torch.optim.Optimizer):
             members = [params[i] for i in record["params"]]
             config = self._group_config(group_of[id(members[0])])
             plan = core.make_plan([p.detach() for p in members], config)
+            sharding = None if self._process_group is None else \
+                BlockSharding(plan, self._process_group)
+            check_shard(record.get("shard"), sharding)
+            plan = plan if sharding is None else sharding.local
             device = members[0].device
             expected = [(s.count, s.size, s.size) for s in plan.stacks]
 
@@ -301,6 +330,6 @@ class Shampoo(torch.optim.Optimizer):
                 root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
                 root_refreshes=int(record["root_refreshes"]),
                 skipped_steps=int(record["skipped_steps"]), plan=plan)
-            family = _Family(members, state)
+            family = _Family(members, state, sharding)
             self._sync_family_state(family)
             self._families.append(family)
