@@ -33,7 +33,9 @@ def timed_call(fn: Callable, synchronize: Callable):
 
 
 def interleaved_times(calls: dict[Hashable, tuple[Callable, float]], synchronize: Callable,
-                      *, repeats: int, budget_s: float) -> dict[Hashable, list[float]]:
+                      *, repeats: int, budget_s: float,
+                      reuse_first_above_s: float | None = None
+                      ) -> dict[Hashable, list[float]]:
     """Time several warmed-up callables round-robin.
 
     Parameters
@@ -49,6 +51,11 @@ def interleaved_times(calls: dict[Hashable, tuple[Callable, float]], synchronize
         Seconds each key may spend: a key whose warm-up took ``t`` gets
         ``clamp(budget_s // t, 1, repeats)`` timed calls, so slow contenders are
         timed once or twice and fast ones ``repeats`` times.
+    reuse_first_above_s : float, optional
+        A key whose warm-up took longer than this is not called again: its
+        warm-up is its one sample. One-off costs (lazy initialisation, caches)
+        are milliseconds, so for calls of seconds the warm-up is a fair sample,
+        and skipping the second call halves the cost of the largest sizes.
 
     Returns
     -------
@@ -68,6 +75,11 @@ def interleaved_times(calls: dict[Hashable, tuple[Callable, float]], synchronize
     counts = {key: max(1, min(repeats, int(budget_s // max(first, 1e-9))))
               for key, (_, first) in calls.items()}
     times = {key: [] for key in calls}
+    if reuse_first_above_s is not None:
+        for key, (_, first) in calls.items():
+            if first > reuse_first_above_s:
+                counts[key] = 0
+                times[key].append(first)
     for round_index in range(max(counts.values(), default=0)):
         for key, (fn, _) in calls.items():
             if round_index < counts[key]:
