@@ -44,9 +44,13 @@ from .minimax_coefficients import TAIL, quantize_lower, rounding_margin, schedul
 #: Matmuls of the first step (``X₀ = A``, ``Z₀ = I``) and of every later one.
 FIRST_STEP_MATMULS = 2
 STEP_MATMULS = 4
-#: With 16-bit operands, the 16-bit phase stops at this multiple of their unit
-#: roundoff (or when its residual stalls); one working-precision step follows.
-LOW_PRECISION_FLOOR = 8.0
+#: With 16-bit operands the residual, formed from a 16-bit ``ZY``, bottoms out
+#: near ``8u`` (measured, float16 and bfloat16): the 16-bit phase stops at
+#: ``LOW_PRECISION_FLOOR·u`` or when it stalls below twice that.
+LOW_PRECISION_FLOOR = 16.0
+#: The 16-bit phase runs at most the longest schedule of the stack plus this
+#: many :data:`TAIL` steps; working-precision TAIL steps finish (at least one).
+LOW_PRECISION_EXTRA_STEPS = 2
 #: Slack on the next stage's lower bound for the previous stage's residual error.
 STAGE_SLACK = 0.9
 
@@ -101,10 +105,11 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         As in :func:`matroot.solvers._iteration.iterate_frozen`; the residual is
         ``‖I − ZY‖_F/√n``. ``tol = 0`` runs exactly ``max_iter`` steps.
     matmul : matroot._xp.Matmul
-        Products. With a 16-bit operand dtype the steps run as
-        :func:`minimax_step` describes until the residual reaches
-        ``LOW_PRECISION_FLOOR·u16`` (at most ``max_iter − 1`` steps), then one
-        :data:`TAIL` step runs entirely in the working dtype.
+        Products. With a 16-bit operand dtype the schedule runs as
+        :func:`minimax_step` describes (until the residual reaches
+        ``LOW_PRECISION_FLOOR·u16`` or stalls, for at most the schedule's length
+        plus ``LOW_PRECISION_EXTRA_STEPS``), then :data:`TAIL` steps in the
+        working dtype finish (at least one; ``max_iter`` caps the total).
     margin : float, optional
         Rounding headroom of the schedule; default ``√u`` of the operand dtype.
 
@@ -115,56 +120,66 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
-    n = a.shape[-1]
+    b, n = a.shape[0], a.shape[-1]
     eye = _xp.identity_stack(xp, n, a.dtype, dev)
     root_n = math.sqrt(n)
     low = matmul.operand_dtype is not None
     u = unit_roundoff(xp, matmul.operand_dtype if low else a.dtype)
     if margin is None:
         margin = rounding_margin(u)
-    steps = max_iter - 1 if low else max_iter
-    table = _coefficient_table(xp, [quantize_lower(v) for v in lower], margin, steps,
-                               a.dtype, dev)
-    rounded = matmul if low else matmul.full
-    counter = [0]
+    lowers = [quantize_lower(v) for v in lower]
+    steps = max_iter
+    if low:
+        # More 16-bit steps than the schedule plus two TAIL steps cannot help,
+        # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged).
+        longest = max(len(schedule(v, margin).errors) for v in lowers)
+        steps = min(max_iter - 1, longest + LOW_PRECISION_EXTRA_STEPS)
+    table = _coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
+    tail = _xp.from_numpy(xp, np.broadcast_to(np.array(TAIL), (b, 3)), dtype=a.dtype,
+                          device=dev)
 
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
 
-    def step(state):
-        k = counter[0]
-        counter[0] += 1
-        x, new_state = minimax_step(*state, table[k], first=k == 0, rounded=rounded,
-                                    full=matmul.full, eye=eye)
-        return _xp.frobenius_norm(eye - x) / root_n, new_state
+    def run(state, coefficients, rounded, *, tol, max_iter, stall_level=None):
+        counter = [0]
 
-    state = (a, xp.broadcast_to(eye, a.shape))
+        def step(state):
+            k = counter[0]
+            counter[0] += 1
+            x, new_state = minimax_step(*state, coefficients(k), first=k == 0 and
+                                        coefficients is scheduled, rounded=rounded,
+                                        full=matmul.full, eye=eye)
+            return _xp.frobenius_norm(eye - x) / root_n, new_state
+
+        return iterate_frozen(state, step, residual_of, tol=tol, max_iter=max_iter,
+                              check_every=check_every, stall_level=stall_level)
+
+    def scheduled(k):
+        return table[k]
+
+    def tail_only(k):
+        return tail
+
+    start = (a, xp.broadcast_to(eye, a.shape))
+    zero = xp.zeros((b,), dtype=xp.int32, device=dev)
     if steps > 0:
-        floor = LOW_PRECISION_FLOOR * u if low and tol > 0 else 0.0
-        outcome = iterate_frozen(state, step, residual_of, tol=max(tol, floor),
-                                 max_iter=steps, check_every=check_every)
+        tol_main = max(tol, LOW_PRECISION_FLOOR * u) if low and tol > 0 else tol
+        outcome = run(start, scheduled, matmul if low else matmul.full, tol=tol_main,
+                      max_iter=steps, stall_level=2 * tol_main if low else None)
         # Accepted steps, plus the ZY that checked the last state.
         matmuls = xp.where(outcome.iterations > 0, STEP_MATMULS * outcome.iterations
-                           - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1,
-                           xp.zeros_like(outcome.iterations))
+                           - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1, zero)
     else:
-        outcome = IterationOutcome(state, xp.full((a.shape[0],), float("inf"),
-                                                  dtype=a.dtype, device=dev),
-                                   xp.zeros((a.shape[0],), dtype=xp.int32, device=dev),
-                                   xp.zeros((a.shape[0],), dtype=xp.bool, device=dev))
-        matmuls = outcome.iterations
+        outcome = IterationOutcome(start, None, zero, None)
+        matmuls = zero
     if not low:
         return outcome, matmuls
-    tail = _xp.from_numpy(xp, np.broadcast_to(np.array(TAIL), (a.shape[0], 3)),
-                          dtype=a.dtype, device=dev)
-    _, state = minimax_step(*outcome.state, tail, first=False, rounded=matmul.full,
-                            full=matmul.full, eye=eye)
-    residual = residual_of(state)
-    finite = xp.isfinite(residual)
-    converged = finite & (outcome.converged | (residual <= tol)) if tol > 0 else \
-        xp.zeros_like(finite)
-    polished = IterationOutcome(state, residual, outcome.iterations + 1, converged)
-    return polished, matmuls + STEP_MATMULS + 1
+    polish = run(outcome.state, tail_only, matmul.full, tol=tol,
+                 max_iter=max(max_iter - steps, 1) if tol > 0 else 1)
+    # Each polish step re-forms its incoming ZY; one more ZY checks the result.
+    matmuls = matmuls + STEP_MATMULS * polish.iterations + 1
+    return polish._replace(iterations=outcome.iterations + polish.iterations), matmuls
 
 
 def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
