@@ -1,7 +1,8 @@
-"""Markdown tables of a solver benchmark's JSON: ``python -m matroot.bench.report RESULTS.json``.
+"""Tables of a solver benchmark's JSON: ``python -m matroot.bench.report RESULTS.json``.
 
-Writes ``summary.md`` next to the JSON (or to ``--out``): the ratios the
-benchmark measured, never an absolute time on its own.
+Writes ``summary.md`` and ``summary.rst`` (for ``.. include::`` in the docs) next
+to the JSON, or to ``--out``: the ratios the benchmark measured, never an
+absolute time on its own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["summary_markdown", "fastest_methods", "main"]
+__all__ = ["summary_markdown", "summary_rst", "write_summaries", "fastest_methods", "render",
+           "main"]
 
 
 def _fmt(value, digits=2):
@@ -25,16 +27,68 @@ def _fmt(value, digits=2):
 
 
 def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return ("table", [str(h) for h in header], [[str(c) for c in row] for row in rows])
+
+
+def _heading(text):
+    return ("heading", text)
+
+
+def _para(text):
+    return ("para", text)
+
+
+def _bullets(items):
+    return ("bullets", list(items))
+
+
+def render(blocks, fmt: str) -> str:
+    """Render report blocks as Markdown (``"md"``) or reStructuredText (``"rst"``).
+
+    Headings become level-2 Markdown headings or ``-``-underlined RST sections
+    (so the RST can be included under a page's ``=`` title); inline code is
+    written with single backticks and doubled for RST.
+    """
+    out = []
+    for block in blocks:
+        kind = block[0]
+        if kind == "heading":
+            text = block[1]
+            out += [f"## {text}" if fmt == "md" else f"{text}\n{'-' * len(text)}", ""]
+        elif kind == "para":
+            text = block[1] if fmt == "md" else _rst_inline(block[1])
+            out += [text, ""]
+        elif kind == "bullets":
+            out += [f"- {_rst_inline(item) if fmt == 'rst' else item}" for item in block[1]]
+            out.append("")
+        elif fmt == "md":
+            _, header, rows = block
+            out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            out += ["| " + " | ".join(row) + " |" for row in rows]
+            out.append("")
+        else:
+            _, header, rows = block
+            out += [".. csv-table::",
+                    "   :header: " + ", ".join(_csv_cell(h) for h in header), ""]
+            out += ["   " + ", ".join(_csv_cell(c) for c in row) for row in rows]
+            out.append("")
+    return "\n".join(out)
+
+
+def _rst_inline(text):
+    return text.replace("`", "``")
+
+
+def _csv_cell(text):
+    return '"' + text.replace('"', '""') + '"'
 
 
 def fastest_methods(doc) -> list:
     """Per (backend, n, batch, p): the fastest matroot method at the default tolerance.
 
-    Methods whose error missed the accuracy of batched eigh by more than 100×
-    and 1e-3 (chebyshev without a good λmin bound) are not eligible.
+    Methods whose worst error exceeds 1e-3 (chebyshev without a good λmin
+    bound, for one) are not eligible. ``margin`` is the runner-up's time ÷ the
+    winner's.
 
     Examples
     --------
@@ -68,13 +122,13 @@ def _sweep_section(doc):
     if not rows:
         return []
     methods = list(dict.fromkeys(r["method"] for r in rows if r["kind"] == "matroot"))
-    parts = ["## Default tolerance: time ÷ batched eigh (lower is better)", "",
-             f"κ = {doc['config']['kappa']:g}, {doc['config']['dtype']}. "
-             "Each cell is the median time of the method divided by the median time "
-             "of batched eigh (root formed from it) measured in the same interleaved "
-             "rounds; `eigh = k mm` is batched eigh's time in batched matmuls of that "
-             "size; `eff.` is the fastest matmul method's time ÷ (its matmuls × one "
-             "matmul's time), 1 being the matmul floor.", ""]
+    parts = [_heading("Default tolerance: time ÷ batched eigh (lower is better)"),
+             _para(f"κ = {doc['config']['kappa']:g}, {doc['config']['dtype']}. "
+                   "Each cell is the median time of the method divided by the median "
+                   "time of batched eigh (root formed from it) measured in the same "
+                   "interleaved rounds; `eigh = k mm` is batched eigh's time in batched "
+                   "matmuls of that size; `eff.` is the fastest matmul method's time ÷ "
+                   "(its matmuls × one matmul's time), 1 being the matmul floor.")]
     header = (["backend", "p", "n", "b"] + methods + ["eigh_loop", "eigh = k mm",
                                                       "best matmul method", "eff."])
     table = []
@@ -91,8 +145,9 @@ def _sweep_section(doc):
                   _fmt(summary["fastest_matmul_method_efficiency"])]
         table.append(cells)
     table.sort(key=lambda c: (c[0], c[1], c[2], c[3]))
-    parts += [_table(header, table), ""]
-    parts += ["## Errors at the default tolerance (max relative error vs float64 eigh)", ""]
+    parts += [_table(header, table),
+              _heading("Errors at the default tolerance (max relative error vs float64 "
+                       "eigh)")]
     header = ["backend", "p", "n", "b"] + methods + ["eigh_batched"]
     table = []
     for summary in doc["sweep_summary"]:
@@ -103,13 +158,13 @@ def _sweep_section(doc):
                      + [_fmt(here[m]["err_max"]) if m in here else "skipped"
                         for m in methods + ["eigh_batched"]])
     table.sort(key=lambda c: (c[0], c[1], c[2], c[3]))
-    parts += [_table(header, table), ""]
+    parts.append(_table(header, table))
     fastest = fastest_methods(doc)
     if fastest:
-        parts += ["## Fastest matroot method (error ≤ 1e-3) per configuration", "",
+        parts += [_heading("Fastest matroot method (error ≤ 1e-3) per configuration"),
                   _table(["backend", "p", "n", "b", "fastest", "runner-up", "margin"],
                          [[f["backend"], f["p"], f["n"], f["batch"], f["method"],
-                           f["runner_up"] or "—", _fmt(f["margin"])] for f in fastest]), ""]
+                           f["runner_up"] or "—", _fmt(f["margin"])] for f in fastest])]
     return parts
 
 
@@ -118,12 +173,12 @@ def _tta_section(doc):
     if not rows:
         return []
     first = rows[0]
-    parts = ["## Time to accuracy", "",
-             f"{first['backend']}, n = {first['n']}, b = {first['batch']}: the fewest "
-             "matmuls and the least time (÷ batched eigh's time) at which each method's "
-             "worst matrix reached the target error, sweeping the step count "
-             "(degree for chebyshev); `default` is the error at the default tolerance.",
-             ""]
+    parts = [_heading("Time to accuracy"),
+             _para(f"{first['backend']}, n = {first['n']}, b = {first['batch']}: the "
+                   "fewest matmuls and the least time (÷ batched eigh's time) at which "
+                   "each method's worst matrix reached the target error, sweeping the "
+                   "step count (degree for chebyshev); `default error` is the worst "
+                   "error at the default tolerance.")]
     table = []
     for r in sorted(rows, key=lambda r: (r["p"], r["kappa"], r["method"])):
         table.append([r["p"], f"{r['kappa']:g}", f"{r['target_error']:g}", r["method"],
@@ -131,8 +186,8 @@ def _tta_section(doc):
                       ("—" if r["reached"] else "not reached"),
                       _fmt(r["time_ratio_to_eigh_batched"]) if r["reached"] else "—",
                       _fmt(r["default_err_max"])])
-    parts += [_table(["p", "κ", "target", "method", "matmuls", "time ÷ eigh",
-                      "default error"], table), ""]
+    parts.append(_table(["p", "κ", "target", "method", "matmuls", "time ÷ eigh",
+                         "default error"], table))
     return parts
 
 
@@ -140,8 +195,9 @@ def _scaling_section(doc):
     rows = doc.get("scaling", [])
     if not rows:
         return []
-    parts = ["## Iterations: power-iteration vs Frobenius scaling", "",
-             "Iterations at the default tolerance (worst matrix), `power / frobenius`.", ""]
+    parts = [_heading("Iterations: power-iteration vs Frobenius scaling"),
+             _para("Iterations at the default tolerance (worst matrix), "
+                   "`power / frobenius`.")]
     kappas = sorted({r["kappa"] for r in rows})
     keys = list(dict.fromkeys((r.get("spectrum", "geometric"), r["p"], r["method"])
                               for r in rows))
@@ -154,9 +210,28 @@ def _scaling_section(doc):
         table.append([spectrum, f"{ratio:.1f}", p, method] + [
             f"{here[(k, 'power')]['iterations']} / {here[(k, 'frobenius')]['iterations']}"
             if (k, "power") in here and (k, "frobenius") in here else "—" for k in kappas])
-    parts += [_table(["spectrum", "‖A‖_F/λmax", "p", "method"]
-                     + [f"κ={k:g}" for k in kappas], table), ""]
+    parts.append(_table(["spectrum", "‖A‖_F/λmax", "p", "method"]
+                        + [f"κ={k:g}" for k in kappas], table))
     return parts
+
+
+def summary_blocks(doc) -> list:
+    """The report's blocks (headings, paragraphs, tables) for :func:`render`."""
+    machine = doc.get("machine", {})
+    blocks = []
+    if machine:
+        blocks.append(_para(
+            f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} logical "
+            f"CPUs; backends {', '.join(doc['backends'])}; worker environment "
+            f"{machine.get('worker_environment')}; the run took "
+            f"{doc.get('elapsed_s', 0):.0f} s."))
+    blocks += _sweep_section(doc) + _tta_section(doc) + _scaling_section(doc)
+    skipped = doc.get("skipped", [])
+    if skipped:
+        blocks += [_heading("Skipped"), _bullets(
+            f"{s['backend']} n={s['n']} b={s['batch']} p={s['p']} {s['method']}: "
+            f"{s['reason']}" for s in skipped)]
+    return blocks
 
 
 def summary_markdown(doc) -> str:
@@ -169,22 +244,26 @@ def summary_markdown(doc) -> str:
     ...                   "backends": []}).splitlines()[0]
     '# matroot solver benchmark: summary'
     """
-    machine = doc.get("machine", {})
-    parts = ["# matroot solver benchmark: summary", "",
-             "Generated by `python -m matroot.bench.report` from `solvers.json`.", ""]
-    if machine:
-        parts += [f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} "
-                  f"logical CPUs; backends {', '.join(doc['backends'])}; worker "
-                  f"environment {machine.get('worker_environment')}; run took "
-                  f"{doc.get('elapsed_s', 0):.0f} s.", ""]
-    parts += _sweep_section(doc) + _tta_section(doc) + _scaling_section(doc)
-    skipped = doc.get("skipped", [])
-    if skipped:
-        parts += ["## Skipped", ""]
-        parts += [f"- {s['backend']} n={s['n']} b={s['batch']} p={s['p']} {s['method']}: "
-                  f"{s['reason']}" for s in skipped]
-        parts.append("")
-    return "\n".join(parts)
+    head = "# matroot solver benchmark: summary\n\nGenerated by " \
+           "`python -m matroot.bench.report` from `solvers.json`.\n\n"
+    return head + render(summary_blocks(doc), "md")
+
+
+def summary_rst(doc) -> str:
+    """The same tables as reStructuredText sections, for ``.. include::`` in the docs."""
+    head = (".. Generated by python -m matroot.bench.report from solvers.json; "
+            "do not edit.\n\n")
+    return head + render(summary_blocks(doc), "rst")
+
+
+def write_summaries(doc, out_dir) -> list:
+    """Write ``summary.md`` and ``summary.rst`` into ``out_dir``; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "summary.md", out_dir / "summary.rst"]
+    paths[0].write_text(summary_markdown(doc))
+    paths[1].write_text(summary_rst(doc))
+    return paths
 
 
 def main(argv=None) -> int:
@@ -205,10 +284,8 @@ def main(argv=None) -> int:
     path = Path(args.results)
     if not path.is_file():
         parser.error(f"no such results file: {path}")
-    out = Path(args.out or path.parent) / "summary.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(summary_markdown(json.loads(path.read_text())))
-    print(f"wrote {out}")
+    for out in write_summaries(json.loads(path.read_text()), args.out or path.parent):
+        print(f"wrote {out}")
     return 0
 
 

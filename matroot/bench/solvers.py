@@ -49,7 +49,7 @@ from matroot.solvers import SOLVERS
 
 from .backends import BACKEND_NAMES, discover_backends
 from .problems import Oracle, relative_errors, spd_stack
-from .report import summary_markdown
+from .report import write_summaries
 from .timing import interleaved_times, matmul_block, timed_call
 
 __all__ = ["main", "Config", "run", "PRESETS", "BASELINES", "eigh_root_batched",
@@ -80,7 +80,7 @@ class Config:
     backends: tuple | None = None
     methods: tuple | None = None
     dtype: str = "float32"
-    repeats: int = 5
+    repeats: int = 9
     entry_budget_s: float = 2.0
     max_call_s: float = 20.0
     reuse_first_above_s: float = 2.0
@@ -622,9 +622,8 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=sys.stderr) -> di
     path = out_dir / "solvers.json"
     path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
     print(f"wrote {path} ({doc['elapsed_s']:.0f} s)", file=stream, flush=True)
-    summary = out_dir / "summary.md"
-    summary.write_text(summary_markdown(doc))
-    print(f"wrote {summary}", file=stream, flush=True)
+    for summary in write_summaries(doc, out_dir):
+        print(f"wrote {summary}", file=stream, flush=True)
     if plots:
         from .plots import make_plots
 
