@@ -11,17 +11,18 @@ from .. import _xp
 from .._checks import methods_supporting
 
 #: On CPUs (NumPy, torch CPU; n = 128…2048, batches of 1…32, p = 2 and 4) the
-#: float64 eigh of ``"evd"`` was the fastest method in every configuration: the
-#: fastest matmul-only method took 1.2–4.2× its time. A CPU eigh costs only
-#: 7–36 batched matmuls of the same size, fewer than any iteration needs.
+#: float64 eigh of ``"evd"`` was the fastest method in all 28 configurations:
+#: the runner-up took 1.2–2.9× its time. A CPU eigh costs only 7–38 batched
+#: matmuls of the same size, fewer than any iteration needs at κ = 1e4.
 CPU_METHOD = "evd"
 
 #: On accelerators matmul-only iterations win (DASH, 8×H100, block 1024: EVD
 #: 2850 ms per optimizer step against 136–149 ms for coupled Newton, 174–188 ms
 #: for Newton-DB), and they run near the matmul floor, so the one with the fewest
 #: matmuls is the fastest. Matmul counts do not depend on the device; measured
-#: at κ = 1e4: minimax 19 (p = 2) and 38 (p = 4), coupled Newton 42 and 56,
-#: Newton-DB 42 and 72. In order of preference; the first that supports p runs.
+#: at the default tolerance, κ = 1e4, n = 512: minimax 23 (p = 2) and 38
+#: (p = 4), coupled Newton 41 and 51, Newton-DB 45 and 72. In order of
+#: preference; the first that supports p runs.
 ACCELERATOR_METHODS = ("minimax", "coupled_newton")
 
 #: With 16-bit matmul operands: coupled Newton, which DASH found to tolerate
