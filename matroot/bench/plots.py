@@ -28,14 +28,14 @@ _OTHER_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 
 
 def _style(method):
+    """Fixed colours for the known methods; methods added later get the spare ones."""
     if method not in _STYLE:
-        color = _OTHER_COLORS[len([m for m in _STYLE if m not in _DEFAULT_KEYS])
-                              % len(_OTHER_COLORS)]
-        _STYLE[method] = dict(color=color, marker="P")
+        spare = len(_STYLE) - _KNOWN
+        _STYLE[method] = dict(color=_OTHER_COLORS[spare % len(_OTHER_COLORS)], marker="P")
     return _STYLE[method]
 
 
-_DEFAULT_KEYS = tuple(_STYLE)
+_KNOWN = len(_STYLE)
 
 
 def _pyplot():

@@ -21,7 +21,10 @@ experiments go into one JSON file (and PNG plots made from it by
     Iterations against κ for ``scaling="power"`` vs ``"frobenius"``.
 
 Times are only compared with times measured in the same run on the same
-device; the reported numbers are ratios.
+device; the reported numbers are ratios. Each backend is timed in a worker
+process of its own (see :func:`run`); ``--threads`` fixes the BLAS/OpenMP
+thread count of the workers. Every record carries the ``seed`` of its stack:
+``problems.spd_stack(n, batch, kappa, seed=seed)`` rebuilds it.
 """
 
 from __future__ import annotations
@@ -122,6 +125,17 @@ def eigh_root_batched(xp, a, p):
 
     Eigenvalues are clamped at the dtype's ``tiny`` (as a user of eigh must),
     so rounding-level negatives give large but finite roots.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from array_api_compat import array_namespace
+    >>> from matroot.bench.solvers import eigh_root_batched, eigh_root_loop
+    >>> a = np.stack([np.diag([4.0, 16.0]), np.diag([1.0, 9.0])])
+    >>> eigh_root_batched(array_namespace(a), a, 2).diagonal(axis1=1, axis2=2).tolist()
+    [[0.5, 0.25], [1.0, 0.3333333333333333]]
+    >>> len(eigh_root_loop(array_namespace(a), a, 2))
+    2
     """
     lam, q = xp.linalg.eigh(a)
     lam = xp.maximum(lam, xp.full_like(lam, xp.finfo(lam.dtype).tiny))
@@ -579,6 +593,18 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=sys.stderr) -> di
     -------
     dict
         The JSON document that was written.
+
+    Examples
+    --------
+    >>> import io, tempfile
+    >>> from dataclasses import replace
+    >>> from matroot.bench.solvers import PRESETS, run
+    >>> config = replace(PRESETS["smoke"], backends=("numpy",), experiments=("sweep",))
+    >>> with tempfile.TemporaryDirectory() as out:
+    ...     doc = run(config, out, plots=False, stream=io.StringIO())
+    >>> evd = [r for r in doc["sweep"] if r["method"] == "evd"]
+    >>> [r["p"] for r in evd], all(r["err_max"] < 1e-6 for r in evd)
+    ([2, 4], True)
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -608,7 +634,8 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=sys.stderr) -> di
         for backend, experiments in plan:
             part = _run_worker(tmp, dict(config=_config_json(config), backend=backend.name,
                                          experiments=experiments, problems=problems,
-                                         started=started, done=done, total=total))
+                                         started=started, done=done, total=total),
+                               stream)
             done += _count_steps(config, experiments)
             doc["skipped"] += part.pop("skipped")
             doc["machine"].setdefault("workers", []).extend(part.pop("workers"))
@@ -654,16 +681,21 @@ def _worker_experiments(config, backend, tta_backend):
             if e == "sweep" or backend.name == tta_backend.name]
 
 
-def _run_worker(folder: Path, spec: dict) -> dict:
+def _run_worker(folder: Path, spec: dict, stream) -> dict:
     """Run one backend's experiments in a fresh interpreter; return its results."""
     spec_path = folder / f"worker_{spec['backend']}.json"
     spec["out"] = str(folder / f"result_{spec['backend']}.json")
     spec_path.write_text(json.dumps(spec, default=_json_default))
-    status = subprocess.run([sys.executable, "-m", "matroot.bench.solvers", "--worker",
-                             str(spec_path)], env=worker_environment(spec["config"]["threads"])).returncode
-    if status != 0:
+    # Progress goes straight to our stderr; to any other stream once the worker ends.
+    live = stream is sys.stderr
+    done = subprocess.run([sys.executable, "-m", "matroot.bench.solvers", "--worker",
+                           str(spec_path)], env=worker_environment(spec["config"]["threads"]),
+                          stderr=None if live else subprocess.PIPE, text=True)
+    if not live:
+        stream.write(done.stderr)
+    if done.returncode != 0:
         raise RuntimeError(f"the {spec['backend']} benchmark worker failed "
-                           f"(exit status {status}); its error is printed above")
+                           f"(exit status {done.returncode}); its error is printed above")
     return json.loads(Path(spec["out"]).read_text())
 
 
@@ -682,6 +714,13 @@ def worker_environment(threads: int | None = None) -> dict:
     instead; a value set by the caller is kept. On a machine that other jobs
     load past its core count, multi-threaded BLAS degrades far more than a
     single thread does, and ``threads=1`` gives the steadier ratios.
+
+    Examples
+    --------
+    >>> from matroot.bench.solvers import worker_environment
+    >>> env = worker_environment(1)
+    >>> env["OPENBLAS_NUM_THREADS"], env["OMP_NUM_THREADS"]
+    ('1', '1')
     """
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
