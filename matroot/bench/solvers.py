@@ -73,7 +73,15 @@ TARGET_ERROR = {1e2: 1e-3, 1e4: 1e-3, 1e6: 1e-2}
 
 @dataclass
 class Config:
-    """What one benchmark run measures. See :data:`PRESETS` for the named ones."""
+    """What one benchmark run measures. See :data:`PRESETS` for the named ones.
+
+    ``batches`` maps n to its batch sizes; an n without an entry gets one batch
+    of about 2M matrix entries. Times: ``entry_budget_s`` bounds the repeats of
+    one contender, ``max_call_s`` skips contenders predicted slower per call,
+    ``reuse_first_above_s`` makes a slow warm-up the one sample. ``tta_*`` and
+    ``scaling_*`` size the time-to-accuracy and scaling experiments;
+    ``threads`` fixes the workers' BLAS/OpenMP threads (None: libraries' default).
+    """
 
     sizes: tuple = (128, 256, 512, 1024, 2048)
     batches: dict = field(default_factory=lambda: {128: (1, 32), 256: (16,), 512: (1, 8),
@@ -123,7 +131,8 @@ PRESETS = {
 def eigh_root_batched(xp, a, p):
     """``Q diag(λ^(-1/p)) Qᵀ`` from one batched ``xp.linalg.eigh`` call.
 
-    Eigenvalues are clamped at the dtype's ``tiny`` (as a user of eigh must),
+    Eigenvalues are clamped at the dtype's smallest normal number (as a user of
+    eigh must),
     so rounding-level negatives give large but finite roots.
 
     Examples
@@ -138,7 +147,7 @@ def eigh_root_batched(xp, a, p):
     2
     """
     lam, q = xp.linalg.eigh(a)
-    lam = xp.maximum(lam, xp.full_like(lam, xp.finfo(lam.dtype).tiny))
+    lam = xp.maximum(lam, xp.full_like(lam, xp.finfo(lam.dtype).smallest_normal))
     return (q * (lam ** (-1.0 / p))[..., None, :]) @ xp.matrix_transpose(q)
 
 
