@@ -7,7 +7,7 @@ import numbers
 
 from ._xp import array_namespace, backend_name
 
-METHODS = ("auto", "evd", "newton_db", "coupled_newton", "chebyshev")
+METHODS = ("auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax")
 SCALINGS = ("power", "frobenius")
 MATMUL_DTYPES = (None, "float16", "bfloat16")
 COMPUTE_DTYPES = (None, "float32", "float64")
@@ -65,6 +65,8 @@ def methods_supporting(p) -> tuple[str, ...]:
         if p & (p - 1) == 0:
             names.append("newton_db")
         names += ["coupled_newton", "chebyshev"]
+        if p & (p - 1) == 0:
+            names.append("minimax")
     return tuple(names)
 
 

@@ -71,10 +71,13 @@ _DEFAULT_TOL = {
     ("coupled_newton", "float64"): 1e-12,
     ("chebyshev", "float32"): 1e-4,
     ("chebyshev", "float64"): 1e-8,
+    ("minimax", "float32"): 1e-5,
+    ("minimax", "float64"): 1e-12,
     ("evd", "float32"): 0.0,
     ("evd", "float64"): 0.0,
 }
-_DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "evd": 1}
+_DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "minimax": 30,
+                     "evd": 1}
 
 
 def default_tol(method: str, compute_dtype: str) -> float:
@@ -270,7 +273,7 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
-    if method == "chebyshev":
+    if method in ("chebyshev", "minimax"):
         solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
     out = SOLVERS[method](scaled, p, **solver_kwargs)
 
@@ -295,11 +298,11 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
 
 def _lower_bound(scaled, eps_scaled):
     """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
-    else an estimate (power-iteration estimates of λmin err high, hence the margin)."""
+    else the Lanczos estimate (its Ritz value errs high, hence its safety factor)."""
     xp = _xp.array_namespace(scaled)
     if bool(xp.all(eps_scaled > 0)):
         return eps_scaled
-    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled)) / 2
+    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled))
     return xp.where(eps_scaled > 0, eps_scaled, estimate)
 
 

@@ -3,7 +3,9 @@
 The iterative solvers converge only when the scaled spectrum lies in their basin,
 and spend their iterations on the smallest scaled eigenvalues. A λmax estimate close
 from above keeps both in check; the Frobenius norm is a guaranteed but loose upper
-bound (up to √n·λmax) that pushes small eigenvalues towards 0.
+bound (up to √n·λmax) that pushes small eigenvalues towards 0. Lower bounds on
+λmin (for Chebyshev's interval and the minimax schedule when no ridge gives one)
+come from a few batched Lanczos steps with a safety factor.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ import numpy as np
 from . import _xp
 from ._checks import SCALINGS, check_choice, check_stack
 
-__all__ = ["power_iteration", "lambda_max_bound", "lambda_min_estimate", "SpectralBounds",
-           "spectral_bounds"]
+__all__ = ["power_iteration", "lambda_max_bound", "lambda_min_estimate",
+           "lanczos_ritz_extremes", "SpectralBounds", "spectral_bounds"]
 
 #: Power iteration returns a lower bound on λmax; this margin covers its shortfall.
 POWER_SAFETY = 1.05
 
 _START_SEED = 20240607
+
+#: Lanczos steps of :func:`lambda_min_estimate` (matrix-vector products).
+LANCZOS_STEPS = 24
+#: Divisor that turns the smallest Ritz value (≥ λmin) into a lower-bound estimate.
+LANCZOS_SAFETY = 4.0
 
 
 def _start_vectors(xp, n: int, k: int, dtype, device):
@@ -125,36 +132,130 @@ def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFE
     return xp.minimum(estimate, guaranteed) * scale
 
 
-def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = 30):
-    """Estimate λmin by power iteration on ``λmax·I − A``.
+def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
+    """Smallest and largest Ritz values of a batched Lanczos run, for every matrix.
 
-    Accurate to about ``eps_dtype · λmax`` in absolute terms, so it resolves λmin
-    only for κ well below 1/eps_dtype. Returned values are clipped at 0.
+    ``num_steps`` products ``A v`` per matrix (matrix-vector, not matrix-matrix),
+    with full reorthogonalisation, from a fixed-seed start vector; a breakdown
+    (an invariant subspace found) restarts from a fresh vector orthogonal to the
+    basis, which keeps every Ritz value inside ``[λmin, λmax]``. The small
+    tridiagonal eigenproblems are solved on the host: one transfer per call.
+
+    Parameters
+    ----------
+    a : array, shape (..., n, n)
+        Symmetric matrices.
+    num_steps : int
+        Lanczos steps (capped at n).
+
+    Returns
+    -------
+    (ndarray, ndarray)
+        Host float64 arrays of shape ``a.shape[:-2]``: ``θmin ≥ λmin`` and
+        ``θmax ≤ λmax`` (up to rounding).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.scaling import lanczos_ritz_extremes
+    >>> lo, hi = lanczos_ritz_extremes(np.diag([1.0, 2.0, 5.0]))
+    >>> round(float(lo), 6), round(float(hi), 6)
+    (1.0, 5.0)
+    """
+    xp = check_stack(a)
+    batch = tuple(a.shape[:-2])
+    n = a.shape[-1]
+    if n == 0 or 0 in batch:
+        return np.zeros(batch), np.zeros(batch)
+    b = int(np.prod(batch)) if batch else 1
+    dev = _xp.device_of(a)
+    scale = _entry_scale(xp, a)
+    mat = xp.reshape(a / scale[..., None, None], (b, n, n))
+    steps = max(1, min(int(num_steps), n))
+    fresh = _start_vectors(xp, n, steps, a.dtype, dev)
+    # Rounding level of the scaled problem: a smaller β means breakdown.
+    breakdown = float(xp.finfo(a.dtype).eps) * n
+
+    def orthogonalise(w, basis):
+        for _ in range(2):  # classical Gram-Schmidt twice is orthogonal to rounding
+            w = w - basis @ (xp.matrix_transpose(basis) @ w)
+        return w
+
+    v = xp.broadcast_to(fresh[:, :1], (b, n, 1))
+    basis = v
+    alphas, betas = [], []
+    for j in range(steps):
+        w = mat @ v
+        alphas.append(xp.sum(v * w, axis=(-2, -1)))
+        if j == steps - 1:
+            break
+        w = orthogonalise(w, basis)
+        beta = xp.sqrt(xp.sum(w * w, axis=(-2, -1)))
+        broken = beta <= breakdown
+        restart = orthogonalise(xp.broadcast_to(fresh[:, j + 1:j + 2], (b, n, 1)), basis)
+        w = _xp.batched_where(broken, restart, w)
+        norm = xp.sqrt(xp.sum(w * w, axis=(-2, -1)))
+        v = w / xp.where(norm > 0, norm, xp.ones_like(norm))[:, None, None]
+        betas.append(xp.where(broken, xp.zeros_like(beta), beta))
+        basis = xp.concat([basis, v], axis=-1)
+    diag = _xp.to_numpy(xp.stack(alphas, axis=-1)).astype(np.float64)
+    tri = np.zeros((b, steps, steps))
+    idx = np.arange(steps)
+    tri[:, idx, idx] = diag
+    if betas:
+        off = _xp.to_numpy(xp.stack(betas, axis=-1)).astype(np.float64)
+        tri[:, idx[:-1], idx[1:]] = off
+        tri[:, idx[1:], idx[:-1]] = off
+    ritz = np.linalg.eigvalsh(tri)
+    entry = _xp.to_numpy(xp.reshape(scale, (b,))).astype(np.float64)
+    return ((ritz[:, 0] * entry).reshape(batch), (ritz[:, -1] * entry).reshape(batch))
+
+
+def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
+                        safety: float = LANCZOS_SAFETY):
+    """A λmin estimate meant as a lower bound: the smallest Lanczos Ritz value / safety.
+
+    The smallest Ritz value θ is an *upper* bound on λmin that Lanczos tightens
+    fast where the bottom of the spectrum is isolated or clustered (Shampoo-like
+    low-rank-plus-ridge, Wishart: θ/λmin ≤ 1.2 after 24 steps) and slowly where it
+    is smooth and dense (geometric spectra, n = 512, 24 steps: θ/λmin ≈ 1.2 at
+    κ = 1e2, 7 at 1e4, 300 at 1e6; linear: 1.3, 34, 3000). ``safety`` trades those
+    cases against the cost of a loose bound: iterative solvers spend about one
+    step per factor 16 of looseness, and minimax recovers from an optimistic bound
+    with a few extra steps. Below about ``n·u·λmax`` (u the unit roundoff) θ is
+    rounding noise.
 
     Parameters
     ----------
     a : array, shape (..., n, n)
         Symmetric positive semidefinite matrices.
     lambda_max : array, shape (...)
-        An upper bound on λmax (e.g. from :func:`lambda_max_bound`).
+        An upper bound on λmax; the estimate is clipped to ``[0, lambda_max]``.
     num_iter : int, optional
-        Multiplications by the shifted matrix.
+        Lanczos steps (matrix-vector products).
+    safety : float, optional
+        Divisor of the Ritz value.
 
     Returns
     -------
     array, shape (...)
+        In the namespace, device and dtype of ``a``.
 
     Examples
     --------
     >>> import numpy as np, matroot
     >>> a = np.diag([1.0, 2.0, 5.0])
-    >>> round(float(matroot.lambda_min_estimate(a, np.asarray(5.0))), 2)
+    >>> round(float(matroot.lambda_min_estimate(a, np.asarray(5.0), safety=1.0)), 6)
     1.0
+    >>> round(float(matroot.lambda_min_estimate(a, np.asarray(5.0))), 6)
+    0.25
     """
     xp = check_stack(a)
-    shifted = _xp.add_scaled_identity(-a, lambda_max)
-    top = power_iteration(shifted, num_iter=num_iter)
-    return xp.maximum(lambda_max - top, xp.zeros_like(top))
+    theta, _ = lanczos_ritz_extremes(a, num_steps=num_iter)
+    # from_numpy makes 0-d arrays 1-d; restore the batch shape.
+    estimate = xp.reshape(_xp.from_numpy(xp, np.maximum(theta, 0.0) / safety, dtype=a.dtype,
+                                         device=_xp.device_of(a)), theta.shape)
+    return xp.minimum(estimate, xp.astype(xp.asarray(lambda_max), a.dtype))
 
 
 class SpectralBounds(NamedTuple):
@@ -186,7 +287,7 @@ def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
     >>> import numpy as np, matroot
     >>> b = matroot.spectral_bounds(np.diag([1.0, 4.0]), eps=1.0)
     >>> round(float(b.lambda_min), 2), round(float(b.lambda_max), 2)
-    (2.0, 5.0)
+    (1.0, 5.0)
     """
     xp = check_stack(a)
     reg = _xp.add_scaled_identity(a, xp.full(a.shape[:-2], eps, dtype=a.dtype,

@@ -8,6 +8,7 @@ stack; :mod:`matroot.roots` undoes the scaling.
 from .chebyshev import chebyshev
 from .coupled_newton import coupled_newton
 from .evd import evd
+from .minimax import minimax
 from .newton_db import newton_db
 from ._result import SolverOutput
 
@@ -16,6 +17,8 @@ SOLVERS = {
     "newton_db": newton_db,
     "coupled_newton": coupled_newton,
     "chebyshev": chebyshev,
+    "minimax": minimax,
 }
 
-__all__ = ["SOLVERS", "SolverOutput", "evd", "newton_db", "coupled_newton", "chebyshev"]
+__all__ = ["SOLVERS", "SolverOutput", "evd", "newton_db", "coupled_newton", "chebyshev",
+           "minimax"]

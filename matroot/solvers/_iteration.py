@@ -32,6 +32,7 @@ def iterate_frozen(
     tol: float,
     max_iter: int,
     check_every: int,
+    stall_level: float | None = None,
 ) -> IterationOutcome:
     """Run ``state = step(state)`` per matrix until its residual is at most ``tol``.
 
@@ -51,6 +52,10 @@ def iterate_frozen(
         Step cap.
     check_every : int
         Steps between host-side checks for an early exit.
+    stall_level : float, optional
+        Residual below which a step that does not halve it counts as a stall;
+        default ``sqrt(tol)``. A 16-bit phase whose rounding floor lies far above
+        ``tol`` passes a multiple of its unit roundoff.
     """
     xp = _xp.array_namespace(state[0])
     b = state[0].shape[0]
@@ -59,7 +64,8 @@ def iterate_frozen(
     residual = xp.full((b,), float("inf"), dtype=state[0].dtype, device=dev)
     iterations = xp.zeros((b,), dtype=xp.int32, device=dev)
     stalled = xp.zeros((b,), dtype=xp.bool, device=dev)
-    stall_level = tol ** 0.5
+    if stall_level is None:
+        stall_level = tol ** 0.5
     for k in range(max_iter):
         res, new_state = step(state)
         previous = residual
