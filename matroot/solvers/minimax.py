@@ -129,7 +129,9 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         margin = rounding_margin(u)
     lowers = [quantize_lower(v) for v in lower]
     steps = max_iter
-    if low:
+    if low and tol == 0:
+        steps = max_iter - 1
+    elif low:
         # More 16-bit steps than the schedule plus two TAIL steps cannot help,
         # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged).
         longest = max(len(schedule(v, margin).errors) for v in lowers)
@@ -156,7 +158,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
                               check_every=check_every, stall_level=stall_level)
 
     def scheduled(k):
-        return table[k]
+        return table[k, ...]
 
     def tail_only(k):
         return tail
@@ -210,10 +212,13 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
     matmuls = xp.zeros((b,), dtype=xp.int32, device=dev)
     converged = xp.ones((b,), dtype=xp.bool, device=dev)
     current = a
-    for _ in range(stages):
-        outcome, spent = minimax_sqrt(current, bounds, tol=tol, max_iter=max_iter,
-                                      check_every=check_every, matmul=matmul)
-        residual = xp.maximum(residual, outcome.residual)
+    for stage in range(stages):
+        # Stage s's relative error reaches the root damped by 2^(stages−1−s).
+        damping = 2.0 ** (stages - 1 - stage)
+        outcome, spent = minimax_sqrt(current, bounds, tol=tol * damping,
+                                      max_iter=max_iter, check_every=check_every,
+                                      matmul=matmul)
+        residual = xp.maximum(residual, outcome.residual / damping)
         iterations = iterations + outcome.iterations
         matmuls = matmuls + xp.astype(spent, xp.int32)
         converged = converged & outcome.converged

@@ -88,7 +88,8 @@ def quintic_sign_minimax(ratio: float):
     signs = np.array([1.0, -1.0, 1.0, -1.0])
     w = np.array([-1.0, -0.5, 0.6, 1.0])
     for _ in range(100):
-        s = np.sqrt(m + h * w)
+        # The ends exactly: sqrt(m − h) cancels catastrophically for tiny ratios.
+        s = np.concatenate([[ratio], np.sqrt(m + h * w[1:3]), [1.0]])
         system = np.stack([s, s * w, s * w * w, signs], axis=1)
         alpha, beta, gamma, error = np.linalg.solve(system, np.ones(4))
         # d/ds [s·(α + βw + γw²)] = 0, written in w.
