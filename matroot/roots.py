@@ -81,12 +81,46 @@ _DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "m
 
 
 def default_tol(method: str, compute_dtype: str) -> float:
-    """The ``tol`` that ``method`` uses when none is given, for float32 or float64."""
+    """The ``tol`` that ``method`` uses when none is given, for float32 or float64.
+
+    Parameters
+    ----------
+    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
+        A solver name (not ``"auto"``).
+    compute_dtype : {"float32", "float64"}
+        The dtype the solver computes in.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> import matroot
+    >>> matroot.default_tol("newton_db", "float32")
+    1e-05
+    """
     return _DEFAULT_TOL[(method, compute_dtype)]
 
 
 def default_max_iter(method: str) -> int:
-    """The iteration cap (degree cap for chebyshev) used when none is given."""
+    """The iteration cap (degree cap for chebyshev) used when none is given.
+
+    Parameters
+    ----------
+    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
+        A solver name (not ``"auto"``).
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> import matroot
+    >>> matroot.default_max_iter("coupled_newton")
+    60
+    """
     return _DEFAULT_MAX_ITER[method]
 
 

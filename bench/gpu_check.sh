@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU and torch (CUDA build) and/or CuPy,
+# run the test suite (its xp fixture adds the torch-cuda and cupy backends when a GPU
+# is present), the demo, and the solver and optimizer benchmarks; write everything
+# under one folder, in under 8 minutes.
+#
+#   bench/gpu_check.sh [--dry-run] OUT_DIR        (or OUT=OUT_DIR bench/gpu_check.sh)
+#
+# --dry-run runs on a CPU: the same steps, CPU-sized (test collection instead of the
+# suite, the quick demo, the smallest benchmark presets), to check the script itself.
+#
+# Every step runs under `timeout`, its exit code and time are recorded, and
+# OUT_DIR/summary.tsv and summary.json are written even when a step fails or the
+# script is interrupted. Exit code: 0 if every step passed, 1 if any failed, 2 for
+# bad usage or (without --dry-run) no GPU.
+#
+# Environment: PYTHON (default python), GPU_CHECK_BUDGET_S (total seconds, default
+# 440), GPU_CHECK_SOLVERS_ARGS / GPU_CHECK_OPTIM_ARGS (override the benchmark options).
+
+set -u
+
+dry_run=0
+out=""
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry_run=1 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
+    *) out="$arg" ;;
+  esac
+done
+out="${out:-${OUT:-}}"
+if [ -z "$out" ]; then
+  echo "gpu_check.sh: give an output folder: bench/gpu_check.sh [--dry-run] OUT_DIR" >&2
+  exit 2
+fi
+mkdir -p "$out" || exit 2
+out="$(cd "$out" && pwd)"
+cd "$(dirname "$0")/.." || exit 2
+
+PYTHON="${PYTHON:-python}"
+budget="${GPU_CHECK_BUDGET_S:-440}"
+start_s=$(date +%s)
+deadline=$((start_s + budget))
+export MATROOT_GPU_CHECK_RUNNING=1   # the suite's own test of this script skips itself
+export PYTHONUNBUFFERED=1
+
+summary_tsv="$out/summary.tsv"
+printf 'step\tstatus\trc\tseconds\tlog\tcommand\n' > "$summary_tsv"
+failed=0
+
+write_summary_json() {
+  "$PYTHON" - "$summary_tsv" "$out/summary.json" "$dry_run" "$start_s" <<'EOF' || true
+import csv, json, sys, time
+rows = list(csv.DictReader(open(sys.argv[1], newline=""), delimiter="\t"))
+for row in rows:
+    row["rc"] = int(row["rc"]) if row["rc"].lstrip("-").isdigit() else None
+    row["seconds"] = int(row["seconds"])
+json.dump({"dry_run": sys.argv[3] == "1", "started": int(sys.argv[4]),
+           "seconds": int(time.time()) - int(sys.argv[4]), "steps": rows,
+           "passed": all(r["status"] == "ok" for r in rows)},
+          open(sys.argv[2], "w"), indent=2)
+EOF
+}
+trap 'write_summary_json' EXIT
+trap 'echo "gpu_check.sh: interrupted" >&2; exit 1' INT TERM
+
+# step NAME CAP_SECONDS COMMAND...: run under timeout, log to OUT/NAME.log, record it.
+step() {
+  local name="$1" cap="$2"; shift 2
+  local now left limit rc status t0 log="$out/$name.log"
+  now=$(date +%s); left=$((deadline - now))
+  limit=$(( cap < left ? cap : left ))
+  if [ "$limit" -lt 5 ]; then
+    printf '%s\tskipped\t-\t0\t-\t%s\n' "$name" "$*" >> "$summary_tsv"
+    echo "== $name: skipped, the ${budget}s budget is spent"
+    failed=1
+    return
+  fi
+  echo "== $name (limit ${limit}s): $*"
+  t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$log" 2>&1
+  rc=$?
+  case "$rc" in
+    0) status=ok ;;
+    124|137) status=timeout; failed=1 ;;
+    *) status=failed; failed=1 ;;
+  esac
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$(( $(date +%s) - t0 ))" \
+    "$(basename "$log")" "$*" >> "$summary_tsv"
+  echo "   $status (rc $rc, $(( $(date +%s) - t0 ))s); last lines of $log:"
+  tail -n 3 "$log" | sed 's/^/   | /'
+}
+
+has_gpu() {
+  nvidia-smi -L > /dev/null 2>&1 && return 0
+  "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+    > /dev/null 2>&1
+}
+
+if [ "$dry_run" = 0 ] && ! has_gpu; then
+  echo "gpu_check.sh: no NVIDIA GPU visible (nvidia-smi and torch.cuda both say no);" \
+       "use --dry-run to check the script on a CPU" >&2
+  printf 'gpu\tfailed\t2\t0\t-\tnvidia-smi -L\n' >> "$summary_tsv"
+  exit 2
+fi
+
+if [ "$dry_run" = 1 ]; then
+  solvers_args="${GPU_CHECK_SOLVERS_ARGS:---smoke --out $out/bench-solvers}"
+  optim_args="${GPU_CHECK_OPTIM_ARGS:---quick --steps 1 --warmup 1 --out $out/bench-optim/optim.json}"
+  step environment 30 bash -c "uname -a; $PYTHON --version; nproc; nvidia-smi || true"
+  step info 60 "$PYTHON" -m matroot info --save "$out/info.json"
+  step tests 120 "$PYTHON" -m pytest --collect-only -q -p no:cacheprovider
+  step demo 90 "$PYTHON" -m matroot demo --quick --out "$out/demo.png" \
+    --json "$out/demo.json"
+  # shellcheck disable=SC2086  # the options are a word list on purpose
+  step bench-solvers 120 "$PYTHON" -m matroot bench solvers $solvers_args
+  # shellcheck disable=SC2086
+  step bench-optim 120 "$PYTHON" -m matroot bench optim $optim_args
+else
+  solvers_args="${GPU_CHECK_SOLVERS_ARGS:---quick --out $out/bench-solvers}"
+  optim_args="${GPU_CHECK_OPTIM_ARGS:---device cuda --out $out/bench-optim/optim.json}"
+  step environment 20 bash -c "uname -a; $PYTHON --version; nproc; nvidia-smi"
+  step info 30 "$PYTHON" -m matroot info --save "$out/info.json"
+  step tests 170 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
+    --junitxml="$out/pytest.xml"
+  step demo 60 "$PYTHON" -m matroot demo --out "$out/demo.png" --json "$out/demo.json"
+  # shellcheck disable=SC2086
+  step bench-solvers 110 "$PYTHON" -m matroot bench solvers $solvers_args
+  # shellcheck disable=SC2086
+  step bench-optim 80 "$PYTHON" -m matroot bench optim $optim_args
+fi
+
+echo
+column -t -s "$(printf '\t')" "$summary_tsv" 2> /dev/null | cut -c1-100 || cat "$summary_tsv"
+echo "results in $out ($(( $(date +%s) - start_s ))s)"
+exit "$failed"

@@ -1,0 +1,172 @@
+"""``matroot info``: backends, devices, versions, and what works where.
+
+Support is not read from a table: every (backend, device, method, precision)
+combination is tried on a small well-conditioned stack and checked against a
+float64 oracle, so the answer is what this installation actually does.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import textwrap
+
+import numpy as np
+
+import array_api_compat
+import matroot
+from matroot import _xp
+from matroot._checks import methods_supporting
+from matroot.solvers import SOLVERS
+
+from .backends import Target, discover
+
+#: (label, input dtype, matmul_dtype, worst relative error accepted).
+PRECISIONS = (
+    ("float64", "float64", None, 1e-8),
+    ("float32", "float32", None, 1e-4),
+    ("float16 matmuls", "float32", "float16", 3e-2),
+    ("bfloat16 matmuls", "float32", "bfloat16", 1e-1),
+)
+#: Root orders listed in the p-support table.
+P_VALUES = (0.5, 1, 2, 3, 4, 8)
+_PROBE_P = 4
+_PROBE_KAPPA = 100.0
+#: A ridge, as the solvers see in practice (some use it as their lower bound).
+_PROBE_EPS = 1e-3
+
+
+def _probe_stack(n: int = 16, batch: int = 3):
+    """A float64 SPD stack with κ(A + eps I) = 100 and its exact inverse 4th root."""
+    rng = np.random.default_rng(7)
+    q, _ = np.linalg.qr(rng.standard_normal((batch, n, n)))
+    lam = np.geomspace(1.0, 1.0 / _PROBE_KAPPA, n)  # of A + eps I
+    a = (q * (lam - _PROBE_EPS)[None, None, :]) @ np.swapaxes(q, -1, -2)
+    oracle = (q * lam[None, None, :] ** (-1.0 / _PROBE_P)) @ np.swapaxes(q, -1, -2)
+    return (a + np.swapaxes(a, -1, -2)) / 2, oracle
+
+
+def probe(target: Target, method: str, precision) -> dict:
+    """Try one combination; return its status and a detail line."""
+    label, dtype, matmul_dtype, accept = precision
+    a64, oracle = _probe_stack()
+    entry = {"backend": target.backend, "device": target.device, "method": method,
+             "precision": label}
+    try:
+        a = target.asarray(a64.astype(dtype))
+        result = matroot.inv_root_info(a, _PROBE_P, method=method, eps=_PROBE_EPS,
+                                       matmul_dtype=matmul_dtype)
+    except (ValueError, TypeError) as err:
+        return {**entry, "status": "unsupported", "detail": str(err)}
+    except Exception as err:  # a solver bug: say so rather than stop the listing
+        return {**entry, "status": "error",
+                "detail": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
+    root = _xp.to_numpy(result.root).astype(np.float64)
+    errors = np.linalg.norm(root - oracle, axis=(-2, -1)) / np.linalg.norm(
+        oracle, axis=(-2, -1))
+    worst = float(np.max(errors))
+    detail = f"worst relative error {worst:.1e}"
+    if matmul_dtype is not None and not np.any(_xp.to_numpy(result.matmuls)):
+        return {**entry, "status": "no effect",
+                "detail": f"{method} forms no matmuls, so matmul_dtype is ignored; {detail}"}
+    if not bool(np.all(_xp.to_numpy(result.converged))):
+        return {**entry, "status": "not converged", "detail": detail}
+    if not worst <= accept:
+        return {**entry, "status": "inaccurate", "detail": f"{detail} > {accept:g}"}
+    return {**entry, "status": "yes", "detail": detail}
+
+
+def collect(targets=None, methods=None) -> dict:
+    """Everything ``info`` prints, as a JSON-able dict.
+
+    ``targets`` limits the support probe (default: every device of every
+    available backend); the backend list always covers all known backends.
+    """
+    methods = list(SOLVERS) if methods is None else list(methods)
+    infos = discover()
+    if targets is None:
+        targets = [Target(i.name, d) for i in infos if i.available for d in i.devices]
+    support = [probe(target, method, precision) for target in targets
+               for method in methods for precision in PRECISIONS]
+    return {
+        "matroot": matroot.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "array_api_compat": array_api_compat.__version__,
+        "backends": [
+            {"name": i.name, "version": i.version, "devices": list(i.devices),
+             "device_names": i.device_names, "missing": i.missing} for i in infos],
+        "p_support": {m: [p for p in P_VALUES if m in methods_supporting(_as_p(p))]
+                      for m in methods},
+        "probe": f"a stack of 3 SPD 16x16 matrices, eps = {_PROBE_EPS:g}, condition "
+                 f"number {_PROBE_KAPPA:g}, p = {_PROBE_P}; 'yes' means it ran, "
+                 "converged and met the "
+                 "precision's error bound against a float64 oracle",
+        "precisions": [{"label": p[0], "dtype": p[1], "matmul_dtype": p[2],
+                        "max_rel_err": p[3]} for p in PRECISIONS],
+        "support": support,
+    }
+
+
+def _as_p(p):
+    return int(p) if float(p).is_integer() else p
+
+
+def format_info(data: dict) -> str:
+    lines = [
+        f"matroot {data['matroot']}  (python {data['python']}, array-api-compat "
+        f"{data['array_api_compat']}, {data['cpu_count']} CPU cores)",
+        f"platform: {data['platform']}",
+        "",
+        "backends:",
+    ]
+    width = max(len(b["name"]) for b in data["backends"])
+    for b in data["backends"]:
+        version = b["version"] or "-"
+        if b["missing"]:
+            lines.append(f"  {b['name']:<{width}}  {version:<12}  not available: {b['missing']}")
+            continue
+        devices = ", ".join(
+            f"{d} ({b['device_names'][d]})" if d in b["device_names"] else d
+            for d in b["devices"])
+        lines.append(f"  {b['name']:<{width}}  {version:<12}  devices: {devices}")
+
+    lines += ["", "root orders p each method accepts:"]
+    mwidth = max(len(m) for m in data["p_support"])
+    lines.append("  " + "method".ljust(mwidth) + "  "
+                 + "  ".join(f"p={p:g}".rjust(5) for p in P_VALUES))
+    for method, accepted in data["p_support"].items():
+        cells = ["yes" if p in accepted else "-" for p in P_VALUES]
+        lines.append("  " + method.ljust(mwidth) + "  "
+                     + "  ".join(c.rjust(5) for c in cells))
+
+    lines += ["", "support:"]
+    lines += textwrap.wrap(f"tried here on {data['probe']}.", width=88,
+                           initial_indent="  ", subsequent_indent="  ")
+    labels = [p["label"] for p in data["precisions"]]
+    targets = list(dict.fromkeys((s["backend"], s["device"]) for s in data["support"]))
+    notes: list[str] = []
+    twidth = max([len(Target(*t).label) for t in targets] + [len("backend")])
+    cwidth = max(len(x) for x in labels + ["not converged [99]"])
+    lines.append("  " + "backend".ljust(twidth) + "  " + "method".ljust(mwidth) + "  "
+                 + "  ".join(label.ljust(cwidth) for label in labels))
+    cells_of = {(s["backend"], s["device"], s["method"], s["precision"]): s
+                for s in data["support"]}
+    for target in targets:
+        for method in data["p_support"]:
+            cells = []
+            for label in labels:
+                entry = cells_of[(*target, method, label)]
+                cell = entry["status"]
+                if cell != "yes":
+                    if entry["detail"] not in notes:
+                        notes.append(entry["detail"])
+                    cell += f" [{notes.index(entry['detail']) + 1}]"
+                cells.append(cell.ljust(cwidth))
+            lines.append("  " + Target(*target).label.ljust(twidth) + "  "
+                         + method.ljust(mwidth) + "  " + "  ".join(cells))
+    if notes:
+        lines.append("")
+        lines += [f"  [{i + 1}] {note}" for i, note in enumerate(notes)]
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""matroot.optim: stacked-block Shampoo whose inverse roots come from one solver call per size.
+
+The functional core (:func:`init`, :func:`update`, :func:`shampoo`) runs on any
+array-API library; :class:`Shampoo` is a ``torch.optim.Optimizer`` around it,
+imported only when asked for, so NumPy users need no torch.
+"""
+
+from .blocking import BlockGroup, BlockPlan, StackSpec, matrix_view_shape, plan_blocks
+from .core import (
+    GradientTransformation,
+    NonFiniteGradientError,
+    ShampooConfig,
+    ShampooState,
+    apply_updates,
+    copy_state,
+    init,
+    shampoo,
+    state_bytes,
+    update,
+)
+
+__all__ = [
+    "Shampoo",
+    "shampoo",
+    "init",
+    "update",
+    "apply_updates",
+    "copy_state",
+    "state_bytes",
+    "ShampooConfig",
+    "ShampooState",
+    "GradientTransformation",
+    "NonFiniteGradientError",
+    "BlockPlan",
+    "BlockGroup",
+    "StackSpec",
+    "plan_blocks",
+    "matrix_view_shape",
+]
+
+
+def __getattr__(name):
+    if name == "Shampoo":
+        from .torch_shampoo import Shampoo
+
+        return Shampoo
+    raise AttributeError(f"module 'matroot.optim' has no attribute {name!r}")

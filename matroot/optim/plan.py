@@ -1,0 +1,340 @@
+"""Size a cluster for sharded Shampoo from parameter shapes alone.
+
+``python -m matroot plan --model llama-953m --world-size 8 64 512`` (or
+``python -m matroot.optim.plan ...``) prints, for each world size, how the
+Shampoo blocks of a model split over the ranks: blocks per rank, the per-rank
+cost balance (largest over mean, and the best any split could reach), the
+optimizer memory per rank and the bytes all-gathered per step. The blocking is
+the optimizer's own (:func:`matroot.optim.blocking.plan_blocks`) and the split
+the one :class:`matroot.optim.Shampoo` uses under ``torch.distributed``
+(:func:`matroot.optim.sharding.shard_plan`), so the numbers are the run's.
+
+Shapes come from a built-in model (``--model``), from ``--shapes
+2048x2048,5632x2048,2048`` or from a JSON file (``--shapes-json``) holding a list
+of shapes or an object mapping parameter names to shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from .blocking import ELEMENTWISE, plan_blocks
+from .sharding import DTYPE_BYTES, best_balance, block_cost, gather_buckets, shard_plan
+
+__all__ = [
+    "MODELS",
+    "llama_shapes",
+    "parse_shapes",
+    "load_shapes_json",
+    "plan_summary",
+    "format_summary",
+    "main",
+]
+
+#: Llama MLP width for width 2048: 8/3·2048 rounded up to a multiple of 256
+#: (5632, also TinyLlama's and the DASH 953M model's).
+LLAMA_953M_MLP = 5632
+
+
+def llama_shapes(*, layers: int, width: int, mlp: int, vocab: int) -> list:
+    """``(name, shape)`` of every parameter of a Llama with an untied LM head.
+
+    Per layer: RMSNorm weights before attention and MLP, ``q, k, v, o`` of
+    ``width×width`` (heads do not change the shapes: they split ``width``),
+    ``gate, up`` of ``mlp×width``, ``down`` of ``width×mlp``; then the final
+    RMSNorm, the embedding and the LM head, both ``vocab×width``. Shapes are
+    torch's ``(out_features, in_features)``.
+
+    Examples
+    --------
+    >>> shapes = llama_shapes(layers=16, width=2048, mlp=5632, vocab=32000)
+    >>> sum(math.prod(s) for _, s in shapes)
+    953223168
+    """
+    shapes = [("embed_tokens.weight", (vocab, width))]
+    for i in range(layers):
+        pre = f"layers.{i}."
+        shapes.append((pre + "input_layernorm.weight", (width,)))
+        for proj in "qkvo":
+            shapes.append((pre + f"self_attn.{proj}_proj.weight", (width, width)))
+        shapes.append((pre + "post_attention_layernorm.weight", (width,)))
+        shapes.append((pre + "mlp.gate_proj.weight", (mlp, width)))
+        shapes.append((pre + "mlp.up_proj.weight", (mlp, width)))
+        shapes.append((pre + "mlp.down_proj.weight", (width, mlp)))
+    shapes.append(("norm.weight", (width,)))
+    shapes.append(("lm_head.weight", (vocab, width)))
+    return shapes
+
+
+#: Built-in shape sets for ``--model``.
+MODELS = {
+    "llama-953m": lambda: llama_shapes(layers=16, width=2048, mlp=LLAMA_953M_MLP,
+                                       vocab=32000),
+}
+
+
+def _shape(value, where: str) -> tuple:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in value):
+        raise ValueError(f"{where}: a shape must be a list of integers, got {value!r}")
+    if any(d < 0 for d in value):
+        raise ValueError(f"{where}: dimensions must be >= 0, got {list(value)}")
+    return tuple(value)
+
+
+def parse_shapes(text: str) -> list:
+    """``"2048x2048,5632x2048,2048"`` -> ``[("0", (2048, 2048)), ...]``.
+
+    A dimension list is separated by ``x``; an empty entry or ``()`` is a scalar.
+
+    Raises
+    ------
+    ValueError
+        For anything but positive integers separated by ``x`` and ``,``.
+
+    Examples
+    --------
+    >>> parse_shapes("4x3, 7")
+    [('0', (4, 3)), ('1', (7,))]
+    """
+    out = []
+    for i, item in enumerate(text.split(",")):
+        item = item.strip()
+        if item in ("", "()"):
+            out.append((str(i), ()))
+            continue
+        try:
+            dims = tuple(int(d) for d in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--shapes entry {item!r} is not of the form 2048x1024") from None
+        out.append((str(i), _shape(list(dims), f"--shapes entry {item!r}")))
+    return out
+
+
+def load_shapes_json(path: str) -> list:
+    """Shapes from a JSON file: ``[[2048, 2048], [2048]]`` or ``{"w": [2048, 2048]}``.
+
+    Raises
+    ------
+    ValueError
+        If the file is not such a list or object.
+    """
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if isinstance(data, dict):
+        return [(str(k), _shape(v, f"{path}: {k!r}")) for k, v in data.items()]
+    if isinstance(data, list):
+        return [(str(i), _shape(v, f"{path}: entry {i}")) for i, v in enumerate(data)]
+    raise ValueError(f"{path}: expected a list of shapes or an object of name: shape, "
+                     f"got {type(data).__name__}")
+
+
+def _factor_bytes(group, dtype_bytes: int) -> int:
+    """Factor, inverse root and failure counter of every factor of one block."""
+    return sum(2 * n * n * dtype_bytes + 4 for n in group.shape)
+
+
+def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str = "float32",
+                 precondition_1d: bool = False) -> dict:
+    """The blocking of ``shapes`` and its split over each world size, as numbers.
+
+    Parameters
+    ----------
+    shapes : list of (str, tuple of int)
+        Parameter names and shapes.
+    block_size : int
+        The optimizer's ``block_size``.
+    world_sizes : sequence of int
+    dtype : {"float32", "float64"}
+        The optimizer's state dtype (float32 for float32 and 16-bit parameters).
+    precondition_1d : bool
+        The optimizer's ``precondition_1d``.
+
+    Returns
+    -------
+    dict
+        ``parameters``, ``elements``, ``shampoo_elements``, ``elementwise`` (tensor
+        and element counts left to the Adam update), ``blocks`` (per block shape:
+        count and cost), ``stacks`` (per factor size: count) and ``worlds``: per
+        world size the blocks per rank (min, max), ``balance`` (max/mean cost),
+        ``best_balance`` (a lower bound for any split), memory per rank in bytes
+        (``preconditioner`` — sharded factors and roots, the largest rank —
+        ``moments`` — the replicated Adam moments — and their sum ``total``),
+        ``allgather_bytes`` (output of the per-step all-gathers on each rank,
+        padding included), ``padding_bytes`` and ``collectives`` per step.
+
+    Examples
+    --------
+    >>> s = plan_summary(MODELS["llama-953m"](), world_sizes=[8])
+    >>> s["worlds"][0]["balance"] <= 1.05
+    True
+    """
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    for w in world_sizes:
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"world sizes must be positive integers, got {w!r}")
+    names = [n for n, _ in shapes]
+    dims = [tuple(s) for _, s in shapes]
+    plan = plan_blocks(dims, [dtype] * len(dims), block_size=block_size,
+                       precondition_1d=precondition_1d)
+    nbytes = DTYPE_BYTES[dtype]
+    elements = sum(math.prod(s) for s in dims)
+    left_out = [i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE]
+    blocks = {}
+    for group in plan.groups:
+        entry = blocks.setdefault(group.shape, {"count": 0, "cost": block_cost(group.shape)})
+        entry["count"] += len(group.blocks)
+    stacks = {}
+    for spec in plan.stacks:
+        stacks[spec.size] = stacks.get(spec.size, 0) + spec.count
+
+    worlds = []
+    for w in world_sizes:
+        split = shard_plan(plan, w)
+        per_rank_blocks = [sum(c[r] for c in split.counts) for r in range(w)]
+        precond = [sum(split.counts[g][r] * _factor_bytes(group, nbytes)
+                       for g, group in enumerate(plan.groups)) for r in range(w)]
+        gathered = padding = collectives = 0
+        if w > 1:
+            for bucket in gather_buckets(plan, split):
+                size = math.prod(bucket.shape) * nbytes
+                gathered += w * bucket.padded * size
+                padding += (w * bucket.padded - bucket.blocks) * size
+                collectives += 1
+        worlds.append({
+            "world_size": w,
+            "blocks_per_rank": (min(per_rank_blocks), max(per_rank_blocks)),
+            "balance": split.balance,
+            "best_balance": best_balance(plan, w),
+            "preconditioner": max(precond),
+            "moments": 2 * elements * nbytes,
+            "total": max(precond) + 2 * elements * nbytes,
+            "allgather_bytes": gathered,
+            "padding_bytes": padding,
+            "collectives": collectives,
+        })
+    return {
+        "parameters": len(dims),
+        "elements": elements,
+        "shampoo_elements": elements - sum(math.prod(dims[i]) for i in left_out),
+        "elementwise": {"tensors": len(left_out),
+                        "elements": sum(math.prod(dims[i]) for i in left_out),
+                        "names": [names[i] for i in left_out]},
+        "block_size": block_size,
+        "dtype": dtype,
+        "blocks": blocks,
+        "stacks": dict(sorted(stacks.items(), reverse=True)),
+        "worlds": worlds,
+    }
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _shape_text(shape) -> str:
+    return "x".join(str(d) for d in shape) if shape else "()"
+
+
+def format_summary(summary: dict, title: str) -> str:
+    """The text ``main`` prints for one :func:`plan_summary`."""
+    s = summary
+    lines = [
+        f"{title}: {s['parameters']} parameter tensors, {s['elements']:,} elements; "
+        f"block size {s['block_size']}, optimizer state {s['dtype']}",
+        f"  Shampoo blocks: {sum(b['count'] for b in s['blocks'].values())} "
+        f"({s['shampoo_elements']:,} elements); Adam update only: "
+        f"{s['elementwise']['tensors']} tensors ({s['elementwise']['elements']:,} elements)",
+        "",
+        f"  {'block shape':<14}{'blocks':>8}{'cost each (n^3 units)':>24}",
+    ]
+    unit = s["block_size"] ** 3
+    for shape, b in sorted(s["blocks"].items(), key=lambda kv: (-kv[1]["cost"], kv[0])):
+        lines.append(f"  {_shape_text(shape):<14}{b['count']:>8}{b['cost'] / unit:>24.3f}")
+    lines.append("  factor stacks (size x count): "
+                 + ", ".join(f"{n} x {c}" for n, c in s["stacks"].items()))
+    lines.append("")
+    header = (f"  {'ranks':>6}{'blocks/rank':>13}{'max/mean':>10}{'best':>7}"
+              f"{'precond/rank':>15}{'moments/rank':>15}{'total/rank':>13}"
+              f"{'all-gather/step':>17}{'padding':>9}")
+    lines.append(header)
+    for w in s["worlds"]:
+        lo, hi = w["blocks_per_rank"]
+        pad = w["padding_bytes"] / w["allgather_bytes"] if w["allgather_bytes"] else 0.0
+        lines.append(
+            f"  {w['world_size']:>6}{(f'{lo}-{hi}' if lo != hi else str(lo)):>13}"
+            f"{w['balance']:>10.3f}{w['best_balance']:>7.3f}{_bytes(w['preconditioner']):>15}"
+            f"{_bytes(w['moments']):>15}{_bytes(w['total']):>13}"
+            f"{_bytes(w['allgather_bytes']):>17}{pad:>8.1%}")
+    lines.append("")
+    lines.append("  cost: r^3 + c^3 (inverse roots) + r*c*(r + c) (factor update) per r x c "
+                 "block; best: a lower bound on max/mean for any split")
+    lines.append("  precond: factors + inverse roots, sharded (largest rank); moments: Adam "
+                 "m and v of every parameter, kept on every rank")
+    lines.append("  all-gather/step: output of the per-step all-gathers on each rank, one per "
+                 "block shape")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="matroot plan",
+        description="Split a model's Shampoo blocks over torch.distributed ranks from its "
+                    "parameter shapes: blocks per size, cost balance, memory and "
+                    "all-gather bytes per rank.")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", choices=sorted(MODELS),
+                        help="a built-in shape set (default: llama-953m)")
+    source.add_argument("--shapes", metavar="LIST",
+                        help="comma-separated shapes, e.g. 2048x2048,5632x2048,2048")
+    source.add_argument("--shapes-json", metavar="FILE",
+                        help="JSON list of shapes, or object mapping names to shapes")
+    parser.add_argument("--block-size", type=int, default=1024,
+                        help="Shampoo block_size (default 1024)")
+    parser.add_argument("--world-size", type=int, nargs="+", default=[8, 64, 512],
+                        metavar="N", help="world sizes to plan for (default 8 64 512)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="optimizer state dtype (default float32)")
+    parser.add_argument("--precondition-1d", action="store_true",
+                        help="as Shampoo(precondition_1d=True): vectors get one factor")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the planner; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.shapes is not None:
+            shapes, title = parse_shapes(args.shapes), "--shapes"
+        elif args.shapes_json is not None:
+            shapes, title = load_shapes_json(args.shapes_json), args.shapes_json
+        else:
+            title = args.model or "llama-953m"
+            shapes = MODELS[title]()
+        summary = plan_summary(shapes, block_size=args.block_size,
+                               world_sizes=args.world_size, dtype=args.dtype,
+                               precondition_1d=args.precondition_1d)
+    except (ValueError, OSError) as err:
+        print(f"matroot plan: error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = dict(summary, blocks=[{"shape": list(k), **v} for k, v in summary["blocks"].items()])
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_summary(summary, title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

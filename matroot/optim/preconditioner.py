@@ -1,0 +1,233 @@
+"""The stacked preconditioner: factor updates, inverse roots per stack, preconditioned blocks.
+
+Every function here works on the arrays of one :class:`~matroot.optim.blocking.BlockGroup`
+or one factor stack, through the array API only, so the same code runs on NumPy,
+CuPy and PyTorch. The three steps are separate so a distributed layer can run
+them for the groups and stacks a rank owns:
+
+1. :func:`update_factors` — ``L ← β₂L + (1−β₂)GGᵀ``, ``R ← β₂R + (1−β₂)GᵀG`` for
+   all blocks of a group with two batched matmuls, written into the group's
+   slots of the stacks.
+2. :func:`refresh_inverse_roots` — one :func:`matroot.inv_root_info` call per
+   stack; matrices whose root failed keep their previous root.
+3. :func:`precondition_blocks` — ``L^(-1/4) M R^(-1/4)`` (``L^(-1/2) m`` for
+   vector blocks) for all blocks of a group, then :func:`graft` rescales each
+   block to the norm of its Adam direction.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .. import _xp
+from ..roots import inv_root_info
+from .blocking import BlockGroup, BlockPlan, StackSpec
+
+__all__ = [
+    "FactorStacks",
+    "init_stacks",
+    "gather_blocks",
+    "scatter_blocks",
+    "update_factors",
+    "refresh_inverse_roots",
+    "usable_roots",
+    "precondition_blocks",
+    "block_norms",
+    "graft",
+]
+
+
+class FactorStacks(NamedTuple):
+    """Per-stack arrays, indexed like ``BlockPlan.stacks``.
+
+    ``factors[i]`` and ``roots[i]`` have shape ``(count, n, n)``;
+    ``failures[i]`` counts, per matrix, the root refreshes that failed.
+    """
+
+    factors: list
+    roots: list
+    failures: list
+
+
+def init_stacks(plan: BlockPlan, xp, device) -> FactorStacks:
+    """Zero factors, identity roots and zero failure counts for every stack of ``plan``."""
+    factors, roots, failures = [], [], []
+    for spec in plan.stacks:
+        dtype = getattr(xp, spec.dtype)
+        shape = (spec.count, spec.size, spec.size)
+        factors.append(xp.zeros(shape, dtype=dtype, device=device))
+        eye = _xp.identity_stack(xp, spec.size, dtype, device)
+        roots.append(xp.zeros(shape, dtype=dtype, device=device) + eye)
+        failures.append(xp.zeros((spec.count,), dtype=xp.int32, device=device))
+    return FactorStacks(factors, roots, failures)
+
+
+def _block_index(block):
+    if block.cols is None:
+        return (slice(*block.rows),)
+    return (slice(*block.rows), slice(*block.cols))
+
+
+def gather_blocks(group: BlockGroup, views, xp):
+    """Stack the blocks of ``group`` into one ``(k, *group.shape)`` array.
+
+    Parameters
+    ----------
+    group : BlockGroup
+    views : sequence of arrays
+        Per-parameter arrays in their view shape (matrix or vector), indexed by
+        parameter number.
+    xp : namespace
+    """
+    return xp.stack([views[b.param][_block_index(b)] for b in group.blocks])
+
+
+def scatter_blocks(group: BlockGroup, blocks, outputs) -> None:
+    """Write ``blocks[j]`` into ``outputs[group.blocks[j].param]`` at its block's place."""
+    for j, b in enumerate(group.blocks):
+        outputs[b.param][_block_index(b)] = blocks[j, ...]
+
+
+def _accumulate(stack, first: int, statistic, beta2: float) -> None:
+    # Only the group's own slots are rewritten: no copy of the whole stack.
+    slots = slice(first, first + statistic.shape[0])
+    if beta2 == 1.0:
+        stack[slots, ...] = stack[slots, ...] + statistic
+    else:
+        stack[slots, ...] = beta2 * stack[slots, ...] + (1.0 - beta2) * statistic
+
+
+def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> None:
+    """Fold one step's gradients into the group's factors, in place.
+
+    ``L ← β₂L + (1−β₂)GGᵀ`` and ``R ← β₂R + (1−β₂)GᵀG`` (for vector blocks
+    ``L ← β₂L + (1−β₂)ggᵀ``); with ``β₂ = 1`` the factors are running sums.
+
+    Parameters
+    ----------
+    group : BlockGroup
+    grad_blocks : array, shape (k, *group.shape)
+        From :func:`gather_blocks`, in the stacks' dtype.
+    factors : list of arrays
+        The factor stacks; the group's slots are overwritten.
+    beta2 : float
+    """
+    xp = _xp.array_namespace(grad_blocks)
+    if group.right is None:
+        _accumulate(factors[group.left[0]], group.left[1],
+                    grad_blocks[:, :, None] * grad_blocks[:, None, :], beta2)
+        return
+    transposed = xp.matrix_transpose(grad_blocks)
+    _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
+    _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
+
+
+def usable_roots(result, tol):
+    """Per-matrix mask of roots fit to use from an :class:`~matroot.InvRootResult`.
+
+    A root is usable when it converged; with ``tol=0`` (a fixed iteration count,
+    which never reports convergence) when its residual and entries are finite.
+    """
+    xp = _xp.array_namespace(result.root)
+    if tol == 0 and result.method != "evd":
+        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
+    return result.converged
+
+
+def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: str,
+                          eps: float, options):
+    """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
+
+    Matrices whose new root is non-finite or did not converge keep their
+    previous root (identity before the first success) and have their failure
+    count raised by one.
+
+    Parameters
+    ----------
+    spec : StackSpec
+        The stack's size and root order.
+    factors, roots : array, shape (count, n, n)
+    failures : array of int32, shape (count,)
+    method : str
+        Any :func:`matroot.inv_root` method.
+    eps : float
+        Ridge: the roots are of ``factor + eps·I``.
+    options : mapping
+        Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``, ...).
+
+    Returns
+    -------
+    roots : array, shape (count, n, n)
+    failures : array of int32, shape (count,)
+    result : InvRootResult
+        The solver's diagnostics, for logging.
+    """
+    xp = _xp.array_namespace(factors)
+    result = inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
+                           **options)
+    ok = usable_roots(result, options.get("tol"))
+    new_roots = _xp.batched_where(ok, result.root, roots)
+    return new_roots, failures + xp.astype(~ok, xp.int32), result
+
+
+def precondition_blocks(group: BlockGroup, blocks, roots):
+    """The Shampoo directions ``L^(-1/4) M R^(-1/4)`` of all blocks of a group.
+
+    Parameters
+    ----------
+    group : BlockGroup
+    blocks : array, shape (k, *group.shape)
+        The (first-moment) blocks to precondition.
+    roots : list of arrays
+        The inverse-root stacks.
+
+    Returns
+    -------
+    array, shape (k, *group.shape)
+    """
+    k = blocks.shape[0]
+    stack, first = group.left
+    left = roots[stack][first:first + k, ...]
+    if group.right is None:
+        return (left @ blocks[:, :, None])[:, :, 0]
+    stack, first = group.right
+    right = roots[stack][first:first + k, ...]
+    return (left @ blocks) @ right
+
+
+def block_norms(blocks):
+    """Frobenius norm of each block of a ``(k, ...)`` array, without overflow in the squares."""
+    xp = _xp.array_namespace(blocks)
+    axes = tuple(range(1, blocks.ndim))
+    peak = xp.max(xp.abs(blocks), axis=axes)
+    safe = xp.where(peak > 0, peak, xp.ones_like(peak))
+    expand = (slice(None),) + (None,) * (blocks.ndim - 1)
+    scaled = blocks / safe[expand]
+    return peak * xp.sqrt(xp.sum(scaled * scaled, axis=axes))
+
+
+def graft(directions, adam_directions):
+    """Rescale each block's Shampoo direction to the norm of its Adam direction.
+
+    A zero Shampoo direction stays zero (its Adam direction is zero too, since
+    both come from the same first moment); a block whose Shampoo direction is
+    not finite takes its Adam direction instead.
+
+    Parameters
+    ----------
+    directions, adam_directions : array, shape (k, ...)
+
+    Returns
+    -------
+    array, shape (k, ...)
+    """
+    xp = _xp.array_namespace(directions)
+    norms = block_norms(directions)
+    finite = xp.isfinite(norms)
+    usable = finite & (norms > 0)
+    scale = xp.where(usable, block_norms(adam_directions) / xp.where(usable, norms,
+                                                                    xp.ones_like(norms)),
+                     xp.zeros_like(norms))
+    expand = (slice(None),) + (None,) * (directions.ndim - 1)
+    grafted = directions * scale[expand]
+    return xp.where(finite[expand], grafted, adam_directions)

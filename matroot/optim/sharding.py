@@ -1,0 +1,302 @@
+"""Which rank owns which Shampoo block: a cost-balanced split of a :class:`BlockPlan`.
+
+Pure metadata, no arrays and no torch: the same code sizes a cluster in
+``python -m matroot plan`` and shards the optimizer in
+:mod:`matroot.optim.distributed`.
+
+Every block of a group has the same shape, hence the same cost, so a split only
+has to say how many blocks of each group a rank owns; each rank then owns a
+contiguous run of the group's blocks (rank 0 first). The counts come from
+longest-processing-time greedy (groups in decreasing block cost, each block to
+the least-loaded rank) with one constraint: no rank takes more than
+``ceil(k / world_size)`` of a group's ``k`` blocks. The constraint bounds the
+padding of the per-group all-gather (every rank sends ``ceil(k / world_size)``
+blocks) to less than one block per rank and group, and on models made of many
+equal blocks costs nothing in balance.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from .blocking import BlockGroup, BlockPlan, StackSpec
+
+__all__ = [
+    "block_cost",
+    "best_balance",
+    "ShardPlan",
+    "shard_plan",
+    "local_plan",
+    "GatherBucket",
+    "gather_buckets",
+    "DTYPE_BYTES",
+]
+
+#: Bytes per element of the dtypes factors and updates are kept in.
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def block_cost(shape) -> int:
+    """Work of one block per optimizer step, in multiply-adds.
+
+    An ``r×c`` block costs ``r³ + c³`` for the inverse roots of its two factors
+    (every solver is a fixed multiple of one n×n matmul per factor; the
+    multiple is the same for all blocks, so it drops out of the balance) plus
+    ``r·c·(r + c)`` for its factor update ``GGᵀ``, ``GᵀG``. A vector block of
+    length n costs ``n³ + n²`` (one root, one outer product).
+
+    Examples
+    --------
+    >>> block_cost((1024, 1024)) == 4 * 1024 ** 3
+    True
+    >>> block_cost((8,))
+    576
+    """
+    if len(shape) == 1:
+        (n,) = shape
+        return n ** 3 + n ** 2
+    rows, cols = shape
+    return rows ** 3 + cols ** 3 + rows * cols * (rows + cols)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How many blocks of each group of a :class:`BlockPlan` each rank owns.
+
+    Attributes
+    ----------
+    world_size : int
+    counts : tuple of tuple of int
+        ``counts[g][r]``: blocks of ``plan.groups[g]`` owned by rank ``r``. Rank
+        ``r`` owns the contiguous run ``ranges(g)[r]`` of the group's blocks.
+    costs : tuple of int
+        Per-rank total :func:`block_cost`.
+    """
+
+    world_size: int
+    counts: tuple[tuple[int, ...], ...]
+    costs: tuple[int, ...]
+
+    def ranges(self, group: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` of the blocks of ``group`` owned by each rank."""
+        out, start = [], 0
+        for count in self.counts[group]:
+            out.append((start, start + count))
+            start += count
+        return out
+
+    def padded_count(self, group: int) -> int:
+        """Blocks every rank sends in the all-gather of ``group`` (the largest count)."""
+        return max(self.counts[group])
+
+    @property
+    def balance(self) -> float:
+        """Largest per-rank cost over the mean per-rank cost (1.0 is perfect)."""
+        mean = sum(self.costs) / self.world_size
+        return max(self.costs) / mean if mean > 0 else 1.0
+
+    def to_dict(self) -> dict:
+        """Plain-Python form, for a state dict."""
+        return {"world_size": self.world_size,
+                "counts": [list(c) for c in self.counts],
+                "costs": list(self.costs)}
+
+    @classmethod
+    def from_dict(cls, data) -> "ShardPlan":
+        """Inverse of :meth:`to_dict`."""
+        return cls(int(data["world_size"]),
+                   tuple(tuple(int(n) for n in c) for c in data["counts"]),
+                   tuple(int(c) for c in data["costs"]))
+
+
+def best_balance(plan: BlockPlan, world_size: int) -> float:
+    """A lower bound on :attr:`ShardPlan.balance` for any split of ``plan``.
+
+    No split beats the mean; and of the ``m`` costliest blocks some rank holds
+    at least ``ceil(m / world_size)``, each costing at least the ``m``-th
+    largest cost ``c_m``, so the largest rank carries ``max_m ceil(m/W)·c_m``.
+
+    Examples
+    --------
+    >>> from matroot.optim.blocking import plan_blocks
+    >>> plan = plan_blocks([(12, 4)], ["float32"], block_size=4)
+    >>> best_balance(plan, 2)  # 3 equal blocks on 2 ranks: 2 against a mean of 1.5
+    1.3333333333333333
+    """
+    costs = sorted((block_cost(g.shape) for g in plan.groups for _ in g.blocks), reverse=True)
+    if not costs:
+        return 1.0
+    mean = sum(costs) / world_size
+    bound = max(-(-m // world_size) * c for m, c in enumerate(costs, start=1))
+    return max(bound, mean) / mean
+
+
+def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
+    """Split the blocks of ``plan`` over ``world_size`` ranks, balancing :func:`block_cost`.
+
+    Deterministic: every rank computes the same split from the same plan.
+
+    Parameters
+    ----------
+    plan : BlockPlan
+    world_size : int
+
+    Returns
+    -------
+    ShardPlan
+
+    Raises
+    ------
+    ValueError
+        If ``world_size`` is not a positive integer.
+
+    Examples
+    --------
+    >>> from matroot.optim.blocking import plan_blocks
+    >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
+    >>> [(g.shape, len(g.blocks)) for g in plan.groups]
+    [((4, 2), 2), ((4, 4), 6)]
+    >>> split = shard_plan(plan, 2)
+    >>> split.counts, split.costs
+    (((1, 1), (3, 3)), (888, 888))
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    unit = [block_cost(g.shape) for g in plan.groups]
+    order = sorted(range(len(plan.groups)), key=lambda g: (-unit[g], g))
+    loads = [0] * world_size
+    counts = [[0] * world_size for _ in plan.groups]
+    for g in order:
+        k = len(plan.groups[g].blocks)
+        cap = math.ceil(k / world_size)
+        # Least-loaded rank first, lowest rank on ties; ranks at the cap sit out.
+        heap = [(loads[r], r) for r in range(world_size)]
+        heapq.heapify(heap)
+        for _ in range(k):
+            load, r = heapq.heappop(heap)
+            counts[g][r] += 1
+            loads[r] = load + unit[g]
+            if counts[g][r] < cap:
+                heapq.heappush(heap, (loads[r], r))
+    return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
+
+
+def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan, tuple]:
+    """The part of ``plan`` that rank ``rank`` owns, as a plan of its own.
+
+    Groups keep their order and keep only the rank's run of blocks; groups the
+    rank owns nothing of are left out. Factor-stack slots are renumbered so that
+    the rank's stacks hold its own factors only, in the order of
+    :func:`~matroot.optim.blocking.plan_blocks` (group by group).
+
+    Parameters
+    ----------
+    plan : BlockPlan
+    split : ShardPlan
+    rank : int
+
+    Returns
+    -------
+    local : BlockPlan
+    owned : tuple of (int, int, int)
+        ``(group in plan, start, stop)`` for each group of ``local``, in order.
+
+    Examples
+    --------
+    >>> from matroot.optim.blocking import plan_blocks
+    >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
+    >>> local, owned = local_plan(plan, shard_plan(plan, 2), 1)
+    >>> owned
+    ((0, 1, 2), (1, 3, 6))
+    >>> [(s.size, s.count) for s in local.stacks]
+    [(2, 1), (4, 7)]
+    """
+    if not 0 <= rank < split.world_size:
+        raise ValueError(f"rank {rank} is outside a world of {split.world_size}")
+    if len(split.counts) != len(plan.groups):
+        raise ValueError(f"the split covers {len(split.counts)} groups but the plan has "
+                         f"{len(plan.groups)}")
+    stack_counts: dict[int, int] = {}
+    claims, owned = [], []
+    for g, group in enumerate(plan.groups):
+        start, stop = split.ranges(g)[rank]
+        if start == stop:
+            continue
+        sides = [group.left] + ([group.right] if group.right is not None else [])
+        firsts = []
+        for stack, _ in sides:
+            firsts.append((stack, stack_counts.get(stack, 0)))
+            stack_counts[stack] = stack_counts.get(stack, 0) + stop - start
+        claims.append((group, start, stop, firsts))
+        owned.append((g, start, stop))
+    # Keep the global stack order, dropping stacks the rank has no factor in.
+    kept = sorted(stack_counts)
+    renumber = {old: new for new, old in enumerate(kept)}
+    stacks = tuple(StackSpec(plan.stacks[s].size, plan.stacks[s].root, plan.stacks[s].dtype,
+                             stack_counts[s]) for s in kept)
+    groups = []
+    for group, start, stop, firsts in claims:
+        left = (renumber[firsts[0][0]], firsts[0][1])
+        right = (renumber[firsts[1][0]], firsts[1][1]) if len(firsts) == 2 else None
+        groups.append(BlockGroup(group.shape, group.dtype, group.blocks[start:stop],
+                                 left, right))
+    local = BlockPlan(plan.params, tuple(groups), stacks, plan.block_size)
+    return local, tuple(owned)
+
+
+@dataclass(frozen=True)
+class GatherBucket:
+    """One all-gather of a step: every block of one shape and dtype.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        The block shape.
+    dtype : str
+    groups : tuple of int
+        Indices into ``plan.groups`` (one group when the plan is stacked).
+    per_rank : tuple of int
+        Blocks of the bucket each rank owns, in group order.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    groups: tuple[int, ...]
+    per_rank: tuple[int, ...]
+
+    @property
+    def blocks(self) -> int:
+        """Blocks in the bucket."""
+        return sum(self.per_rank)
+
+    @property
+    def padded(self) -> int:
+        """Blocks every rank sends: the largest rank's count."""
+        return max(self.per_rank)
+
+
+def gather_buckets(plan: BlockPlan, split: ShardPlan) -> list[GatherBucket]:
+    """The all-gathers that share one step's updates: one per block shape and dtype.
+
+    Every rank sends the blocks of the bucket it owns (group by group, each
+    group's run in block order), zero-padded to :attr:`GatherBucket.padded`
+    blocks, so every rank sends the same number of elements.
+
+    Examples
+    --------
+    >>> from matroot.optim.blocking import plan_blocks
+    >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
+    >>> [(b.shape, b.per_rank, b.padded) for b in gather_buckets(plan, shard_plan(plan, 4))]
+    [((4, 2), (0, 0, 1, 1), 1), ((4, 4), (2, 2, 1, 1), 2)]
+    """
+    keyed: dict[tuple, list[int]] = {}
+    for g, group in enumerate(plan.groups):
+        keyed.setdefault((group.dtype, group.shape), []).append(g)
+    out = []
+    for (dtype, shape), groups in sorted(keyed.items()):
+        per_rank = tuple(sum(split.counts[g][r] for g in groups)
+                         for r in range(split.world_size))
+        out.append(GatherBucket(shape, dtype, tuple(groups), per_rank))
+    return out

@@ -1,0 +1,267 @@
+"""The command line: the demo on a tiny problem, info, forwarding and friendly errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from matroot.cli import main
+from matroot.cli.backends import (
+    UnavailableError,
+    discover,
+    normalize_backend,
+    select_targets,
+)
+from matroot.cli.demo import make_problem, shampoo_factors
+from matroot.solvers import SOLVERS
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+AVAILABLE = {info.name: info for info in discover() if info.available}
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("matroot")
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_shampoo_factors_are_psd_gram_sums_with_log_spaced_energy():
+    factors = shampoo_factors(5, 20, seed=3)
+    np.testing.assert_allclose(factors, np.swapaxes(factors, -1, -2), atol=0)
+    lam = np.linalg.eigvalsh(factors)
+    assert lam.min() > -1e-12
+    # Trace = total gradient energy, log-spaced from 1 down to 1e-3.
+    np.testing.assert_allclose(np.trace(factors, axis1=-2, axis2=-1),
+                               np.geomspace(1.0, 1e-3, 5), rtol=1e-12)
+    # Rank-1 gradients over 4 steps give rank <= 4: the ridge sets lambda_min.
+    assert np.sum(lam[0] > 1e-12 * lam[0, -1]) <= 4
+
+
+def test_problem_oracle_is_the_inverse_root():
+    problem = make_problem(3, 12, p=4, eps=1e-3, dtype="float64", seed=1)
+    a = problem.factors + 1e-3 * np.eye(12)
+    x = problem.oracle
+    # X^4 (A + eps I) = I for the exact inverse 4th root.
+    np.testing.assert_allclose(x @ x @ x @ x @ a, np.broadcast_to(np.eye(12), a.shape),
+                               atol=1e-9)
+    assert np.all(problem.kappa >= 1)
+
+
+def test_demo_quick_table_json_and_plot(tmp_path, capsys):
+    plot, report_path = tmp_path / "demo.png", tmp_path / "demo.json"
+    code, out, err = run_cli(capsys, "demo", "--quick", "--backend", "numpy,torch",
+                             "--out", str(plot), "--json", str(report_path))
+    assert code == 0, err
+    report = json.loads(report_path.read_text())
+    expected = ["eigh (baseline)", *SOLVERS]
+    for backend in ("numpy", "torch"):
+        rows = [r for r in report["rows"] if r["backend"] == backend]
+        assert [r["method"] for r in rows] == expected
+        for row in rows:
+            assert row["time_s"] > 0
+            assert 0 < row["rel_err_median"] <= row["rel_err_max"]
+        by_method = {r["method"]: r for r in rows}
+        # float32 eigh-based roots of kappa <= 1e5 factors are accurate to ~1e-4.
+        assert by_method["eigh (baseline)"]["rel_err_max"] < 1e-3
+        assert by_method["evd"]["rel_err_max"] < 1e-3
+        assert by_method["evd"]["converged"] == by_method["evd"]["total"] == 4
+        for method in SOLVERS:
+            assert by_method[method]["speedup_vs_eigh"] == pytest.approx(
+                by_method["eigh (baseline)"]["time_s"] / by_method[method]["time_s"])
+    assert report["problem"]["batch"] == 4 and report["problem"]["n"] == 24
+    for method in SOLVERS:
+        assert method in out
+    assert "fastest with worst error" in out
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_demo_float64_agrees_with_the_oracle(tmp_path, capsys):
+    report_path = tmp_path / "demo.json"
+    code, _, err = run_cli(capsys, "--quick", "--dtype", "float64", "--backend", "numpy",
+                           "--method", "evd", "--no-plot", "--json", str(report_path))
+    assert code == 0, err
+    rows = json.loads(report_path.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["eigh (baseline)", "evd"]
+    assert all(r["rel_err_max"] < 1e-9 for r in rows)
+
+
+def test_demo_reports_a_method_that_rejects_p(tmp_path, capsys):
+    report_path = tmp_path / "demo.json"
+    code, out, _ = run_cli(capsys, "--quick", "--p", "3", "--backend", "numpy",
+                           "--method", "newton_db", "--method", "coupled_newton",
+                           "--no-plot", "--json", str(report_path))
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(report_path.read_text())["rows"]}
+    assert rows["newton_db"]["time_s"] is None
+    assert "does not support p=3" in rows["newton_db"]["note"]
+    assert rows["coupled_newton"]["converged"] == 4
+    assert "skipped: method='newton_db' does not support p=3" in out
+
+
+def test_info_lists_backends_and_probes_support(capsys):
+    code, out, _ = run_cli(capsys, "info", "--json", "--backend", "numpy")
+    assert code == 0
+    data = json.loads(out)
+    names = [b["name"] for b in data["backends"]]
+    assert names == ["numpy", "torch", "array_api_strict", "cupy"]
+    numpy_info = data["backends"][0]
+    assert numpy_info["version"] == np.__version__ and numpy_info["devices"] == ["cpu"]
+    cells = {(s["method"], s["precision"]): s for s in data["support"]}
+    assert {s["backend"] for s in data["support"]} == {"numpy"}
+    assert len(cells) == len(SOLVERS) * len(data["precisions"])
+    for method in SOLVERS:
+        assert cells[(method, "float64")]["status"] == "yes"
+        assert cells[(method, "float32")]["status"] == "yes"
+        assert cells[(method, "bfloat16 matmuls")]["status"] == "unsupported"
+    assert cells[("evd", "float16 matmuls")]["status"] == "no effect"
+    assert data["p_support"]["evd"] == [0.5, 1, 2, 3, 4, 8]
+    assert 3 not in data["p_support"]["newton_db"]
+
+
+def test_info_text_names_every_backend(capsys):
+    code, out, _ = run_cli(capsys, "info", "--backend", "numpy")
+    assert code == 0
+    for name in ("numpy", "torch", "array_api_strict", "cupy"):
+        assert name in out
+    assert "root orders p each method accepts" in out
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["--backend", "tensorflow"], ["unknown backend 'tensorflow'", "numpy"]),
+    (["info", "--backend", "jax"], ["unknown backend 'jax'"]),
+    (["--method", "magic"], ["unknown method 'magic'", "evd"]),
+    (["--batch", "0", "--no-plot"], ["--batch must be a positive integer"]),
+    (["--eps", "0"], ["--eps must be > 0"]),
+    (["--backend", "numpy", "--device", "cuda"], ["device 'cuda' is not available for numpy"]),
+])
+def test_friendly_errors(capsys, argv, fragments):
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, *fragments)
+
+
+@pytest.mark.skipif("cupy" in AVAILABLE, reason="cupy is installed here")
+def test_missing_backend_is_one_line(capsys):
+    code, _, err = run_cli(capsys, "--backend", "cupy")
+    assert_one_line_error(code, err, "backend 'cupy' is not available", "pip install")
+
+
+@pytest.mark.skipif(any(len(i.devices) > 1 or i.name == "cupy" for i in AVAILABLE.values()),
+                    reason="a GPU is available here")
+def test_missing_device_is_one_line(capsys):
+    code, _, err = run_cli(capsys, "--device", "cuda:0")
+    assert_one_line_error(code, err, "device 'cuda:0' is not available",
+                          "no installed backend has it")
+    code, _, err = run_cli(capsys, "info", "--device", "cuda")
+    assert_one_line_error(code, err, "device 'cuda' is not available")
+
+
+def test_select_targets():
+    assert normalize_backend("array-api-strict") == "array_api_strict"
+    cpu = select_targets(None, "cpu")
+    assert {t.backend for t in cpu} == set(AVAILABLE)
+    assert all(t.device == "cpu" for t in cpu)
+    assert [t.backend for t in select_targets(["numpy", "numpy"], None)] == ["numpy"]
+    with pytest.raises(UnavailableError, match="unknown backend"):
+        select_targets(["nope"], None)
+
+
+@pytest.mark.parametrize("target", select_targets(None, None), ids=lambda t: t.label)
+def test_targets_round_trip_arrays(target):
+    from matroot import _xp
+
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = target.asarray(host)
+    target.synchronize()
+    assert _xp.backend_name(_xp.array_namespace(x)) == target.backend
+    np.testing.assert_array_equal(_xp.to_numpy(x), host)
+
+
+def test_bench_and_plan_forward_their_arguments(monkeypatch, capsys):
+    seen = {}
+
+    def fake_main(argv):
+        seen["argv"] = argv
+        return 3
+
+    for name in ("matroot.bench.solvers", "matroot.bench.optim", "matroot.optim.plan"):
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(main=fake_main))
+    assert main(["bench", "solvers", "--quick", "--out", "x"]) == 3
+    assert seen["argv"] == ["--quick", "--out", "x"]
+    assert main(["bench", "optim"]) == 3
+    assert seen["argv"] == []
+    assert main(["plan", "--world-size", "8"]) == 3
+    assert seen["argv"] == ["--world-size", "8"]
+
+
+def test_missing_forwarded_module_is_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matroot.bench.solvers", None)
+    code, _, err = run_cli(capsys, "bench", "solvers", "--quick")
+    assert_one_line_error(code, err, "matroot bench solvers",
+                          "module matroot.bench.solvers is missing")
+
+
+def test_forwarded_module_with_a_missing_dependency(monkeypatch, capsys):
+    import matroot.cli as cli
+
+    def import_module(name):
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(cli.importlib, "import_module", import_module)
+    code, _, err = run_cli(capsys, "bench", "optim")
+    assert_one_line_error(code, err, "needs the package 'matplotlib'")
+
+
+def test_module_entry_point_runs():
+    proc = subprocess.run([sys.executable, "-m", "matroot", "--backend", "no-such"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("matroot: error: unknown backend 'no-such'; choose "
+                                   "from numpy, torch, array_api_strict, cupy")
+    version = subprocess.run([sys.executable, "-m", "matroot", "--version"],
+                             capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and version.stdout.startswith("matroot ")
+
+
+def test_info_save_writes_the_json(tmp_path, capsys):
+    path = tmp_path / "info.json"
+    code, out, _ = run_cli(capsys, "info", "--backend", "numpy", "--save", str(path))
+    assert code == 0 and "backends:" in out
+    saved = json.loads(path.read_text())
+    assert {s["backend"] for s in saved["support"]} == {"numpy"}
+
+
+def test_demo_reports_a_crashing_solver_and_goes_on(monkeypatch, tmp_path, capsys):
+    import matroot
+
+    real = matroot.inv_root_info
+
+    def flaky(a, p, *, method, **kwargs):
+        if method == "coupled_newton":
+            raise IndexError("index out of range\nsecond line")
+        return real(a, p, method=method, **kwargs)
+
+    monkeypatch.setattr(matroot, "inv_root_info", flaky)
+    report_path = tmp_path / "demo.json"
+    code, out, _ = run_cli(capsys, "--quick", "--backend", "numpy", "--no-plot",
+                           "--json", str(report_path))
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(report_path.read_text())["rows"]}
+    assert rows["coupled_newton"]["note"] == "failed with IndexError: index out of range"
+    assert rows["coupled_newton"]["time_s"] is None
+    assert rows["chebyshev"]["converged"] is not None
+    assert "failed with IndexError: index out of range" in out

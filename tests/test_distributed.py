@@ -1,0 +1,523 @@
+"""Sharded Shampoo under torch.distributed (gloo on CPU), the sharding plan and the planner.
+
+The spawned tests start one process group of 2 and one of 3 ranks. Each rank runs
+every scenario side by side with a single-process ``Shampoo`` (``distributed=None``)
+fed the same gradients, and writes what it saw to a JSON file the test then checks.
+Equality is asserted bit for bit (``torch.equal``): every block's update is
+computed by exactly one rank with the same arithmetic as the single-process run,
+and the all-gather only copies it. Collectives time out after 60 s and the parent
+kills any rank still alive after its deadline, so a hang fails instead of blocking.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from matroot.optim import Shampoo, core
+from matroot.optim.blocking import plan_blocks
+from matroot.optim.distributed import (
+    GradientMismatchError,
+    consolidate_state_dicts,
+    resolve_process_group,
+    shard_state_dict,
+    slot_map,
+)
+from matroot.optim.plan import MODELS, main as plan_main, parse_shapes, plan_summary
+from matroot.optim.sharding import (
+    best_balance,
+    block_cost,
+    gather_buckets,
+    local_plan,
+    shard_plan,
+)
+
+# Many block shapes at block_size 8: 8x8, 8x4, 4x8, 4x4, 8x1, 1x8, 1x1, a merged
+# 3-D tensor (3x35), a squeezed one (6x10), vectors left to the Adam update, and
+# one parameter that is a single block of a shape of its own (5x7, the last).
+SHAPES = [(20, 12), (12, 12), (9, 17), (3, 5, 7), (33,), (16, 8), (1, 6), (6, 1, 10), (5, 7)]
+LONE_BLOCK = len(SHAPES) - 1
+OPTIONS = dict(lr=0.05, weight_decay=0.01, block_size=8, precondition_frequency=2,
+               start_preconditioning_step=2)
+STEPS = 10
+DEADLINE_S = 120
+
+
+def _params(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in SHAPES]
+
+
+def _set_grads(params, step, scale=None):
+    """Gradients that depend on the parameters, identical on every rank (as after DDP)."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    for i, p in enumerate(params):
+        p.grad = 0.3 * p.detach() ** 3 + torch.randn(p.shape, generator=gen)
+        if scale is not None and i in scale:
+            p.grad = p.grad * scale[i]
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(x.detach(), y.detach()) for x, y in zip(a, b))
+
+
+def _max_diff(a, b) -> float:
+    return max(float((x.detach() - y.detach()).abs().max()) for x, y in zip(a, b))
+
+
+def _groups(params, split):
+    """Two parameter groups that differ in block_size: two families, each split on its own."""
+    if split is None:
+        return params
+    return [{"params": params[:split]},
+            {"params": params[split:], "block_size": 6, "lr": 0.02}]
+
+
+def _run_side_by_side(rank, options, steps, scale_at=None, split_groups=None):
+    """A sharded and a single-process optimizer stepped on the same gradients."""
+    sharded, single = _params(), _params()
+    opt = Shampoo(_groups(sharded, split_groups), **options)
+    ref = Shampoo(_groups(single, split_groups), distributed=None, **options)
+    opt._form_families()
+    sharding = opt._families[0].sharding
+    gathered = []
+    if sharding is not None:
+        share = sharding.share_updates
+        sharding.share_updates = lambda updates: gathered.append(share(updates))
+    update_equal, first_mismatch = [], None
+    for step in range(steps):
+        scale = scale_at.get(step) if scale_at else None
+        _set_grads(sharded, step, scale)
+        _set_grads(single, step, scale)
+        before_s = [p.detach().clone() for p in sharded]
+        before_r = [p.detach().clone() for p in single]
+        opt.step()
+        ref.step()
+        ok = _equal([p - b for p, b in zip(sharded, before_s)],
+                    [p - b for p, b in zip(single, before_r)])
+        update_equal.append(ok)
+        if not ok and first_mismatch is None:
+            first_mismatch = step
+    return opt, ref, sharded, single, {
+        "updates_equal": update_equal, "first_mismatch": first_mismatch,
+        "params_equal": _equal(sharded, single), "max_diff": _max_diff(sharded, single),
+        "gathered_bytes": gathered}
+
+
+#: The solver each world size runs: the CPU default (eigh) and the iterative one GPUs use.
+METHODS = {2: "auto", 3: "newton_db"}
+
+
+def _scenario_equality(rank, world):
+    out = {}
+    for method in (METHODS[world],):
+        opt, ref, _, _, result = _run_side_by_side(rank, dict(OPTIONS, root_method=method),
+                                                  STEPS)
+        sharding = opt._families[0].sharding
+        st, rt = core.state_bytes(opt._families[0].state), core.state_bytes(ref._families[0].state)
+        result.update(
+            sharded=sharding is not None,
+            owned_blocks=sharding.local.num_blocks if sharding else None,
+            total_blocks=ref._families[0].state.plan.num_blocks,
+            state_bytes=st["total"], single_state_bytes=rt["total"],
+            stack_bytes=st["factors"] + st["roots"] + st["counters"],
+            single_stack_bytes=rt["factors"] + rt["roots"] + rt["counters"],
+            root_refreshes=ref.diagnostics()["root_refreshes"])
+        out[method] = result
+    return out
+
+
+def _scenario_two_families(rank, world):
+    opt, _, _, _, result = _run_side_by_side(rank, OPTIONS, 6, split_groups=5)
+    result["families"] = [f.sharding is not None for f in opt._families]
+    return result
+
+
+def _scenario_failed_roots(rank, world):
+    """Huge gradients on one block from step 3 on: its factors overflow to Inf."""
+    probe = Shampoo(_params(), **OPTIONS)
+    probe._form_families()
+    sharding = probe._families[0].sharding
+    owners = sorted({r for g, group in enumerate(sharding.plan.groups)
+                     for r, (a, b) in enumerate(sharding.split.ranges(g))
+                     for block in group.blocks[a:b] if block.param == LONE_BLOCK})
+    scale_at = {s: {LONE_BLOCK: 1e20} for s in range(3, STEPS)}
+    opt, ref, _, _, result = _run_side_by_side(rank, OPTIONS, STEPS, scale_at)
+    result.update(failures=opt.diagnostics()["root_failures"],
+                  single_failures=ref.diagnostics()["root_failures"], owners=owners,
+                  finite=all(bool(torch.isfinite(p).all()) for p in opt.param_groups[0]["params"]))
+    return result
+
+
+def _scenario_nonfinite(rank, world):
+    """NaN in rank 0's local gradient only: every rank must raise (or skip) together."""
+    out = {}
+    for policy in ("raise", "skip"):
+        params = _params()
+        opt = Shampoo(params, **dict(OPTIONS, nonfinite_grads=policy))
+        _set_grads(params, 0)
+        opt.step()
+        before = [p.detach().clone() for p in params]
+        _set_grads(params, 1)
+        if rank == 0:
+            params[2].grad[0, 0] = float("nan")
+        try:
+            opt.step()
+            outcome = "stepped"
+        except core.NonFiniteGradientError as err:
+            outcome = "raised"
+            out[f"{policy}_message"] = str(err)
+        out[policy] = outcome
+        out[f"{policy}_unchanged"] = _equal(params, before)
+        out[f"{policy}_skipped"] = opt.diagnostics()["skipped_steps"]
+        # The run goes on afterwards, on every rank, with the same collectives.
+        _set_grads(params, 2)
+        opt.step()
+        out[f"{policy}_continued_steps"] = opt.diagnostics()["steps"]
+    params = _params()
+    opt = Shampoo(params, **OPTIONS)
+    _set_grads(params, 0)
+    if rank == world - 1:
+        params[0].grad = None
+    try:
+        opt.step()
+        out["mismatch"] = "stepped"
+    except GradientMismatchError:
+        out["mismatch"] = "raised"
+    return out
+
+
+def _scenario_checkpoint(rank, world, tmpdir):
+    """Save at step 5, restore, run to 10; consolidate and re-shard the checkpoint."""
+    half = STEPS // 2
+    opt, ref, sharded, single, _ = _run_side_by_side(rank, OPTIONS, half)
+    torch.save({"params": [p.detach() for p in sharded], "optim": opt.state_dict()},
+               os.path.join(tmpdir, f"ckpt-{world}-{rank}.pt"))
+    ref_sd = copy.deepcopy(ref.state_dict())  # the live one changes in place
+    saved_single = [p.detach().clone() for p in single]
+    for step in range(half, STEPS):
+        _set_grads(sharded, step)
+        _set_grads(single, step)
+        opt.step()
+        ref.step()
+    dist.barrier()
+
+    out = {}
+    # 1. Same world size: each rank reloads its own shard.
+    ckpt = torch.load(os.path.join(tmpdir, f"ckpt-{world}-{rank}.pt"))
+    resumed = [torch.nn.Parameter(p.clone()) for p in ckpt["params"]]
+    opt2 = Shampoo(resumed, **OPTIONS)
+    opt2.load_state_dict(ckpt["optim"])
+    for step in range(half, STEPS):
+        _set_grads(resumed, step)
+        opt2.step()
+    out["resumed_equal"] = _equal(resumed, sharded)
+    out["resumed_equals_single"] = _equal(resumed, single)
+    out["shard_record"] = ckpt["optim"]["shampoo_families"][0]["shard"]["world_size"]
+
+    # 2. Consolidated into one single-process state dict (what a rank-0 export does).
+    shards = [torch.load(os.path.join(tmpdir, f"ckpt-{world}-{r}.pt"))["optim"]
+              for r in range(world)]
+    merged = consolidate_state_dicts(shards)
+    out["consolidated_stacks_equal"] = all(
+        _equal(merged["shampoo_families"][0][name], ref_sd["shampoo_families"][0][name])
+        for name in ("factors", "roots", "root_failures"))
+    alone = [torch.nn.Parameter(p.clone()) for p in saved_single]
+    opt3 = Shampoo(alone, distributed=None, **OPTIONS)
+    opt3.load_state_dict(merged)
+    for step in range(half, STEPS):
+        _set_grads(alone, step)
+        opt3.step()
+    out["consolidated_equal"] = _equal(alone, single)
+
+    # 3. A single-process checkpoint sharded for this world size.
+    again = [torch.nn.Parameter(p.clone()) for p in saved_single]
+    opt4 = Shampoo(again, **OPTIONS)
+    opt4.load_state_dict(shard_state_dict(ref_sd, world, rank))
+    for step in range(half, STEPS):
+        _set_grads(again, step)
+        opt4.step()
+    out["resharded_equal"] = _equal(again, single)
+
+    # 4. A checkpoint of another rank is refused with a clear message.
+    other = shards[(rank + 1) % world]
+    try:
+        Shampoo(_params(), **OPTIONS).load_state_dict(other)
+        out["wrong_rank"] = "loaded"
+    except ValueError as err:
+        out["wrong_rank"] = str(err)
+    return out
+
+
+def _worker(rank, world, port, tmpdir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    result = {}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        result["backend"] = dist.get_backend()
+        result["equality"] = _scenario_equality(rank, world)
+        result["two_families"] = _scenario_two_families(rank, world)
+        result["failed_roots"] = _scenario_failed_roots(rank, world)
+        result["nonfinite"] = _scenario_nonfinite(rank, world)
+        result["checkpoint"] = _scenario_checkpoint(rank, world, tmpdir)
+        dist.barrier()
+    except Exception:
+        result["error"] = traceback.format_exc()
+        raise
+    finally:
+        with open(os.path.join(tmpdir, f"result-{world}-{rank}.json"), "w") as handle:
+            json.dump(result, handle)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"{w}ranks")
+def ranks(request, tmp_path_factory):
+    """Every rank's results of one spawned run of all scenarios."""
+    world = request.param
+    tmpdir = str(tmp_path_factory.mktemp(f"dist{world}"))
+    context = mp.start_processes(_worker, args=(world, _free_port(), tmpdir), nprocs=world,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{world} ranks still running after {DEADLINE_S} s (a hang)")
+    except mp.ProcessRaisedException as err:
+        pytest.fail(f"a rank failed:\n{err}")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    results = []
+    for rank in range(world):
+        with open(os.path.join(tmpdir, f"result-{world}-{rank}.json")) as handle:
+            results.append(json.load(handle))
+    return world, results
+
+
+def test_backend_is_gloo(ranks):
+    _, results = ranks
+    assert all(r["backend"] == "gloo" for r in results)
+
+
+def test_sharded_updates_equal_single_process_bitwise(ranks):
+    world, results = ranks
+    method = METHODS[world]
+    for rank, r in enumerate(results):
+        eq = r["equality"][method]
+        assert eq["sharded"], "Shampoo did not shard although torch.distributed was up"
+        assert eq["root_refreshes"] >= 4, "the run must reach the preconditioned phase"
+        assert all(eq["updates_equal"]), (
+            f"rank {rank}/{world}: first different update at step {eq['first_mismatch']}, "
+            f"parameters differ by up to {eq['max_diff']:g}")
+        assert eq["params_equal"]
+    assert sum(r["equality"][method]["owned_blocks"] for r in results) == \
+        results[0]["equality"][method]["total_blocks"]
+
+
+def test_parameter_groups_with_their_own_stacks_are_sharded_too(ranks):
+    world, results = ranks
+    for rank, r in enumerate(results):
+        tf = r["two_families"]
+        assert tf["families"] == [True, True]
+        assert all(tf["updates_equal"]), f"rank {rank}: first mismatch {tf['first_mismatch']}"
+
+
+def test_memory_per_rank_is_below_single_process(ranks):
+    world, results = ranks
+    eq = [r["equality"][METHODS[world]] for r in results]
+    for rank, e in enumerate(eq):
+        assert e["state_bytes"] < e["single_state_bytes"], f"rank {rank}"
+        assert e["stack_bytes"] < e["single_stack_bytes"], f"rank {rank}"
+    # Factors and roots are split, not copied: they add up to the single-process ones.
+    assert sum(e["stack_bytes"] for e in eq) == eq[0]["single_stack_bytes"]
+    # The planner predicts the largest rank's stacks and the replicated moments.
+    planned = plan_summary([(str(i), s) for i, s in enumerate(SHAPES)], block_size=8,
+                           world_sizes=[world])["worlds"][0]
+    assert planned["preconditioner"] == max(e["stack_bytes"] for e in eq)
+    assert planned["moments"] == eq[0]["state_bytes"] - eq[0]["stack_bytes"]
+
+
+def test_all_gather_volume_is_what_the_planner_says(ranks):
+    world, results = ranks
+    planned = plan_summary([(str(i), s) for i, s in enumerate(SHAPES)], block_size=8,
+                           world_sizes=[world])["worlds"][0]["allgather_bytes"]
+    for r in results:
+        gathered = r["equality"][METHODS[world]]["gathered_bytes"]
+        # Shared from start_preconditioning_step (2) on: steps 2..10.
+        assert gathered == [planned] * (STEPS - 1)
+
+
+def test_failed_roots_fall_back_like_single_process(ranks):
+    world, results = ranks
+    owners = results[0]["failed_roots"]["owners"]
+    assert len(owners) == 1, "the failing block has one owner"
+    for rank, r in enumerate(results):
+        fr = r["failed_roots"]
+        assert all(fr["updates_equal"]), f"rank {rank}: first mismatch {fr['first_mismatch']}"
+        assert fr["finite"]
+        if rank not in owners:
+            assert fr["failures"] == 0, f"rank {rank} owns none of the failing blocks"
+    assert sum(r["failed_roots"]["failures"] for r in results) == \
+        results[0]["failed_roots"]["single_failures"] > 0
+
+
+def test_nan_on_one_rank_makes_every_rank_raise_or_skip(ranks):
+    world, results = ranks
+    for rank, r in enumerate(results):
+        nf = r["nonfinite"]
+        assert nf["raise"] == "raised", f"rank {rank} did not raise"
+        assert "[2]" in nf["raise_message"]
+        assert nf["skip"] == "stepped" and nf["skip_unchanged"] and nf["skip_skipped"] == 1
+        assert nf["raise_continued_steps"] == 2 and nf["skip_continued_steps"] == 2
+        assert nf["mismatch"] == "raised", f"rank {rank}: missing gradient not agreed"
+
+
+def test_checkpoint_restore_consolidate_and_reshard(ranks):
+    world, results = ranks
+    for rank, r in enumerate(results):
+        ck = r["checkpoint"]
+        assert ck["shard_record"] == world
+        assert ck["resumed_equal"] and ck["resumed_equals_single"], f"rank {rank}"
+        assert ck["consolidated_stacks_equal"], f"rank {rank}"
+        assert ck["consolidated_equal"], f"rank {rank}"
+        assert ck["resharded_equal"], f"rank {rank}"
+        assert "consolidate_state_dicts" in ck["wrong_rank"] or "rank" in ck["wrong_rank"]
+
+
+# ---- without processes ------------------------------------------------------------------
+
+def _plan(shapes=SHAPES, block_size=8, **kw):
+    return plan_blocks(shapes, ["float32"] * len(shapes), block_size=block_size, **kw)
+
+
+def test_planner_balance_on_953m_at_8_ranks():
+    summary = plan_summary(MODELS["llama-953m"](), world_sizes=[8, 64, 512])
+    blocks = {shape: b["count"] for shape, b in summary["blocks"].items()}
+    # 64 attention 2048² (4 blocks), 32 gate/up 5632x2048 (10 + 2 of 512x1024),
+    # 16 down 2048x5632 (10 + 2 of 1024x512), embedding and head 32000x2048
+    # (62 + 2 of 256x1024): 256 + 320 + 160 + 124 blocks of 1024².
+    assert blocks == {(1024, 1024): 860, (512, 1024): 64, (1024, 512): 32, (256, 1024): 4}
+    assert summary["elements"] == 953_223_168
+    w8, w64, w512 = summary["worlds"]
+    assert w8["balance"] <= 1.05
+    for w in summary["worlds"]:
+        assert w["best_balance"] <= w["balance"] + 1e-12
+    # Memory per rank falls with the world size; moments stay replicated.
+    assert w8["preconditioner"] > w64["preconditioner"] > w512["preconditioner"]
+    assert w8["moments"] == 2 * 4 * summary["elements"]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8, 40])
+@pytest.mark.parametrize("shapes,block_size", [(SHAPES, 8), (SHAPES, 5),
+                                               ([(50, 30), (30, 30), (7, 9)], 16)])
+def test_split_owns_each_block_once_within_the_padding_cap(world, shapes, block_size):
+    plan = _plan(shapes, block_size)
+    split = shard_plan(plan, world)
+    assert split == shard_plan(plan, world), "the split must be the same on every rank"
+    for g, group in enumerate(plan.groups):
+        counts = split.counts[g]
+        assert sum(counts) == len(group.blocks)
+        assert max(counts) <= math.ceil(len(group.blocks) / world)
+    total = sum(block_cost(g.shape) * len(g.blocks) for g in plan.groups)
+    assert sum(split.costs) == total
+    assert split.balance >= best_balance(plan, world) - 1e-12
+    for bucket in gather_buckets(plan, split):
+        assert bucket.padded * world - bucket.blocks < world * len(bucket.groups)
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+@pytest.mark.parametrize("world", [2, 3])
+def test_local_plans_cover_every_stack_slot_once(world, stacked):
+    plan = _plan(stacked=stacked)
+    split = shard_plan(plan, world)
+    covered = {s: [0] * spec.count for s, spec in enumerate(plan.stacks)}
+    for rank in range(world):
+        local, owned = local_plan(plan, split, rank)
+        used = [0] * len(local.stacks)
+        for ls, lslots, fs, fslots in slot_map(plan, split, rank):
+            assert local.stacks[ls].size == plan.stacks[fs].size
+            for k in range(fslots.start, fslots.stop):
+                covered[fs][k] += 1
+            used[ls] += lslots.stop - lslots.start
+        assert used == [spec.count for spec in local.stacks]
+    assert all(c == [1] * len(c) for c in covered.values())
+
+
+def test_shard_then_consolidate_gives_back_the_single_process_state_dict():
+    params = _params()
+    opt = Shampoo(params, distributed=None, **OPTIONS)
+    for step in range(4):
+        _set_grads(params, step)
+        opt.step()
+    sd = opt.state_dict()
+    back = consolidate_state_dicts([shard_state_dict(sd, 3, r) for r in (2, 0, 1)])
+    for name in ("factors", "roots", "root_failures"):
+        assert _equal(back["shampoo_families"][0][name], sd["shampoo_families"][0][name])
+    with pytest.raises(ValueError, match="each of 3 ranks"):
+        consolidate_state_dicts([shard_state_dict(sd, 3, r) for r in (0, 1)])
+
+
+def test_without_a_process_group_shampoo_runs_unsharded():
+    assert not dist.is_initialized()
+    assert resolve_process_group("auto") is None
+    assert resolve_process_group(None) is None
+    opt = Shampoo(_params(), **OPTIONS)
+    opt._form_families()
+    assert opt._families[0].sharding is None
+    with pytest.raises(ValueError, match="distributed must be"):
+        Shampoo(_params(), distributed="yes")
+
+
+def test_planner_command_prints_the_table(capsys):
+    assert plan_main(["--model", "llama-953m", "--world-size", "8", "64", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "1024x1024" in out and "860" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["8"], ["64"],
+                                                                                ["512"])]
+    assert [row[0] for row in rows] == ["8", "64", "512"]
+    assert float(rows[0][2]) <= 1.05
+
+
+def test_planner_takes_user_shapes(tmp_path, capsys):
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps({"w1": [300, 200], "b1": [200], "conv": [16, 3, 3, 3]}))
+    assert plan_main(["--shapes-json", str(path), "--block-size", "128", "--world-size",
+                      "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["elementwise"]["names"] == ["b1"]
+    assert {tuple(b["shape"]): b["count"] for b in data["blocks"]} == {
+        (128, 128): 2, (128, 72): 2, (44, 128): 1, (44, 72): 1, (16, 27): 1}
+    assert parse_shapes("2048x2048, 5632x2048") == [("0", (2048, 2048)), ("1", (5632, 2048))]
+    assert plan_main(["--shapes", "20x12,33", "--block-size", "8", "--world-size", "3"]) == 0
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--shapes", "4xq"], "not of the form"),
+    (["--shapes", "4x-3"], "must be >= 0"),
+    (["--world-size", "0"], "positive integers"),
+    (["--block-size", "0"], "block_size"),
+])
+def test_planner_rejects_bad_input(argv, match, capsys):
+    assert plan_main(argv) == 2
+    assert match in capsys.readouterr().err

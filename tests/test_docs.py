@@ -1,0 +1,130 @@
+"""The docs: they build without warnings, their examples run, their data is current."""
+
+from __future__ import annotations
+
+import csv
+import doctest
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+sys.path.insert(0, str(DOCS))
+make_plots = pytest.importorskip("make_plots")
+
+needs_sphinx = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("sphinx", "numpydoc", "matplotlib")),
+    reason="the docs need sphinx, numpydoc and matplotlib")
+
+
+@needs_sphinx
+def test_docs_build_without_warnings(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+         str(DOCS), str(tmp_path / "html")],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for page in ("index", "getting_started", "methods", "scaling", "support", "api"):
+        assert (tmp_path / "html" / f"{page}.html").exists(), page
+    index = (tmp_path / "html" / "index.html").read_text(encoding="utf-8")
+    assert "getting_started.html" in index and "api.html" in index
+    api = (tmp_path / "html" / "api.html").read_text(encoding="utf-8")
+    for name in ("inv_root_info", "InvRootResult", "power_iteration", "spectral_bounds"):
+        assert f'id="matroot.{name}"' in api, name
+    assert (tmp_path / "html" / "_images" / "scaling_iterations.png").exists()
+
+
+def test_getting_started_examples_run():
+    pytest.importorskip("torch")
+    result = doctest.testfile(str(DOCS / "getting_started.rst"), module_relative=False,
+                              optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 10
+    assert result.failed == 0
+
+
+#: info's probe statuses, mapped to what the support page claims.
+_PAGE_STATUS = {"yes": {"yes", "emulated"}, "not converged": {"yes", "emulated"},
+                "inaccurate": {"yes", "emulated"}, "no effect": {"ignored"},
+                "unsupported": {"no"}}
+
+
+def test_support_page_matches_what_info_finds():
+    from matroot.cli.info import collect
+
+    with open(DOCS / "data" / "support.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    column = {("numpy", "cpu"): "numpy", ("torch", "cpu"): "torch (CPU)",
+              ("array_api_strict", "cpu"): "array_api_strict", ("cupy", "cuda:0"): "cupy",
+              ("torch", "cuda:0"): "torch (CUDA)"}
+    claims = {(r["method"], r["precision"], col): r[col] for r in rows for col in column.values()}
+    probed = [s for s in collect()["support"] if (s["backend"], s["device"]) in column]
+    assert probed, "no backend to compare with"
+    for entry in probed:
+        col = column[(entry["backend"], entry["device"])]
+        key = (entry["method"], entry["precision"], col)
+        assert key in claims, f"docs/data/support.csv has no row for {key[:2]}"
+        claim = claims[key]
+        assert claim in _PAGE_STATUS[entry["status"]], (entry, claim)
+
+
+def test_methods_table_rendering():
+    data = {"records": [
+        {"kappa": 100.0, "method": "newton_db", "precision": "float32", "variant": "default",
+         "rel_err_max": 2e-6, "iterations": [17, 16], "matmuls": [51, 48],
+         "converged": [True, True]},
+        {"kappa": 1e4, "method": "newton_db", "precision": "float32", "variant": "default",
+         "rel_err_max": float("nan"), "iterations": [60, 60], "matmuls": [180, 180],
+         "converged": [False, True]},
+    ]}
+    table = make_plots.methods_table_rst(data)
+    assert "κ = 1e2" in table and "κ = 1e4" in table
+    assert "2e-06, 17 it, 51 mm" in table
+    assert "diverged, 60 it, 180 mm, 1/2 conv." in table
+
+
+def _load(name):
+    return json.loads((DOCS / "data" / f"{name}.json").read_text())
+
+
+def test_scaling_data_is_current():
+    """Re-measure one κ of docs/data/scaling.json; a mismatch means the solvers
+    changed: run ``python docs/make_plots.py measure``."""
+    import matroot
+
+    data = _load("scaling")
+    kappa = 100.0
+    factors = make_plots.gram_factors()
+    for record in (r for r in data["records"] if r["kappa"] == kappa):
+        res = matroot.inv_root_info(factors, make_plots.P, method=record["method"],
+                                    eps=make_plots.ridge_for(kappa),
+                                    scaling=record["scaling"],
+                                    tol=make_plots.SCALING_TOL, max_iter=200)
+        assert np.asarray(res.iterations).tolist() == record["iterations"], record
+    assert {(r["method"], r["scaling"]) for r in data["records"]} == {
+        (m, s) for m in ("newton_db", "coupled_newton") for s in ("power", "frobenius")}
+
+
+def test_methods_data_is_current():
+    """Re-measure the float32 rows at κ = 1e2 of docs/data/methods.json."""
+    torch = pytest.importorskip("torch")
+    import matroot
+
+    data = _load("methods")
+    kappa = 100.0
+    eps = make_plots.ridge_for(kappa)
+    factors = make_plots.gram_factors(seed=1).astype(np.float32)
+    exact = make_plots.oracle(factors.astype(np.float64), eps, make_plots.P)
+    rows = [r for r in data["records"] if r["kappa"] == kappa
+            and r["precision"] == "float32" and r["variant"] == "default"]
+    assert {r["method"] for r in rows} == set(matroot.solvers.SOLVERS)
+    for record in rows:
+        res = matroot.inv_root_info(torch.from_numpy(factors), make_plots.P,
+                                    method=record["method"], eps=eps)
+        assert res.iterations.tolist() == record["iterations"], record["method"]
+        worst = float(np.max(make_plots.relative_errors(res.root, exact)))
+        assert worst == pytest.approx(record["rel_err_max"], rel=0.5), record["method"]
