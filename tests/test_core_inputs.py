@@ -330,3 +330,15 @@ def test_torch_fused_product_matches_generic():
     fused = _xp.shifted_product(1.5, -0.5, a, b, eye)
     generic = 1.5 * eye - 0.5 * (a @ b)
     torch.testing.assert_close(fused, generic, rtol=1e-14, atol=1e-14)
+
+
+def test_chebyshev_lower_bound_that_misses_eigenvalues_is_not_converged():
+    """Eigenvalues below the fitted interval are caught by the a-posteriori check."""
+    from matroot import _xp
+    from matroot.solvers import SOLVERS
+    a = spd_stack(np.random.default_rng(7), (2,), 16, 1e3, lam_max=1.0)[0]
+    out = SOLVERS["chebyshev"](a, 2, lower=np.array([1e-1, 1e-3 / 2]), tol=1e-6,
+                               max_iter=400, matmul=_xp.Matmul(np))
+    assert out.converged.tolist() == [False, True]
+    assert out.residual[0] > 1e-2
+    assert relative_error(out.root[1], oracle_inv_root(a[1], 2)) < 1e-5
