@@ -216,7 +216,7 @@ def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
     >>> from matroot.scaling import lanczos_ritz_extremes
     >>> lo, hi = lanczos_ritz_extremes(np.diag([1.0, 2.0, 5.0]))
     >>> round(float(lo), 6), round(float(hi), 6)
-    (2.0, 5.0)
+    (1.0, 5.0)
     """
     check_stack(a)
     batch = tuple(a.shape[:-2])
