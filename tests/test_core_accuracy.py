@@ -44,7 +44,7 @@ def target(method, dtype, kappa, p):
 CASES = [
     (method, p)
     for p in (1, 2, 3, 4, 8)
-    for method in ("evd", "newton_db", "coupled_newton", "chebyshev")
+    for method in ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
     if method in methods_supporting(p)
 ]
 
@@ -100,7 +100,7 @@ def test_accuracy_eps_placement(method, with_eps):
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 200])
-@pytest.mark.parametrize("method", ["evd", "newton_db", "coupled_newton", "chebyshev"])
+@pytest.mark.parametrize("method", ["evd", "newton_db", "coupled_newton", "minimax", "chebyshev"])
 def test_accuracy_over_sizes(method, n):
     a, eps = _problem(1e2, n, with_eps=method == "chebyshev", seed=n)
     x = a.astype(np.float32)
@@ -110,7 +110,7 @@ def test_accuracy_over_sizes(method, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,p", [("evd", 4), ("newton_db", 4), ("coupled_newton", 4),
+@pytest.mark.parametrize("method,p", [("evd", 4), ("newton_db", 4), ("coupled_newton", 4), ("minimax", 4),
                                       ("newton_db", 2)])
 def test_accuracy_n1024(method, p):
     rng = np.random.default_rng(1024)

@@ -14,7 +14,7 @@ from matroot import ConvergenceWarning
 from conftest import to_numpy
 from oracle import oracle_inv_root, relative_error, spd_stack
 
-METHODS = ("evd", "newton_db", "coupled_newton", "chebyshev")
+METHODS = ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
 
 
 def _spd(batch=(3,), n=8, kappa=1e2, seed=0):

@@ -14,9 +14,10 @@ from oracle import random_orthogonal, relative_error
 from strategies import spd_stacks
 
 ITERATIVE = ("newton_db", "coupled_newton")
-ALL_METHODS = ("evd", "newton_db", "coupled_newton", "chebyshev")
+ALL_METHODS = ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
 #: float64 tolerances for κ ≤ 1e4 (chebyshev is run with a ridge that bounds κ by 1e3).
-TOL64 = {"evd": 1e-9, "newton_db": 1e-7, "coupled_newton": 1e-7, "chebyshev": 1e-6}
+TOL64 = {"evd": 1e-9, "newton_db": 1e-7, "coupled_newton": 1e-7, "minimax": 1e-7,
+         "chebyshev": 1e-6}
 
 
 def _methods_for(p):

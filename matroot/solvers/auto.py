@@ -12,7 +12,7 @@ from .._checks import methods_supporting
 
 #: On CPUs (NumPy, torch CPU; n = 128…2048, batches of 1…32, p = 2 and 4) the
 #: float64 eigh of ``"evd"`` was the fastest method in all 28 configurations:
-#: the runner-up took 1.2–2.9× its time. A CPU eigh costs only 7–38 batched
+#: the runner-up took 1.4–3.6× its time. A CPU eigh costs only 7–36 batched
 #: matmuls of the same size, fewer than any iteration needs at κ = 1e4.
 CPU_METHOD = "evd"
 
