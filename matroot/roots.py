@@ -38,8 +38,9 @@ class InvRootResult(NamedTuple):
     root : array, shape (..., n, n)
         ``(A + eps·I)^(-1/p)`` in the input's namespace, device and dtype.
     residual : array, shape (...)
-        The method's final residual: ``‖I − ZY‖_F/√n`` (newton_db, worst stage),
-        ``‖I − M‖_F/√n`` (coupled_newton), the fit's relative error bound
+        The method's final residual: ``‖I − ZY‖_F/√n`` (newton_db, worst stage;
+        minimax, worst stage divided by the factor its error shrinks by in the
+        root), ``‖I − M‖_F/√n`` (coupled_newton), the fit's relative error bound
         (chebyshev), the relative negative-eigenvalue deficit (evd).
     iterations : array, shape (...)
         Steps taken per matrix (polynomial degree for chebyshev, 0 for evd).
@@ -136,8 +137,9 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
         ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
     p : float
         Root order. Any real ``p > 0`` for ``"evd"``; a positive integer for
-        ``"coupled_newton"`` and ``"chebyshev"``; a power of two for ``"newton_db"``.
-    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev"}
+        ``"coupled_newton"`` and ``"chebyshev"``; a power of two (or 1) for
+        ``"newton_db"`` and ``"minimax"``.
+    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax"}
         The solver; ``"auto"`` picks by backend, device, size and dtype
         (:func:`matroot.choose_method`).
     eps : float

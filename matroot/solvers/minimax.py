@@ -13,21 +13,52 @@ each step's quintic is the minimax approximation of 1 on the current interval of
 Cost per step: ``X = ZY``, ``X²``, ``Y·q``, ``q·Z``: 4 matmuls, 2 in the first
 step (``X₀ = A``, ``q·Z₀ = q``). Steps to ``max |1 − s| ≤ 1e-3`` in exact
 arithmetic, with the margins used here: κ = 1e2: 3, 1e4: 5, 1e6: 7 (Newton–Schulz:
-9, 14, 20 at 3 matmuls each).
+9, 14, 20 at 3 matmuls each). Measured matmuls at the default tol (float32,
+n = 256, geometric spectra, eps = 0 so λmin is the Lanczos estimate), with
+Newton–Schulz ("newton_db") and coupled Newton for comparison; every run met the
+core accuracy targets:
+
+====  ===================  ===================  ===================
+p     κ = 1e2              κ = 1e4              κ = 1e6
+====  ===================  ===================  ===================
+1     16 / 28 / 19         24 / 46 / 33         36 / 64 / 47
+2     15 / 27 / 26         23 / 45 / 41         35 / 63 / 59
+4     26 / 45 / 31         38 / 72 / 51         54 / 99 / 71
+8     37 / 60 / 34         49 / 90 / 59         65 / 123 / 79
+====  ===================  ===================  ===================
+
+(minimax / newton_db / coupled_newton). With ``tol`` set to the error wanted
+instead of the default, fewer: see ``tests/test_matmul_targets.py``.
 
 p = 2^k runs k stages: stages 1..k−1 take square roots (their ``Y``), the last an
 inverse square root (its ``Z``); each stage's lower bound is the square root of
 the previous one's, so the later stages are far better conditioned and cheap.
 p = 1 squares ``A^(-1/2)``.
 
-Low precision (``matmul_dtype``): the products with a bounded operand (``X²``,
-``Y·q``; ``‖Y‖ ≲ 1``, ``‖q‖ ≲ 8.5``) round their operands to 16 bits, the ones
-with the large-norm ``Z`` (``‖Z‖`` grows to ``√κ``) stay in the working dtype,
-and once the 16-bit phase has converged to its own floor the iteration finishes
-with working-precision :data:`TAIL` steps. Rounding errors of the 16-bit phase
-that break ``Y = A·Z`` are not undone by the polish; see
-``docs``/the module tests for the accuracy per κ: float16 is safe for κ ≲ 1e4,
-bfloat16 for κ ≲ 1e3 (eps ≳ 1e-3·λmax).
+Low precision (``matmul_dtype``): ``X²`` rounds its operands to 16 bits, ``ZY``
+and ``q·Z`` do while ``u·‖Z‖`` is small (``‖Z‖`` grows towards ``√κ``, bounded on
+the host from the schedule), ``Y·q`` never does (see :func:`minimax_step`); the
+16-bit phase stops at its rounding floor and working-precision :data:`TAIL`
+steps finish. Relative error against the float64 oracle (torch CPU, n = 256,
+rank-deficient A plus a ridge, p = 2; p = 4 is up to 1.5× smaller), with
+coupled Newton's 16-bit path and the former coupled Newton, which rounded
+every operand, for comparison ("div.": diverged):
+
+=====================  ========  ========  ========  ========  ========
+κ                      1e2       1e3       1e4       1e5       1e6
+=====================  ========  ========  ========  ========  ========
+minimax float16        2.7e-4    5.4e-4    1.1e-3    2.9e-3    1.0e-2
+minimax bfloat16       2.2e-3    4.0e-3    7.4e-3    1.4e-2    3.0e-2
+coupled Newton fp16    8.1e-4    1.1e-3    1.4e-3    2.1e-3    1.1e-2
+coupled Newton bf16    6.6e-3    9.2e-3    1.1e-2    1.3e-2    2.0e-2
+former coupled, fp16   2.3e-3    1.8e-2    1.7e-1    div.      div.
+former coupled, bf16   1.8e-2    1.8e-1    div.      div.      div.
+=====================  ========  ========  ========  ========  ========
+
+So for a 1e-2 error budget float16 is safe up to κ ≈ 1e6 (eps ≳ 1e-6·λmax) and
+bfloat16 up to κ ≈ 1e4 (eps ≳ 1e-4·λmax); for 1e-3, float16 up to κ ≈ 1e4 and
+bfloat16 not at all. Errors of the 16-bit phase that break ``Y = A·Z`` are not
+undone by the working-precision steps, so these are floors, not tolerances.
 """
 
 from __future__ import annotations
@@ -39,7 +70,8 @@ import numpy as np
 from .. import _xp
 from ._iteration import IterationOutcome, iterate_frozen
 from ._result import SolverOutput
-from .minimax_coefficients import TAIL, quantize_lower, rounding_margin, schedule
+from .minimax_coefficients import (FIRST_MARGIN, TAIL, quantize_lower, rounding_margin,
+                                   schedule)
 
 #: Matmuls of the first step (``X₀ = A``, ``Z₀ = I``) and of every later one.
 FIRST_STEP_MATMULS = 2
@@ -51,6 +83,11 @@ LOW_PRECISION_FLOOR = 16.0
 #: The 16-bit phase runs at most the longest schedule of the stack plus this
 #: many :data:`TAIL` steps; working-precision TAIL steps finish (at least one).
 LOW_PRECISION_EXTRA_STEPS = 2
+#: ``ZY`` and ``q·Z`` round their operands only while ``u·‖Z‖`` stays below this
+#: (bfloat16: ‖Z‖ ≤ 25, float16: ‖Z‖ ≤ 200). Measured, p = 2 and 4, κ = 1e4 to
+#: 1e6: limits of 0.25 to 100 gave up to 2× larger errors (bfloat16, p = 4,
+#: κ = 1e6 diverged with no limit), 0.03 improved on 0.1 by at most 1.3×.
+Z_ROUNDING_LIMIT = 0.1
 #: Slack on the next stage's lower bound for the previous stage's residual error.
 STAGE_SLACK = 0.9
 
@@ -70,25 +107,44 @@ def _coefficient_table(xp, lowers, margin, steps, dtype, device):
     return _xp.from_numpy(xp, table, dtype=dtype, device=device)
 
 
-def minimax_step(y, z, coeff, *, first, rounded, full, eye):
+def z_norm_bounds(lowers, margin, steps):
+    """Host upper bounds on ``‖Z_k‖`` before each step ``k < steps``, for a stack.
+
+    ``Z_k`` acts on eigenvalue λ as ``s_k/√λ``: a small λ is multiplied by at
+    most ``q_j(0) = a_j`` per step, and ``s_k ≤ 1 + FIRST_MARGIN`` caps the
+    product at ``1.1/√λmin``.
+    """
+    bounds = np.ones(steps)
+    for lower in lowers:
+        growth = np.full(steps, TAIL[0])
+        head = schedule(lower, margin).coefficients[:steps, 0]
+        growth[: len(head)] = head
+        z = np.concatenate([[1.0], np.cumprod(growth[:-1])])
+        bounds = np.maximum(bounds, np.minimum(z, (1 + FIRST_MARGIN) / math.sqrt(lower)))
+    return bounds
+
+
+def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye):
     """One coupled step ``X = ZY``, ``q = a + bX + cX²``, ``Y ← Y·q``, ``Z ← q·Z``.
 
     ``coeff`` holds per-matrix rows ``(a, b, c)``, shape (b, 3). ``first`` marks
     the step from ``Z = I`` (``X = Y``, ``q·Z = q``: 2 matmuls instead of 4).
-    ``rounded`` forms ``ZY``, ``X²`` and ``q·Z`` (16-bit operands where asked);
-    ``full`` forms ``Y·q`` in the working dtype: rounding ``Y`` (``Y₀ = A``) to
-    16 bits moves its small eigenvalues by ``u·λmax``, which no later step undoes,
-    while the other three products were measured to cost little accuracy.
+    The three callables form the products, so that a 16-bit policy can differ
+    per product: ``z_product`` for ``ZY`` and ``q·Z``, ``x_product`` for ``X²``,
+    ``y_product`` for ``Y·q``. Measured with 16-bit operands: rounding ``Y``
+    (``Y₀ = A``) moves its small eigenvalues by ``u·λmax``, which no later step
+    undoes (float16, κ = 1e4: 6e-2 relative error), rounding ``X`` costs a few
+    ``u``, rounding ``Z`` costs about ``u·‖Z‖``.
 
     Returns
     -------
     (X, (Y, Z))
         The incoming ``X`` (for the residual) and the next iterates.
     """
-    x = y if first else rounded(z, y)
+    x = y if first else z_product(z, y)
     c0, c1, c2 = (coeff[:, j][:, None, None] for j in range(3))
-    q = c0 * eye + c1 * x + c2 * rounded(x, x)
-    return x, (full(y, q), q if first else rounded(q, z))
+    q = c0 * eye + c1 * x + c2 * x_product(x, x)
+    return x, (y_product(y, q), q if first else z_product(q, z))
 
 
 def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
@@ -105,11 +161,13 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         As in :func:`matroot.solvers._iteration.iterate_frozen`; the residual is
         ``‖I − ZY‖_F/√n``. ``tol = 0`` runs exactly ``max_iter`` steps.
     matmul : matroot._xp.Matmul
-        Products. With a 16-bit operand dtype the schedule runs as
-        :func:`minimax_step` describes (until the residual reaches
-        ``LOW_PRECISION_FLOOR·u16`` or stalls, for at most the schedule's length
-        plus ``LOW_PRECISION_EXTRA_STEPS``), then :data:`TAIL` steps in the
-        working dtype finish (at least one; ``max_iter`` caps the total).
+        Products. With a 16-bit operand dtype, ``X²`` always rounds its
+        operands, ``ZY`` and ``q·Z`` while ``u·‖Z‖ ≤ Z_ROUNDING_LIMIT`` (bounded
+        on the host from the schedule) and ``Y·q`` never. That phase runs until
+        the residual reaches ``LOW_PRECISION_FLOOR·u16`` or stalls, for at most
+        the schedule's length plus ``LOW_PRECISION_EXTRA_STEPS``; then
+        :data:`TAIL` steps in the working dtype finish (at least one;
+        ``max_iter`` caps the total).
     margin : float, optional
         Rounding headroom of the schedule; default ``√u`` of the operand dtype.
 
@@ -117,6 +175,18 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     -------
     (IterationOutcome, matmuls)
         ``state == (Y, Z)``; ``matmuls`` is the per-matrix count, shape (b,).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot import _xp
+    >>> from matroot.solvers.minimax import minimax_sqrt
+    >>> a = np.diag([0.01, 0.25, 1.0])[None]
+    >>> outcome, matmuls = minimax_sqrt(a, [0.01], tol=1e-12, max_iter=30,
+    ...                                 check_every=1, matmul=_xp.Matmul(np))
+    >>> y, z = outcome.state
+    >>> np.round(np.diag(y[0]), 6), np.round(np.diag(z[0]), 6), matmuls.tolist()
+    (array([0.1, 0.5, 1. ]), array([10.,  2.,  1.]), [19])
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
@@ -143,15 +213,19 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
 
-    def run(state, coefficients, rounded, *, tol, max_iter, stall_level=None):
+    z_rounding = u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT
+
+    def run(state, coefficients, *, sixteen_bit, tol, max_iter, stall_level=None):
         counter = [0]
 
         def step(state):
             k = counter[0]
             counter[0] += 1
-            x, new_state = minimax_step(*state, coefficients(k), first=k == 0 and
-                                        coefficients is scheduled, rounded=rounded,
-                                        full=matmul.full, eye=eye)
+            x, new_state = minimax_step(
+                *state, coefficients(k), first=k == 0 and coefficients is scheduled,
+                z_product=matmul if sixteen_bit and z_rounding[k] else matmul.full,
+                x_product=matmul if sixteen_bit else matmul.full,
+                y_product=matmul.full, eye=eye)
             return _xp.frobenius_norm(eye - x) / root_n, new_state
 
         return iterate_frozen(state, step, residual_of, tol=tol, max_iter=max_iter,
@@ -167,8 +241,8 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     zero = xp.zeros((b,), dtype=xp.int32, device=dev)
     if steps > 0:
         tol_main = max(tol, LOW_PRECISION_FLOOR * u) if low and tol > 0 else tol
-        outcome = run(start, scheduled, matmul if low else matmul.full, tol=tol_main,
-                      max_iter=steps, stall_level=2 * tol_main if low else None)
+        outcome = run(start, scheduled, sixteen_bit=low, tol=tol_main, max_iter=steps,
+                      stall_level=2 * tol_main if low else None)
         # Accepted steps, plus the ZY that checked the last state.
         matmuls = xp.where(outcome.iterations > 0, STEP_MATMULS * outcome.iterations
                            - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1, zero)
@@ -177,7 +251,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         matmuls = zero
     if not low:
         return outcome, matmuls
-    polish = run(outcome.state, tail_only, matmul.full, tol=tol,
+    polish = run(outcome.state, tail_only, sixteen_bit=False, tol=tol,
                  max_iter=max(max_iter - steps, 1) if tol > 0 else 1)
     # Each polish step re-forms its incoming ZY; one more ZY checks the result.
     matmuls = matmuls + STEP_MATMULS * polish.iterations + 1
@@ -199,8 +273,21 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
     Returns
     -------
     SolverOutput
-        ``residual`` is the worst stage's ``‖I − ZY‖_F/√n``; ``iterations`` and
-        ``matmuls`` add up over the stages.
+        ``residual`` is the worst stage's ``‖I − ZY‖_F/√n`` divided by
+        ``2^(k−1−s)`` (stage s's error is damped by that factor in the root, so
+        its ``tol`` is multiplied by it); ``iterations`` and ``matmuls`` add up
+        over the stages.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot import _xp
+    >>> from matroot.solvers.minimax import minimax
+    >>> a = np.diag([1 / 16, 1 / 81, 1.0])[None]
+    >>> out = minimax(a, 4, lower=np.array([1 / 81]), tol=1e-12, max_iter=30,
+    ...               check_every=1, matmul=_xp.Matmul(np))
+    >>> np.round(np.diag(out.root[0]), 6), out.iterations.tolist()
+    (array([2., 3., 1.]), [9])
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
