@@ -6,9 +6,21 @@ is present (they are skipped with a reason otherwise).
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from hypothesis import settings
+import os
+
+# One BLAS/OpenMP thread per process unless MATROOT_TEST_THREADS says otherwise: on a
+# shared 2-core machine multi-threaded BLAS oversubscribes and runs 10-40x slower.
+# Set before numpy/torch load their thread pools; threadpoolctl covers those already loaded.
+TEST_THREADS = int(os.environ.get("MATROOT_TEST_THREADS", "1"))
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, str(TEST_THREADS))
+
+import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+threadpool_limits(TEST_THREADS)
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=25, deadline=None)
