@@ -17,7 +17,7 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import lambda_max_bound, lambda_min_estimate
+from .scaling import lambda_max_bound_core, lambda_min_estimate_core
 from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
@@ -249,7 +249,7 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     if eps > 0:
         stack = stack + eps * eye
 
-    lam_max = lambda_max_bound(stack, scaling=scaling)
+    lam_max = lambda_max_bound_core(stack, scaling=scaling)
     nonzero = lam_max > 0
     scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
     scaled = stack / scale[:, None, None]
@@ -308,7 +308,7 @@ def _lower_bound(scaled, eps_scaled):
     xp = _xp.array_namespace(scaled)
     if bool(xp.all(eps_scaled > 0)):
         return eps_scaled
-    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled))
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
     return xp.where(eps_scaled > 0, eps_scaled, estimate)
 
 

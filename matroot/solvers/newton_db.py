@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import _xp
-from ..scaling import lambda_max_bound
+from ..scaling import lambda_max_bound_core
 from ._iteration import iterate_frozen
 from ._stages import StageOutcome, square_root_stages, stage_count
 from .registry import POWER_OF_TWO_P, SolverSpec
@@ -73,7 +73,7 @@ def newton_db(a, p: int, *, tol, max_iter, check_every, matmul, scaling="power",
                             outcome.converged, MATMULS_PER_STEP * outcome.iterations)
 
     def rescale(y):
-        c = lambda_max_bound(y, scaling=scaling)
+        c = lambda_max_bound_core(y, scaling=scaling)
         return xp.where(c > 0, c, xp.ones_like(c))
 
     return square_root_stages(a, p, run_stage, square=matmul, rescale=rescale)
