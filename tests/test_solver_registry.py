@@ -63,7 +63,7 @@ def test_toy_solver_is_validated_defaulted_and_run(toy):
     assert matroot.default_max_iter("toy_solver") == 7
     assert "toy_solver" in solvers_supporting(3)
     assert "toy_solver" not in solvers_supporting(0.5)
-    with pytest.raises(ValueError, match="'toy_solver' does not support p=0.5; .*'evd'"):
+    with pytest.raises(ValueError, match=r"'toy_solver' does not support p=0\.5; .*'evd'"):
         matroot.inv_root(a, 0.5, method="toy_solver")
     with pytest.raises(ValueError, match="'toy_solver'"):
         matroot.inv_root(a, 2, method="no_such_solver")
