@@ -10,7 +10,6 @@ come from a few batched Lanczos steps with a safety factor.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -34,16 +33,25 @@ LANCZOS_STEPS = 64
 LANCZOS_SAFETY = 4.0
 
 
-@functools.lru_cache(maxsize=64)
+#: Start vectors kept on their devices, keyed by (backend, device, dtype, n, k)
+#: as strings (not every backend's device object is hashable); oldest dropped first.
+_START_VECTORS: dict = {}
+_START_VECTORS_KEPT = 64
+
+
 def _start_vectors(xp, n: int, k: int, dtype, device):
     # A fixed-seed host draw: reproducible, never touches the global RNG, and the
-    # same start on every backend so results agree across them. Cached, so the
-    # host draw and its copy to the device happen once per size; callers only
-    # read it.
-    rng = np.random.default_rng(_START_SEED + 7919 * n + k)
-    v = rng.standard_normal((n, k))
-    v /= np.linalg.norm(v, axis=0, keepdims=True)
-    return _xp.from_numpy(xp, v, dtype=dtype, device=device)
+    # same start on every backend so results agree across them. Kept, so the host
+    # draw and its copy to the device happen once per size; callers only read it.
+    key = (_xp.backend_name(xp), str(device), str(dtype), n, k)
+    if key not in _START_VECTORS:
+        rng = np.random.default_rng(_START_SEED + 7919 * n + k)
+        v = rng.standard_normal((n, k))
+        v /= np.linalg.norm(v, axis=0, keepdims=True)
+        if len(_START_VECTORS) >= _START_VECTORS_KEPT:
+            del _START_VECTORS[next(iter(_START_VECTORS))]
+        _START_VECTORS[key] = _xp.from_numpy(xp, v, dtype=dtype, device=device)
+    return _START_VECTORS[key]
 
 
 def _entry_scale(xp, a):
