@@ -232,12 +232,16 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
         ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
     p : float
-        Root order. Any real ``p > 0`` for ``"evd"``; a positive integer for
-        ``"coupled_newton"`` and ``"chebyshev"``; a power of two (or 1) for
-        ``"newton_db"`` and ``"minimax"``.
-    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax"}
-        The solver; ``"auto"`` picks by backend, device, size and dtype
-        (:func:`matroot.choose_method`).
+        Root order, ``> 0``. Each method states the p it takes in its registry
+        entry (the built-in ones: any real p for ``"evd"``, integers for
+        ``"coupled_newton"`` and ``"chebyshev"``, powers of two for
+        ``"newton_db"`` and ``"minimax"``); another p is a ValueError that names
+        the methods that take it.
+    method : str
+        ``"auto"`` or a registered solver (built in: ``"evd"``, ``"newton_db"``,
+        ``"coupled_newton"``, ``"chebyshev"``, ``"minimax"``; see
+        :mod:`matroot.solvers.registry`). ``"auto"`` picks by backend, device
+        and p (:func:`matroot.choose_method`).
     eps : float
         Ridge added to the diagonal before the root is taken, ``>= 0``.
     scaling : {"power", "frobenius"}
