@@ -10,9 +10,9 @@ import pytest
 
 import matroot
 from matroot import ConvergenceWarning
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
 from conftest import to_numpy
-from oracle import oracle_inv_root, relative_error, spd_stack
 
 METHODS = ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
 
