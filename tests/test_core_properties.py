@@ -7,13 +7,14 @@ import pytest
 from hypothesis import given, strategies as st
 
 import matroot
-from matroot._checks import methods_supporting
+from matroot.solvers.registry import SOLVERS, solvers_supporting
 from matroot.testing import FAMILIES, random_orthogonal, relative_error, spd_stacks
 
 from conftest import to_numpy
 
 ITERATIVE = ("newton_db", "coupled_newton")
-ALL_METHODS = ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
+#: Every registered solver goes through the property suite.
+ALL_METHODS = tuple(SOLVERS)
 #: float64 tolerances for κ ≤ 1e4 (chebyshev is run with a ridge that bounds κ by 1e3).
 TOL64 = {"evd": 1e-9, "newton_db": 1e-7, "coupled_newton": 1e-7, "minimax": 1e-7,
          "chebyshev": 1e-6}
@@ -26,7 +27,7 @@ def stacks(max_kappa=1e4, **kw):
 
 
 def _methods_for(p):
-    return [m for m in ALL_METHODS if m in methods_supporting(p)]
+    return [m for m in ALL_METHODS if m in solvers_supporting(p)]
 
 
 def _call(case_a, p, method, **kw):
