@@ -206,7 +206,8 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     kappa : (float, float)
         Range of κ(A + eps·I) (the relational properties stop at 1e4).
     method : str
-        Row of the accuracy table: "evd", "chebyshev", or the iterative row (default).
+        Row of the accuracy table ("evd", "iterative", "chebyshev") or a registered
+        matroot method, which names its row.
     rtol : float, optional
         One relative tolerance for every κ instead of the table.
     max_examples : int, optional

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..solvers.registry import SOLVERS
+
 __all__ = [
     "ACCURACY_TABLE",
     "KAPPA_BUCKETS",
@@ -48,7 +50,14 @@ FLOAT32_INVERSE_TOLERANCE = 5e-2
 
 
 def _row(method: str) -> str:
-    return method if method in ("evd", "chebyshev") else "iterative"
+    """The table row of a row name or a registered matroot method."""
+    rows = {row for row, _ in ACCURACY_TABLE}
+    if method in rows:
+        return method
+    if method in SOLVERS:
+        return SOLVERS[method].accuracy_row
+    raise ValueError(f"method={method!r} is neither a row of the accuracy table "
+                     f"{sorted(rows)} nor a registered method {sorted(SOLVERS)}")
 
 
 def accuracy_tolerance(dtype: str, kappa: float, p: float = 2, *,
@@ -64,8 +73,8 @@ def accuracy_tolerance(dtype: str, kappa: float, p: float = 2, *,
     p : float
         The root (the float32 plain inverse, p = 1, has a looser target beyond κ = 1e4).
     method : str
-        The table row: "evd", "chebyshev", or any other name (a matroot method such as
-        "newton_db", or "iterative" for your own solver) for the iterative row.
+        The table row ("evd", "iterative", "chebyshev"; "iterative" for your own
+        solver) or a registered matroot method, which names its row.
 
     Returns
     -------
@@ -75,7 +84,7 @@ def accuracy_tolerance(dtype: str, kappa: float, p: float = 2, *,
     Raises
     ------
     ValueError
-        For a dtype the table has no row for.
+        For an unknown row or method, or a dtype the table has no column for.
     """
     key = (_row(method), str(dtype).rsplit(".", 1)[-1])
     if key not in ACCURACY_TABLE:
