@@ -4,6 +4,8 @@ conformance check passes a correct solver and names the property a faulty one br
 from __future__ import annotations
 
 import doctest
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -246,3 +248,14 @@ def test_readme_table_is_the_accuracy_table():
         for key in keys:
             table = ACCURACY_TABLE[key]
             assert all(t is None or t == s for t, s in zip(table, stated)), (label, key)
+
+
+def test_hypothesis_is_optional(monkeypatch):
+    code = ("import sys, matroot, matroot.testing; "
+            "assert 'hypothesis' not in sys.modules, 'import matroot loaded hypothesis'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    import matroot.testing
+
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    with pytest.raises(ImportError, match=r'pip install "matroot\[testing\]"'):
+        matroot.testing.spd_stacks  # noqa: B018
