@@ -52,7 +52,7 @@ def test_each_family_hits_kappa_and_keeps_its_shape(family):
 
 
 def _exact_case(family, **kw):
-    return spd_stacks(families=[family], n=(3, 6), kappa=(1e2, 1e4), batch_shape=(), **kw)
+    return spd_stacks(families=[family], n=(2, 6), kappa=(1e2, 1e4), batch_shape=(), **kw)
 
 
 @FEW
@@ -67,15 +67,16 @@ def test_gram_family_is_singular_plus_ridge(case):
 @given(case=_exact_case("repeated"))
 def test_repeated_family_repeats_eigenvalues(case):
     distinct = np.unique(np.round(case.lam / case.lam[..., -1], 9))
-    assert len(distinct) <= 3 < case.n + 1
+    assert len(distinct) <= min(3, case.n)  # the ends and the geometric middle
 
 
 @FEW
 @given(case=_exact_case("isolated_top", eps=0.0))
 def test_isolated_top_sits_over_a_bulk(case):
     lam = case.lam / case.lam[-1]
-    assert lam[-2] <= 0.99 and lam[-2] >= 0.5 * 0.95 or case.n == 2
-    assert np.all(lam[1:-1] >= 0.95 * lam[-2])
+    if case.n > 2:  # λ1 = 1 over a bulk in [0.95, 1]·λ2, λ2 in [0.475, 0.99]
+        assert 0.475 <= lam[-2] <= 0.99
+        assert np.all(lam[1:-1] >= 0.95 * lam[-2])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -206,6 +207,7 @@ def test_check_passes_the_eigh_reference(dtype):
                           max_examples=8)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the faulty solvers overflow
 @pytest.mark.parametrize("solver,prop,kwargs", [
     (newton_schulz_10, "accuracy", {"p": 2, "kappa": (1e3, 1e4)}),
     (ignores_ridge, "accuracy", {}),

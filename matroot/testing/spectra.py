@@ -122,11 +122,11 @@ def _tridiagonal(rng, n):
 def _gram(rng, n):
     # Shampoo's factor: EMA (or plain sum when beta = 1) of rank-r Gram matrices G Gᵀ,
     # total rank below n so that only the ridge makes it definite.
-    steps = int(rng.integers(1, 4))
-    rank = max(1, (n - 1) // steps)
+    steps = min(int(rng.integers(1, 4)), n - 1)
+    rank = max(1, (n - 1) // max(steps, 1))
     beta = float(rng.choice([1.0, 0.9, 0.999]))
     total = np.zeros((n, n))
-    for _ in range(steps if n > 1 else 1):
+    for _ in range(steps):
         g = rng.standard_normal((n, rank)) * rng.lognormal(0.0, 1.0, rank)
         total = beta * total + (1.0 - beta if beta < 1 else 1.0) * (g @ g.T)
     return total
