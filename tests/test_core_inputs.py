@@ -344,3 +344,21 @@ def test_chebyshev_lower_bound_that_misses_eigenvalues_is_not_converged():
     assert out.converged.tolist() == [False, True]
     assert out.residual[0] > 1e-2
     assert relative_error(out.root[1], oracle_inv_root(a[1], 2)) < 1e-5
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_input_is_validated_once(method, monkeypatch):
+    """The public edge checks ``a``; the internals (spectral bounds, solvers) trust it."""
+    import matroot._checks as checks
+
+    calls = []
+    original = checks.check_stack
+
+    def counting(a, name="a"):
+        calls.append(name)
+        return original(a, name)
+
+    for module in ("matroot.roots", "matroot.scaling"):
+        monkeypatch.setattr(f"{module}.check_stack", counting)
+    matroot.inv_root_info(_spd(), 4 if method != "evd" else 2.5, method=method)
+    assert calls == ["a"]
