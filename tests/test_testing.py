@@ -111,6 +111,19 @@ def test_namespaces(name):
     check()
 
 
+def test_sizes_cover_the_range_and_kappa_one_allows_1x1():
+    sizes = set()
+
+    @settings(max_examples=40, deadline=None)
+    @given(case=spd_stacks(n=(1, 3), kappa=(1.0, 1e2), families=["geometric"]))
+    def record(case):
+        sizes.add(case.n)
+        assert case.n > 1 or np.all(case.kappa == 1.0)
+
+    record()
+    assert sizes == {1, 2, 3}
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="unknown spectrum families"):
         spd_stacks(families=["gaussian"])

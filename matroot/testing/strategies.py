@@ -71,7 +71,7 @@ def _check_dtype(name: str) -> str:
 def _cases(draw, *, n_range, batch_shapes, kappa_range, log_kappa, families, dtypes, xp,
            device, eps):
     family = draw(st.sampled_from(families))
-    min_n = n_range[0] if log_kappa[0] == 0.0 else max(n_range[0], 2)
+    min_n = n_range[0] if kappa_range[0] == 1.0 else max(n_range[0], 2)
     n = draw(st.sampled_from([1, 2] if min_n == 1 else [2]) if family == "small"
              else st.integers(min_n, n_range[1]))
     batch = draw(batch_shapes)
