@@ -11,9 +11,9 @@ import pytest
 import matroot
 from matroot import ConvergenceWarning
 from matroot.solvers import SOLVERS
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
 from conftest import to_numpy
-from oracle import oracle_inv_root, relative_error, spd_stack
 
 #: Every registered solver goes through the bad-input suite.
 METHODS = tuple(SOLVERS)

@@ -22,9 +22,9 @@ from matroot.solvers.minimax_coefficients import (
     rounding_margin,
     schedule,
 )
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
 from conftest import to_numpy
-from oracle import oracle_inv_root, relative_error, spd_stack
 
 #: The module, not the function of the same name that matroot.solvers exports.
 minimax_module = sys.modules["matroot.solvers.minimax"]

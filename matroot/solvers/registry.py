@@ -91,6 +91,9 @@ class SolverSpec:
     default_compute_dtype : str, optional
         The compute dtype when ``compute_dtype`` is not given; None: the input's
         (float64 for float64 input, else float32).
+    accuracy_row : str
+        The row of the README's accuracy table the method is held to ("evd",
+        "iterative" or "chebyshev"; :data:`matroot.testing.ACCURACY_TABLE`).
     """
 
     name: str
@@ -106,6 +109,7 @@ class SolverSpec:
     matmul_dtypes: tuple = (None, "float16", "bfloat16")
     forms_matmuls: bool = True
     default_compute_dtype: str | None = None
+    accuracy_row: str = "iterative"
     compute_dtypes: tuple = field(init=False)
 
     def __post_init__(self):
