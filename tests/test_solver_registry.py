@@ -67,6 +67,8 @@ def test_toy_solver_is_validated_defaulted_and_run(toy):
         matroot.inv_root(a, 0.5, method="toy_solver")
     with pytest.raises(ValueError, match="'toy_solver'"):
         matroot.inv_root(a, 2, method="no_such_solver")
+    with pytest.raises(ValueError, match=r"method=\['evd'\] is not one of 'auto', 'evd'"):
+        matroot.inv_root(a, 2, method=["evd"])
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match="'toy_solver' does not take matmul_dtype='bfloat16'"):
         matroot.inv_root(torch.eye(2), 2, method="toy_solver", matmul_dtype="bfloat16")

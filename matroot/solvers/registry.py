@@ -168,7 +168,7 @@ def solver_names() -> tuple[str, ...]:
 
 def check_method(value, name: str = "method") -> str:
     """``value`` if it is ``"auto"`` or a registered method, else a ValueError listing them."""
-    if value != "auto" and value not in _REGISTRY:
+    if not isinstance(value, str) or (value != "auto" and value not in _REGISTRY):
         raise ValueError(f"{name}={value!r} is not one of "
                          + ", ".join(repr(m) for m in ("auto", *_REGISTRY)))
     return value
