@@ -105,6 +105,11 @@ def test_registry_refuses_duplicates_and_auto():
         register_solver(SOLVERS["evd"])
     with pytest.raises(ValueError, match="cannot name a solver"):
         register_solver(SolverSpec(**{**_fields(TOY), "name": "auto"}))
+    with pytest.raises(ValueError, match="default_tol needs keys among"):
+        register_solver(SolverSpec(**{**_fields(TOY), "default_tol": {"float16": 1e-2}}))
+    with pytest.raises(ValueError, match="default_max_iter must be a positive integer"):
+        register_solver(SolverSpec(**{**_fields(TOY), "default_max_iter": 0}))
+    assert TOY.name not in SOLVERS
 
 
 def _fields(spec):

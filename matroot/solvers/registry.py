@@ -149,6 +149,14 @@ def register_solver(spec: SolverSpec, *, replace: bool = False) -> SolverSpec:
         raise TypeError(f"register_solver takes a SolverSpec, got {type(spec).__name__}")
     if spec.name == "auto" or not spec.name.isidentifier():
         raise ValueError(f"{spec.name!r} cannot name a solver (use an identifier, not 'auto')")
+    unknown = set(spec.compute_dtypes) - {"float32", "float64"}
+    if not spec.compute_dtypes or unknown:
+        raise ValueError(f"solver {spec.name!r}: default_tol needs keys among 'float32' and "
+                         f"'float64' (the compute dtypes), got {list(spec.compute_dtypes)}")
+    if isinstance(spec.default_max_iter, bool) or not isinstance(spec.default_max_iter, int) \
+            or spec.default_max_iter < 1:
+        raise ValueError(f"solver {spec.name!r}: default_max_iter must be a positive integer, "
+                         f"got {spec.default_max_iter!r}")
     if spec.name in _REGISTRY and not replace:
         raise ValueError(f"a solver named {spec.name!r} is already registered "
                          "(pass replace=True to replace it)")
