@@ -62,6 +62,26 @@ class InvRootResult(NamedTuple):
     matmuls: object
     method: str
 
+    def __repr__(self) -> str:
+        """One line: the root's dtype and shape, how many converged, the worst residual.
+
+        Examples
+        --------
+        >>> import numpy as np, matroot
+        >>> matroot.inv_root_info(np.stack([np.eye(3)] * 2), 2, method="evd")
+        InvRootResult(method='evd', root=float64[2, 3, 3], converged 2/2, iterations 0, worst residual 0)
+        """
+        converged = _xp.to_numpy(self.converged)
+        iterations = _xp.to_numpy(self.iterations)
+        residual = _xp.to_numpy(self.residual).astype(float)
+        steps = f"{iterations.min()}" if iterations.min() == iterations.max() \
+            else f"{iterations.min()}-{iterations.max()}"
+        shape = ", ".join(str(d) for d in self.root.shape)
+        return (f"InvRootResult(method={self.method!r}, "
+                f"root={str(self.root.dtype).rsplit('.', 1)[-1]}[{shape}], "
+                f"converged {int(converged.sum())}/{converged.size}, iterations {steps}, "
+                f"worst residual {float(residual.max()) if residual.size else 0:.2g})")
+
 
 #: Per (method, dtype) residual targets; chosen so the default call meets the
 #: accuracy table in the README (measured in tests/test_accuracy.py).
