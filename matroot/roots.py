@@ -69,7 +69,7 @@ class InvRootResult(NamedTuple):
         --------
         >>> import numpy as np, matroot
         >>> matroot.inv_root_info(np.stack([np.eye(3)] * 2), 2, method="evd")
-        InvRootResult(method='evd', root=float64[2, 3, 3], converged 2/2, iterations 0, worst residual 0)
+        InvRootResult(method='evd', root=float64[2, 3, 3], converged 2/2, ...)
         """
         converged = _xp.to_numpy(self.converged)
         iterations = _xp.to_numpy(self.iterations)
