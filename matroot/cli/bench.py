@@ -48,7 +48,7 @@ def configure(parser) -> None:
 def _configure_solvers(parser) -> None:
     preset = parser.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_const", const="quick", dest="preset",
-                        help="a reduced run (about two minutes on a 2-core CPU)")
+                        help="a reduced run (3-4 minutes on a busy 2-core CPU)")
     preset.add_argument("--smoke", action="store_const", const="smoke", dest="preset",
                         help="the smallest run that exercises every part (seconds)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
