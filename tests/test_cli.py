@@ -304,3 +304,22 @@ def test_demo_reports_a_crashing_solver_and_goes_on(monkeypatch, tmp_path, capsy
     assert rows["coupled_newton"]["time_s"] is None
     assert rows["chebyshev"]["converged"] is not None
     assert "failed with IndexError: index out of range" in out
+
+
+def test_demo_and_info_report_their_thread_policy(tmp_path, capsys):
+    report_path = tmp_path / "demo.json"
+    code, out, err = run_cli(capsys, "--quick", "--backend", "numpy", "--method", "evd",
+                             "--no-plot", "--json", str(report_path))
+    assert code == 0, err
+    assert "threads: 1 thread per library" in out
+    report = json.loads(report_path.read_text())
+    assert report["threads"]["threads"] == 1
+    assert all(count == 1 for count in report["threads"]["pools"].values())
+    # Progress: one line per contender (stderr is not a terminal here).
+    assert "[2/2]" in err and "numpy: evd" in err
+    code, out, _ = run_cli(capsys, "info", "--backend", "numpy", "--json", "--threads", "2")
+    assert code == 0 and json.loads(out)["threads"]["policy"] == "2 threads per library"
+    from threadpoolctl import threadpool_info
+
+    # The policy holds for the verb only: the calling process gets its pools back.
+    assert {pool["num_threads"] for pool in threadpool_info()} == {1}

@@ -46,13 +46,16 @@ def _row(target: Target, method: str, **fields) -> dict:
     return row
 
 
-def run_target(target: Target, factors, oracle, *, p, eps, methods, repeats) -> list[dict]:
+def run_target(target: Target, factors, oracle, *, p, eps, methods, repeats,
+               progress=None) -> list[dict]:
     """Time and check the eigh baseline and every method on one target."""
     a = target.asarray(factors)
     contenders = {BASELINE: contender(a, "eigh_batched", p, eps=eps)}
     contenders.update({m: contender(a, m, p, eps=eps) for m in methods})
     warm, rows = {}, {}
     for name, fn in contenders.items():
+        if progress is not None:
+            progress.step(f"{target.label}: {name}")
         try:
             first, result = timed_call(fn, target.synchronize)
         except (ValueError, TypeError) as err:  # the method rejects this p or dtype
@@ -88,7 +91,8 @@ def run_demo(targets, *, methods=None, p=4.0, batch=16, size=128, eps=1e-5,
              dtype="float32", repeats=3, seed=0, progress=None) -> dict:
     """Build the problem, run every method on every target, return a JSON-able report.
 
-    ``progress`` (a :class:`~matroot.bench.progress.Progress` or None) counts targets.
+    ``progress`` (a :class:`~matroot.bench.progress.Progress` or None) counts the
+    contenders' warm-up calls, ``len(targets) * (len(methods) + 1)`` of them.
     """
     methods = all_methods() if methods is None else list(methods)
     factors = shampoo_factors(batch, size, seed=seed).astype(dtype)
@@ -98,9 +102,7 @@ def run_demo(targets, *, methods=None, p=4.0, batch=16, size=128, eps=1e-5,
     rows = []
     for target in targets:
         rows += run_target(target, factors, exact, p=p, eps=eps, methods=methods,
-                           repeats=repeats)
-        if progress is not None:
-            progress.step(f"{target.label}: {len(methods)} methods")
+                           repeats=repeats, progress=progress)
     p_out = int(p) if float(p).is_integer() else p
     return {
         "problem": {

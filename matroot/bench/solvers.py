@@ -32,7 +32,7 @@ from .machine import machine_description
 from .prepared import prepare_problems
 from .report import write_summaries
 from .sweep import sweep_summary
-from .threads import apply_thread_policy
+from .threads import thread_policy
 from .time_to_accuracy import tta_summary
 from .workers import json_default, run_worker, worker_environment
 
@@ -49,11 +49,11 @@ def benchmark_targets(config: Config) -> list:
     return [t for t in select_targets() if t.backend != "array_api_strict"]
 
 
-def run(config: Config, out_dir, *, plots: bool = True, stream=sys.stderr) -> dict:
+def run(config: Config, out_dir, *, plots: bool = True, stream=None) -> dict:
     """Run the experiments of ``config``; write ``solvers.json`` (and plots) to ``out_dir``.
 
     The parent draws the matrices and solves their oracles beforehand, so every
-    worker sees the same problems.
+    worker sees the same problems. Progress goes to ``stream`` (default stderr).
 
     Returns
     -------
@@ -73,36 +73,25 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=sys.stderr) -> di
     >>> [r["p"] for r in evd], all(r["err_max"] < 1e-6 for r in evd)
     ([2, 4], True)
     """
+    stream = sys.stderr if stream is None else stream
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     targets = benchmark_targets(config)
     tta_target = _pick_tta_target(config, targets)
     plan = [(t, _worker_experiments(config, t, tta_target)) for t in targets]
     total = sum(_count_steps(config, experiments) for _, experiments in plan)
-    threads = apply_thread_policy(config.threads)
-    print(f"matroot solver benchmark: {', '.join(t.name for t in targets)}, {total} steps, "
-          f"{threads['policy']}", file=stream, flush=True)
     started = time.time()
-    doc = dict(schema=SCHEMA, matroot_version=matroot.__version__,
-               created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               machine=machine_description(targets, worker_environment(config.threads)),
-               threads=threads, config=config_to_json(config),
-               methods=sorted(all_methods()), baselines=list(BASELINES),
-               backends=[t.name for t in targets],
-               time_to_accuracy_backend=tta_target.name, skipped=[])
-    with tempfile.TemporaryDirectory(prefix="matroot-bench-") as tmp:
-        tmp = Path(tmp)
-        problems = prepare_problems(config, tmp, stream)
-        done = 0
-        for target, experiments in plan:
-            part = run_worker(tmp, dict(config=config_to_json(config), target=target.name,
-                                        experiments=experiments, problems=problems,
-                                        started=started, done=done, total=total), stream)
-            done += _count_steps(config, experiments)
-            doc["skipped"] += part.pop("skipped")
-            doc["machine"].setdefault("workers", []).extend(part.pop("workers"))
-            for key, rows in part.items():
-                doc.setdefault(key, []).extend(rows)
+    with thread_policy(config.threads) as threads:
+        print(f"matroot solver benchmark: {', '.join(t.name for t in targets)}, "
+              f"{total} steps, {threads['policy']}", file=stream, flush=True)
+        doc = dict(schema=SCHEMA, matroot_version=matroot.__version__,
+                   created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   machine=machine_description(targets, worker_environment(config.threads)),
+                   threads=threads, config=config_to_json(config),
+                   methods=sorted(all_methods()), baselines=list(BASELINES),
+                   backends=[t.name for t in targets],
+                   time_to_accuracy_backend=tta_target.name, skipped=[])
+        _measure(config, plan, doc, dict(started=started, done=0, total=total), stream)
     if "sweep" in doc:
         doc["sweep_summary"] = sweep_summary(doc["sweep"])
     if "time_to_accuracy" in doc:
@@ -119,6 +108,22 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=sys.stderr) -> di
         for png in make_plots(doc, out_dir):
             print(f"wrote {png}", file=stream, flush=True)
     return doc
+
+
+def _measure(config, plan, doc, count, stream) -> None:
+    """Draw the stacks, run one worker per target, and merge their records into ``doc``."""
+    with tempfile.TemporaryDirectory(prefix="matroot-bench-") as tmp:
+        tmp = Path(tmp)
+        problems = prepare_problems(config, tmp, stream)
+        for target, experiments in plan:
+            part = run_worker(tmp, dict(config=config_to_json(config), target=target.name,
+                                        experiments=experiments, problems=problems, **count),
+                              stream)
+            count["done"] += _count_steps(config, experiments)
+            doc["skipped"] += part.pop("skipped")
+            doc["machine"].setdefault("workers", []).extend(part.pop("workers"))
+            for key, rows in part.items():
+                doc.setdefault(key, []).extend(rows)
 
 
 def _pick_tta_target(config, targets):

@@ -12,12 +12,13 @@ multi-core machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 from threadpoolctl import threadpool_info, threadpool_limits
 
-__all__ = ["DEFAULT_THREADS", "THREAD_VARIABLES", "apply_thread_policy", "thread_report",
+__all__ = ["DEFAULT_THREADS", "THREAD_VARIABLES", "thread_policy", "thread_report",
            "describe_threads"]
 
 DEFAULT_THREADS = 1
@@ -25,23 +26,47 @@ DEFAULT_THREADS = 1
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def apply_thread_policy(threads: int) -> dict:
-    """Limit this process to ``threads`` threads per library (0: the libraries' default).
+@contextlib.contextmanager
+def thread_policy(threads: int):
+    """Run the body with ``threads`` threads per library (0: the libraries' default).
 
-    Sets the environment for libraries not loaded yet (and for child processes),
-    limits the pools already loaded (threadpoolctl) and torch's intra-op pool.
-    Idle OpenMP threads sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``,
-    unless the caller chose otherwise): a spinning pool steals the cores the
-    timed work runs on. Returns :func:`thread_report`.
+    Sets the environment for libraries not loaded yet and for child processes,
+    limits the pools already loaded (threadpoolctl) and torch's intra-op pool,
+    and restores all three on exit. Idle OpenMP threads sleep rather than spin
+    (``OMP_WAIT_POLICY=PASSIVE``, unless the caller chose otherwise): a spinning
+    pool steals the cores the timed work runs on. Yields :func:`thread_report`.
+
+    Examples
+    --------
+    >>> from matroot.bench.threads import thread_policy
+    >>> with thread_policy(1) as report:
+    ...     report["threads"]
+    1
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if threads:
-        for name in THREAD_VARIABLES:
-            os.environ[name] = str(threads)
-        threadpool_limits(limits=threads)
-        if "torch" in sys.modules:
-            sys.modules["torch"].set_num_threads(threads)
-    return thread_report(threads)
+    names = (*THREAD_VARIABLES, "OMP_WAIT_POLICY")
+    saved_env = {name: os.environ.get(name) for name in names}
+    torch = sys.modules.get("torch")
+    saved_torch = torch.get_num_threads() if torch is not None else None
+    limiter = None
+    try:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if threads:
+            for name in THREAD_VARIABLES:
+                os.environ[name] = str(threads)
+            limiter = threadpool_limits(limits=threads)
+            if torch is not None:
+                torch.set_num_threads(threads)
+        yield thread_report(threads)
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if limiter is not None:
+            limiter.restore_original_limits()
+        if saved_torch is not None:
+            torch.set_num_threads(saved_torch)
 
 
 def thread_report(threads: int) -> dict:

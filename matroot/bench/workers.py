@@ -21,7 +21,7 @@ from .config import config_from_json
 from .progress import Progress
 from .scaling_iterations import scaling_iterations
 from .sweep import sweep
-from .threads import THREAD_VARIABLES, apply_thread_policy
+from .threads import THREAD_VARIABLES, thread_policy
 from .time_to_accuracy import time_to_accuracy
 
 __all__ = ["worker_environment", "run_worker", "json_default"]
@@ -83,17 +83,17 @@ def worker_main(spec_path) -> int:
     spec = json.loads(Path(spec_path).read_text())
     config = config_from_json(spec["config"])
     target = target_named(spec["target"])
-    threads = apply_thread_policy(config.threads)
     progress = Progress(spec["total"], done=spec["done"], started=spec["started"])
     problems = spec["problems"]
-    out = {"skipped": [], "workers": [dict(backend=target.name, **threads)]}
-    if "sweep" in spec["experiments"]:
-        out["sweep"] = sweep(config, target, problems["sweep"], progress, out["skipped"])
-    if "time_to_accuracy" in spec["experiments"]:
-        out["time_to_accuracy"] = time_to_accuracy(config, target,
-                                                   problems["time_to_accuracy"], progress)
-    if "scaling" in spec["experiments"]:
-        out["scaling"] = scaling_iterations(config, target, problems["scaling"], progress)
+    with thread_policy(config.threads) as threads:
+        out = {"skipped": [], "workers": [dict(backend=target.name, **threads)]}
+        if "sweep" in spec["experiments"]:
+            out["sweep"] = sweep(config, target, problems["sweep"], progress, out["skipped"])
+        if "time_to_accuracy" in spec["experiments"]:
+            out["time_to_accuracy"] = time_to_accuracy(
+                config, target, problems["time_to_accuracy"], progress)
+        if "scaling" in spec["experiments"]:
+            out["scaling"] = scaling_iterations(config, target, problems["scaling"], progress)
     progress.close()
     Path(spec["out"]).write_text(json.dumps(out, default=json_default))
     return 0

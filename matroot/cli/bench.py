@@ -196,12 +196,12 @@ def _run_optim(args) -> int:
 
     from matroot.bench.optim import format_table, run
     from matroot.bench.progress import Progress
-    from matroot.bench.threads import apply_thread_policy
+    from matroot.bench.threads import thread_policy
 
-    threads = apply_thread_policy(args.threads)
     progress = Progress(args.warmup + steps)
-    report = run(target, quick=args.quick, method=args.method, block_size=block_size,
-                 steps=steps, warmup=args.warmup, progress=progress)
+    with thread_policy(args.threads) as threads:
+        report = run(target, quick=args.quick, method=args.method, block_size=block_size,
+                     steps=steps, warmup=args.warmup, progress=progress)
     progress.close()
     report["threads"] = threads
     table = format_table(report)

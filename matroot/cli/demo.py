@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from matroot.bench.config import all_methods
+
 from .common import (
     UsageError,
     add_target_options,
@@ -55,8 +57,6 @@ def configure(parser) -> None:
 
 def _checked(args) -> dict:
     """Every option checked before any work; the demo's keyword arguments."""
-    from matroot.bench.config import all_methods
-
     sizes = QUICK if args.quick else FULL
     options = {name: getattr(args, name) if getattr(args, name) is not None else sizes[name]
                for name in ("batch", "size", "repeats")}
@@ -87,12 +87,13 @@ def run(args) -> int:
     targets = targets_from(args)
     from matroot.bench.demo import format_table, run_demo, write_json, write_plot
     from matroot.bench.progress import Progress
-    from matroot.bench.threads import apply_thread_policy
+    from matroot.bench.threads import thread_policy
 
     start = time.perf_counter()
-    threads = apply_thread_policy(args.threads)
-    progress = Progress(len(targets))
-    report = run_demo(targets, progress=progress, **options)
+    methods = options["methods"] or all_methods()
+    progress = Progress(len(targets) * (len(methods) + 1))
+    with thread_policy(args.threads) as threads:
+        report = run_demo(targets, progress=progress, **options)
     progress.close()
     report["threads"] = threads
     print(format_table(report))

@@ -19,7 +19,7 @@ import matroot
 from matroot.bench.backends import Target, discover
 from matroot.bench.config import all_methods, method_supports
 from matroot.bench.progress import Progress
-from matroot.bench.threads import apply_thread_policy, describe_threads
+from matroot.bench.threads import describe_threads, thread_policy
 
 from .common import add_target_options, add_thread_option, at_least, targets_from, writable_file
 
@@ -197,10 +197,10 @@ def run(args) -> int:
     if args.save:
         writable_file(args.save, "--save")
     targets = targets_from(args) if args.backend or args.device else None
-    threads = apply_thread_policy(args.threads)
     progress = Progress(len(targets) if targets else sum(
         len(i.devices) for i in discover() if i.available))
-    data = collect(targets=targets, progress=progress)
+    with thread_policy(args.threads) as threads:
+        data = collect(targets=targets, progress=progress)
     progress.close()
     data["threads"] = threads
     print(json.dumps(data, indent=2) if args.json else format_info(data))
