@@ -166,7 +166,7 @@ def test_info_text_names_every_backend(capsys):
     (["bench", "solvers", "--out", "/proc/matroot"], ["is not a writable folder"]),
     (["bench", "plots", "/nonexistent.json"], ["no such results file"]),
     (["bench", "nope"], ["invalid choice: 'nope'"]),
-    (["plan", "--block-size", "0"], ["--block-size must be a positive integer"]),
+    (["plan", "--block-size", "0"], ["matroot plan: error", "block_size"]),
     (["plan", "--shapes", "12xq"], ["matroot plan: error"]),
 ])
 def test_friendly_errors(capsys, argv, fragments):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .common import UsageError, at_least
+from .common import UsageError
 
 DESCRIPTION = ("Split a model's Shampoo blocks over torch.distributed ranks from its "
                "parameter shapes: blocks per size, cost balance, memory and all-gather "
@@ -42,9 +42,6 @@ def run(args) -> int:
         plan_summary,
     )
 
-    at_least(args.block_size, 1, "--block-size")
-    for size in args.world_size:
-        at_least(size, 1, "--world-size")
     try:
         if args.shapes is not None:
             shapes, title = parse_shapes(args.shapes), "--shapes"
