@@ -1,15 +1,14 @@
 """What a solver-benchmark run measures: :class:`Config`, its named presets, the swept grids.
 
-The only bench module that asks the library which methods exist and which p
-each one supports (:func:`methods_for`).
+The tools' one reader of the solver registry (:mod:`matroot.solvers.registry`)
+for which methods exist and which p each one supports (:func:`methods_for`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from matroot._checks import methods_supporting
-from matroot.solvers import SOLVERS
+from matroot.solvers.registry import solver_names, solvers_supporting
 
 from .contenders import BASELINES
 from .threads import DEFAULT_THREADS
@@ -87,14 +86,14 @@ PRESETS = {
 
 def all_methods() -> list[str]:
     """Every registered solver name."""
-    return list(SOLVERS)
+    return list(solver_names())
 
 
 def methods_for(config: Config, p) -> list[str]:
     """The solvers of ``config`` (default all) that support root order ``p``."""
     names = all_methods() if config.methods is None else [
-        m for m in config.methods if m in SOLVERS]
-    return [m for m in names if m in methods_supporting(p)]
+        m for m in config.methods if m in solver_names()]
+    return [m for m in names if m in solvers_supporting(p)]
 
 
 def baselines_for(config: Config) -> list[str]:
@@ -121,4 +120,4 @@ def config_from_json(data) -> Config:
 
 def method_supports(method: str, p) -> bool:
     """Whether the solver ``method`` can compute A^(-1/p)."""
-    return method in methods_supporting(p)
+    return method in solvers_supporting(p)

@@ -20,6 +20,7 @@ from matroot.bench.backends import Target, discover
 from matroot.bench.config import all_methods, method_supports
 from matroot.bench.progress import Progress
 from matroot.bench.threads import describe_threads, thread_policy
+from matroot.solvers.registry import get_solver
 
 from .common import add_target_options, add_thread_option, at_least, targets_from, writable_file
 
@@ -108,6 +109,7 @@ def collect(targets=None, methods=None, progress=None) -> dict:
              "device_names": i.device_names, "missing": i.missing} for i in infos],
         "p_support": {m: [p for p in P_VALUES if method_supports(m, _as_p(p))]
                       for m in methods},
+        "summaries": {m: get_solver(m).summary for m in methods},
         "probe": f"a stack of 3 SPD 16x16 matrices, eps = {_PROBE_EPS:g}, condition "
                  f"number {_PROBE_KAPPA:g}, p = {_PROBE_P}; 'yes' means it ran, "
                  "converged and met the "
@@ -142,8 +144,10 @@ def format_info(data: dict) -> str:
             for d in b["devices"])
         lines.append(f"  {b['name']:<{width}}  {version:<12}  devices: {devices}")
 
-    lines += ["", "root orders p each method accepts:"]
     mwidth = max(len(m) for m in data["p_support"])
+    lines += ["", "methods:"]
+    lines += [f"  {m.ljust(mwidth)}  {summary}" for m, summary in data["summaries"].items()]
+    lines += ["", "root orders p each method accepts:"]
     lines.append("  " + "method".ljust(mwidth) + "  "
                  + "  ".join(f"p={p:g}".rjust(5) for p in P_VALUES))
     for method, accepted in data["p_support"].items():
