@@ -15,7 +15,7 @@ from matroot.bench.threads import DEFAULT_THREADS
 
 __all__ = ["UsageError", "OneLineParser", "add_target_options", "add_thread_option",
            "targets_from", "require_module", "writable_file", "writable_dir", "at_least",
-           "names"]
+           "names", "fail"]
 
 
 class UsageError(Exception):
@@ -53,13 +53,10 @@ def add_thread_option(parser) -> None:
              "0 = the libraries' own default, all cores)")
 
 
-def targets_from(args, default=None) -> list:
-    """The targets ``--backend``/``--device`` name (``default()`` when neither is given)."""
-    backends = names(args.backend)
-    if backends is None and args.device is None and default is not None:
-        return default()
+def targets_from(args) -> list:
+    """The targets ``--backend``/``--device`` name (every available one by default)."""
     try:
-        return select_targets(backends, args.device)
+        return select_targets(names(args.backend), args.device)
     except UnavailableError as err:
         raise UsageError(str(err)) from None
 
