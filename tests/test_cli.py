@@ -323,3 +323,19 @@ def test_demo_and_info_report_their_thread_policy(tmp_path, capsys):
 
     # The policy holds for the verb only: the calling process gets its pools back.
     assert {pool["num_threads"] for pool in threadpool_info()} == {1}
+
+
+def test_sweep_summary_line_leaves_out_what_was_not_measured():
+    from matroot.cli.bench import _summary_line
+
+    row = dict(backend="numpy", n=512, batch=2, p=2, fastest="eigh_batched",
+               fastest_matmul_method=None, fastest_matmul_method_vs_eigh_batched=None,
+               fastest_matmul_method_vs_eigh_loop=None, eigh_in_matmuls=None)
+    line = _summary_line(row)
+    assert line.endswith("fastest eigh_batched")
+    assert "None" not in line and "n/a" not in line
+    line = _summary_line(dict(row, fastest_matmul_method="minimax", eigh_in_matmuls=16.0,
+                              fastest_matmul_method_vs_eigh_batched=2.5,
+                              fastest_matmul_method_vs_eigh_loop=2.6))
+    assert "best matmul method minimax at 2.5x batched eigh" in line
+    assert line.endswith("eigh = 16 matmuls")
