@@ -32,7 +32,9 @@ __all__ = ["run_demo", "format_table", "write_plot", "write_json", "ACCURATE"]
 
 #: A result with a larger worst-case relative error is not called accurate.
 ACCURATE = 1e-3
-#: Seconds of repeats each contender gets; a warm-up longer than this is its one sample.
+#: Seconds of repeats each contender gets; a warm-up longer than this is its one
+#: sample. (Not shorter: minimax designs its coefficients in its first call, which
+#: takes most of a second on a CPU.)
 BUDGET_S = 1.0
 BASELINE = "eigh (baseline)"
 
