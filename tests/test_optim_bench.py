@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from matroot.bench import optim as bench  # noqa: E402
-from matroot.cli import main  # noqa: E402
+from matroot.bench import optim as bench
+from matroot.cli import main
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 

@@ -269,8 +269,9 @@ def select_targets(backends=None, device=None) -> list[Target]:
     ['numpy']
     """
     named = backends is not None
-    parsed = [parse_target(b) for b in backends] if named else \
-        [(b, None) for b in BACKENDS]
+    parsed: list[tuple[str, str | None]] = (
+        [parse_target(b) for b in backends] if backends is not None
+        else [(b, None) for b in BACKENDS])
     if device is not None:
         parsed = [(b, d or normalize_device(device)) for b, d in parsed]
     infos = {i.name: i for i in discover(list(dict.fromkeys(b for b, _ in parsed)))}

@@ -16,6 +16,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
@@ -54,7 +55,8 @@ def run_target(target: Target, factors, oracle, *, p, eps, methods, repeats,
     a = target.asarray(factors)
     contenders = {BASELINE: contender(a, "eigh_batched", p, eps=eps)}
     contenders.update({m: contender(a, m, p, eps=eps) for m in methods})
-    warm, rows = {}, {}
+    warm: dict[Hashable, tuple[Callable, float]] = {}
+    rows: dict[Hashable, dict] = {}
     for name, fn in contenders.items():
         if progress is not None:
             progress.step(f"{target.label}: {name}")
@@ -80,8 +82,8 @@ def run_target(target: Target, factors, oracle, *, p, eps, methods, repeats,
             total=factors.shape[0])
     times = interleaved_times(warm, target.synchronize, repeats=repeats, budget_s=BUDGET_S,
                               reuse_first_above_s=BUDGET_S)
-    for name, samples in times.items():
-        rows[name]["time_s"] = statistics.median(samples)
+    for key, samples in times.items():
+        rows[key]["time_s"] = statistics.median(samples)
     base = rows[BASELINE]["time_s"]
     for row in rows.values():
         if row["time_s"] is not None and base is not None:
@@ -152,7 +154,7 @@ def format_table(report: dict) -> str:
     lines.append("")
     header = ("backend", "method", "time ms", "vs eigh", "err med", "err max",
               "iters", "matmuls", "converged")
-    body = []
+    body: list[tuple[str, ...]] = []
     for row in report["rows"]:
         if row["time_s"] is None:
             note = row["note"] if len(row["note"]) <= 100 else row["note"][:99] + "…"

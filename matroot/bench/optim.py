@@ -23,9 +23,11 @@ Run::
 
 from __future__ import annotations
 
+import itertools
 import platform
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +47,7 @@ def model_shapes(quick: bool) -> list[tuple[int, ...]]:
     """Parameter shapes of the benchmark model (weights and biases)."""
     widths = [256, 384, 512, 256] if quick else [256, 512, 768, 1024, 1024, 768, 512, 256]
     shapes = []
-    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+    for fan_in, fan_out in itertools.pairwise(widths):
         shapes += [(fan_out, fan_in), (fan_out,)]
     shapes += [(1000, 300), (300,)] if not quick else [(500, 300), (300,)]
     shapes += [(64, 32, 3, 3), (64,), (2000 if quick else 8000, 256), (256, 256, 1, 1)]
@@ -83,7 +85,7 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
     params0 = [rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes]
     grad_sets = [[to_backend(rng.standard_normal(s).astype(np.float32)) for s in shapes]
                  for _ in range(3)]
-    contenders = {}
+    contenders: dict[str, dict[str, Any]] = {}
     for name, stacked in (("stacked", True), ("per_block", False)):
         config = ShampooConfig(lr=1e-3, block_size=block_size, precondition_frequency=1,
                                start_preconditioning_step=1, root_method=method,

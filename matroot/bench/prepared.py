@@ -23,7 +23,7 @@ def prepare_problems(config, folder: Path, stream) -> dict:
     same matrices and spend no time (and wake no BLAS threads) on the oracle.
     """
     dtype = np.dtype(config.dtype)
-    index = {"sweep": [], "time_to_accuracy": [], "scaling": []}
+    index: dict[str, list] = {"sweep": [], "time_to_accuracy": [], "scaling": []}
 
     def save(name, a, ps, **extra):
         oracle = Oracle.of(a)

@@ -112,8 +112,8 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=None) -> dict:
 
 def _measure(config, plan, doc, count, stream) -> None:
     """Draw the stacks, run one worker per target, and merge their records into ``doc``."""
-    with tempfile.TemporaryDirectory(prefix="matroot-bench-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="matroot-bench-") as tmp_name:
+        tmp = Path(tmp_name)
         problems = prepare_problems(config, tmp, stream)
         for target, experiments in plan:
             part = run_worker(tmp, dict(config=config_to_json(config), target=target.name,

@@ -65,7 +65,7 @@ def thread_policy(threads: int):
                 os.environ[name] = value
         if limiter is not None:
             limiter.restore_original_limits()
-        if saved_torch is not None:
+        if torch is not None and saved_torch is not None:
             torch.set_num_threads(saved_torch)
 
 
