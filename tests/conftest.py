@@ -41,7 +41,8 @@ BACKEND_PARAMS = [
 
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request):
-    """A :class:`matroot.bench.backends.Target`: ``.xp``, ``.asarray(host, dtype)``, ``.name``."""
+    """A :class:`matroot.bench.backends.Target`: ``.xp``, ``.xp_device`` (for ``device=``),
+    ``.asarray(host, dtype)``, ``.name``."""
     return request.param
 
 

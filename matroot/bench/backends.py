@@ -95,6 +95,15 @@ class Target:
             return importlib.import_module("array_api_strict")
         return importlib.import_module(f"array_api_compat.{self.backend}")
 
+    @property
+    def xp_device(self):
+        """The device to pass as ``device=`` to :attr:`xp`'s functions (None: its default)."""
+        if self.backend == "torch":
+            return self.device
+        if self.backend == "cupy" and self.device != "cuda:0":
+            return importlib.import_module("cupy").cuda.Device(_device_index(self.device))
+        return None
+
     def asarray(self, host, dtype=None):
         """Copy a host array onto this target, in ``dtype`` (a name or dtype) if given."""
         host = np.ascontiguousarray(host)
