@@ -119,7 +119,7 @@ if [ "$dry_run" = 1 ]; then
   step bench-optim 120 "$PYTHON" -m matroot bench optim $optim_args
 else
   solvers_args="${GPU_CHECK_SOLVERS_ARGS:---quick --out $out/bench-solvers}"
-  optim_args="${GPU_CHECK_OPTIM_ARGS:---device cuda --out $out/bench-optim/optim.json}"
+  optim_args="${GPU_CHECK_OPTIM_ARGS:---backend torch-cuda --out $out/bench-optim/optim.json}"
   step environment 20 bash -c "uname -a; $PYTHON --version; nproc; nvidia-smi"
   step info 30 "$PYTHON" -m matroot info --save "$out/info.json"
   step tests 170 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \

@@ -64,6 +64,26 @@ class InvRootResult(NamedTuple):
     matmuls: Array
     method: str
 
+    def __repr__(self) -> str:
+        """One line: the root's dtype and shape, how many converged, the worst residual.
+
+        Examples
+        --------
+        >>> import numpy as np, matroot
+        >>> matroot.inv_root_info(np.stack([np.eye(3)] * 2), 2, method="evd")
+        InvRootResult(method='evd', root=float64[2, 3, 3], converged 2/2, ...)
+        """
+        converged = _xp.to_numpy(self.converged)
+        iterations = _xp.to_numpy(self.iterations)
+        residual = _xp.to_numpy(self.residual).astype(float)
+        steps = f"{iterations.min()}" if iterations.min() == iterations.max() \
+            else f"{iterations.min()}-{iterations.max()}"
+        shape = ", ".join(str(d) for d in self.root.shape)
+        return (f"InvRootResult(method={self.method!r}, "
+                f"root={str(self.root.dtype).rsplit('.', 1)[-1]}[{shape}], "
+                f"converged {int(converged.sum())}/{converged.size}, iterations {steps}, "
+                f"worst residual {float(residual.max()) if residual.size else 0:.2g})")
+
 
 def default_tol(method: str, compute_dtype: str) -> float:
     """The ``tol`` that ``method`` uses when none is given, for float32 or float64.

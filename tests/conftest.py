@@ -1,7 +1,8 @@
-"""Backends for the test suite: every test taking ``xp`` runs on each of them.
+"""Backends for the test suite: every test taking ``backend`` runs on each of them.
 
-numpy, array_api_strict and torch (CPU) always; torch-cuda and cupy only when a GPU
-is present (they are skipped with a reason otherwise).
+They come from matroot's one backend registry (``matroot.bench.backends``), as the
+CLI's and the benchmarks' do: numpy, torch, array_api_strict, and torch-cuda and cupy
+where a GPU is present; a backend not installed here is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -27,77 +28,22 @@ settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile("ci")
 
 
-def _torch_cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+from matroot.bench.backends import candidate_targets  # noqa: E402
 
-
-def _cupy_available() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-class Backend:
-    """An array namespace plus the device its test arrays go to."""
-
-    def __init__(self, name):
-        self.name = name
-        if name == "numpy":
-            import array_api_compat.numpy as xp
-            self.device = None
-        elif name == "array_api_strict":
-            import array_api_strict as xp
-            self.device = None
-        elif name in ("torch", "torch-cuda"):
-            import array_api_compat.torch as xp
-            self.device = "cpu" if name == "torch" else "cuda"
-        elif name == "cupy":
-            import array_api_compat.cupy as xp
-            self.device = None
-        self.xp = xp
-
-    def asarray(self, a, dtype=None):
-        """Put a NumPy array on this backend (optionally casting to a dtype name)."""
-        a = np.asarray(a)
-        if self.name in ("torch", "torch-cuda"):
-            import torch
-            out = torch.asarray(a, device=self.device)
-        elif self.name == "cupy":
-            import cupy
-            out = cupy.asarray(a)
-        else:
-            out = self.xp.asarray(a)
-        if dtype is not None:
-            out = self.xp.astype(out, getattr(self.xp, dtype) if isinstance(dtype, str)
-                                 else dtype)
-        return out
-
-    def __repr__(self):
-        return self.name
-
-
+#: Every backend the suite knows (matroot's one backend registry), each skipped with
+#: the reason when it is not installed or has no device here: torch is optional.
 BACKEND_PARAMS = [
-    pytest.param("numpy", id="numpy"),
-    pytest.param("array_api_strict", id="array_api_strict"),
-    pytest.param("torch", id="torch"),
-    pytest.param("torch-cuda", id="torch-cuda",
-                 marks=pytest.mark.skipif(not _torch_cuda_available(),
-                                          reason="no CUDA GPU for torch")),
-    pytest.param("cupy", id="cupy",
-                 marks=pytest.mark.skipif(not _cupy_available(),
-                                          reason="CuPy or a GPU is not available")),
+    pytest.param(target, id=target.name,
+                 marks=pytest.mark.skipif(missing is not None, reason=str(missing)))
+    for target, missing in candidate_targets()
 ]
 
 
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request):
-    return Backend(request.param)
+    """A :class:`matroot.bench.backends.Target`: ``.xp``, ``.xp_device`` (for ``device=``),
+    ``.asarray(host, dtype)``, ``.name``."""
+    return request.param
 
 
 def to_numpy(x) -> np.ndarray:

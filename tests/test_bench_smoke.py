@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.solvers.registry import solvers_supporting
-from matroot.bench.__main__ import main as bench_main
+from matroot.bench.config import BASELINES, PRESETS
 from matroot.bench.problems import spd_stack
-from matroot.bench.solvers import BASELINES, PRESETS
+from matroot.cli import main
 from matroot.solvers import SOLVERS
+from matroot.solvers.registry import solvers_supporting
 
 SWEEP_FIELDS = {
     "backend", "device", "n", "batch", "p", "kappa", "dtype", "method", "kind", "seed",
@@ -29,7 +29,7 @@ SWEEP_FIELDS = {
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    status = bench_main(["solvers", "--smoke", "--out", str(out)])
+    status = main(["bench", "solvers", "--smoke", "--out", str(out)])
     assert status == 0
     return out, json.loads((out / "solvers.json").read_text())
 
@@ -125,13 +125,19 @@ def test_plots_are_written_from_the_json(smoke, tmp_path):
     out, _ = smoke
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert "scaling_iterations.png" in pngs and "sweep_efficiency.png" in pngs
-    from matroot.bench.plots import main as plots_main
-
-    assert plots_main([str(out / "solvers.json"), "--out", str(tmp_path)]) == 0
+    assert main(["bench", "plots", str(out / "solvers.json"), "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.png")) == pngs
     assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)
 
 
-def test_unknown_subcommand_is_refused(capsys):
-    assert bench_main(["nope"]) == 2
-    assert "unknown benchmark" in capsys.readouterr().err
+def test_report_is_rewritten_from_the_json(smoke, tmp_path):
+    out, doc = smoke
+    assert main(["bench", "report", str(out / "solvers.json"), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "summary.md").read_text() == (out / "summary.md").read_text()
+
+
+def test_run_records_its_thread_policy(smoke):
+    _, doc = smoke
+    assert doc["threads"]["threads"] == 1
+    assert all(w["threads"] == 1 for w in doc["machine"]["workers"])
+    assert doc["machine"]["worker_environment"]["OMP_NUM_THREADS"] == "1"

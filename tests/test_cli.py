@@ -1,23 +1,22 @@
-"""The command line: the demo on a tiny problem, info, forwarding and friendly errors."""
+"""The command line: the demo on a tiny problem, info, the dispatcher and one-line errors."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
 
-from matroot.cli import main
-from matroot.cli.backends import (
+from matroot.bench.backends import (
     UnavailableError,
     discover,
     normalize_backend,
     select_targets,
 )
-from matroot.cli.demo import make_problem, shampoo_factors
+from matroot.bench.problems import Oracle, shampoo_factors
+from matroot.cli import main
 from matroot.solvers import SOLVERS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -53,13 +52,14 @@ def test_shampoo_factors_are_psd_gram_sums_with_log_spaced_energy():
 
 
 def test_problem_oracle_is_the_inverse_root():
-    problem = make_problem(3, 12, p=4, eps=1e-3, dtype="float64", seed=1)
-    a = problem.factors + 1e-3 * np.eye(12)
-    x = problem.oracle
+    factors = shampoo_factors(3, 12, seed=1)
+    oracle = Oracle.of(factors, 1e-3)
+    a = factors + 1e-3 * np.eye(12)
+    x = oracle.inv_root(4)
     # X^4 (A + eps I) = I for the exact inverse 4th root.
     np.testing.assert_allclose(x @ x @ x @ x @ a, np.broadcast_to(np.eye(12), a.shape),
                                atol=1e-9)
-    assert np.all(problem.kappa >= 1)
+    assert np.all(oracle.kappa >= 1)
 
 
 def test_demo_quick_table_json_and_plot(tmp_path, capsys):
@@ -147,7 +147,27 @@ def test_info_text_names_every_backend(capsys):
     (["--method", "magic"], ["unknown method 'magic'", "evd"]),
     (["--batch", "0", "--no-plot"], ["--batch must be a positive integer"]),
     (["--eps", "0"], ["--eps must be > 0"]),
-    (["--backend", "numpy", "--device", "cuda"], ["device 'cuda' is not available for numpy"]),
+    (["--backend", "numpy", "--device", "cuda"],
+     ["device 'cuda:0' is not available for numpy"]),
+    (["--out", "/nonexistent/dir/x.png"], ["the folder /nonexistent/dir does not exist"]),
+    (["--json", "/nonexistent/dir/x.json", "--no-plot"], ["--json", "does not exist"]),
+    (["--threads", "-1"], ["--threads must be >= 0"]),
+    (["--size", "abc"], ["invalid int value: 'abc'"]),
+    (["bench", "optim", "--method", "bogus"], ["unknown method 'bogus'", "auto, evd"]),
+    (["bench", "optim", "--block-size", "0"], ["--block-size must be a positive integer"]),
+    (["bench", "optim", "--steps", "-1"], ["--steps must be a positive integer, got -1"]),
+    (["bench", "optim", "--warmup", "-1"], ["--warmup must be >= 0"]),
+    (["bench", "optim", "--backend", "jaxx"], ["unknown backend 'jaxx'"]),
+    (["bench", "optim", "--out", "/nonexistent/dir/o.json"], ["does not exist"]),
+    (["bench", "solvers", "--methods", "bogus"], ["unknown method 'bogus'", "eigh_loop"]),
+    (["bench", "solvers", "--sizes", "0"], ["--sizes must be a positive integer"]),
+    (["bench", "solvers", "--backends", "tensorflow"], ["unknown backend 'tensorflow'"]),
+    (["bench", "solvers", "--kappa", "0.5"], ["--kappa must be >= 1"]),
+    (["bench", "solvers", "--out", "/proc/matroot"], ["is not a writable folder"]),
+    (["bench", "plots", "/nonexistent.json"], ["no such results file"]),
+    (["bench", "nope"], ["invalid choice: 'nope'"]),
+    (["plan", "--block-size", "0"], ["matroot plan: error", "block_size"]),
+    (["plan", "--shapes", "12xq"], ["matroot plan: error"]),
 ])
 def test_friendly_errors(capsys, argv, fragments):
     code, _, err = run_cli(capsys, *argv)
@@ -191,46 +211,65 @@ def test_targets_round_trip_arrays(target):
     np.testing.assert_array_equal(_xp.to_numpy(x), host)
 
 
-def test_bench_and_plan_forward_their_arguments(monkeypatch, capsys):
-    seen = {}
-
-    def fake_main(argv):
-        seen["argv"] = argv
-        return 3
-
-    for name in ("matroot.bench.solvers", "matroot.bench.optim", "matroot.optim.plan"):
-        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(main=fake_main))
-    assert main(["bench", "solvers", "--quick", "--out", "x"]) == 3
-    assert seen["argv"] == ["--quick", "--out", "x"]
-    assert main(["bench", "optim"]) == 3
-    assert seen["argv"] == []
-    assert main(["plan", "--world-size", "8"]) == 3
-    assert seen["argv"] == ["--world-size", "8"]
+@pytest.mark.parametrize("argv", [[], ["demo"], ["info"], ["bench"], ["bench", "solvers"],
+                                  ["bench", "optim"], ["bench", "plots"], ["bench", "report"],
+                                  ["plan"]])
+def test_every_verb_has_help(argv, capsys):
+    code, out, _ = run_cli(capsys, *argv, "--help")
+    assert code == 0
+    assert out.startswith("usage: matroot " + " ".join(argv))
 
 
-def test_missing_forwarded_module_is_one_line(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "matroot.bench.solvers", None)
-    code, _, err = run_cli(capsys, "bench", "solvers", "--quick")
-    assert_one_line_error(code, err, "matroot bench solvers",
-                          "module matroot.bench.solvers is missing")
+def test_bad_input_is_refused_before_any_work(monkeypatch, capsys):
+    import matroot.bench.demo
+    import matroot.bench.optim
+    import matroot.bench.solvers
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the input was checked")
+
+    for module in (matroot.bench.demo, matroot.bench.optim, matroot.bench.solvers):
+        monkeypatch.setattr(module, "run_demo" if module is matroot.bench.demo else "run",
+                            no_work)
+    for argv in (["demo", "--out", "/nonexistent/dir/x.png"],
+                 ["bench", "optim", "--steps", "0"],
+                 ["bench", "solvers", "--repeats", "0"]):
+        code, _, err = run_cli(capsys, *argv)
+        assert_one_line_error(code, err)
 
 
-def test_forwarded_module_with_a_missing_dependency(monkeypatch, capsys):
-    import matroot.cli as cli
+def test_missing_matplotlib_is_one_line_before_work(monkeypatch, capsys):
+    import matroot.cli.common as common
 
-    def import_module(name):
-        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+    real = common.importlib.util.find_spec
+    monkeypatch.setattr(common.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    code, _, err = run_cli(capsys, "--quick", "--backend", "numpy")
+    assert_one_line_error(code, err, "needs matplotlib", "matroot[bench]")
+    code, _, err = run_cli(capsys, "bench", "solvers", "--smoke", "--out", "x")
+    assert_one_line_error(code, err, "needs matplotlib")
 
-    monkeypatch.setattr(cli.importlib, "import_module", import_module)
-    code, _, err = run_cli(capsys, "bench", "optim")
-    assert_one_line_error(code, err, "needs the package 'matplotlib'")
+
+def test_writing_into_the_package_is_refused(capsys):
+    import matroot
+
+    inside = str(__import__("pathlib").Path(matroot.__file__).parent / "results")
+    code, _, err = run_cli(capsys, "bench", "solvers", "--smoke", "--out", inside)
+    assert_one_line_error(code, err, "inside the installed matroot package")
+
+
+def test_plan_runs(capsys):
+    code, out, _ = run_cli(capsys, "plan", "--shapes", "256x128,64", "--block-size", "64",
+                           "--world-size", "2", "--json")
+    assert code == 0
+    assert json.loads(out)["worlds"][0]["world_size"] == 2
 
 
 def test_module_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "matroot", "--backend", "no-such"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("matroot: error: unknown backend 'no-such'; choose "
+    assert proc.stderr.strip() == ("matroot demo: error: unknown backend 'no-such'; choose "
                                    "from numpy, torch, array_api_strict, cupy")
     version = subprocess.run([sys.executable, "-m", "matroot", "--version"],
                              capture_output=True, text=True, timeout=120)
@@ -265,3 +304,38 @@ def test_demo_reports_a_crashing_solver_and_goes_on(monkeypatch, tmp_path, capsy
     assert rows["coupled_newton"]["time_s"] is None
     assert rows["chebyshev"]["converged"] is not None
     assert "failed with IndexError: index out of range" in out
+
+
+def test_demo_and_info_report_their_thread_policy(tmp_path, capsys):
+    report_path = tmp_path / "demo.json"
+    code, out, err = run_cli(capsys, "--quick", "--backend", "numpy", "--method", "evd",
+                             "--no-plot", "--json", str(report_path))
+    assert code == 0, err
+    assert "threads: 1 thread per library" in out
+    report = json.loads(report_path.read_text())
+    assert report["threads"]["threads"] == 1
+    assert all(count == 1 for count in report["threads"]["pools"].values())
+    # Progress: one line per contender (stderr is not a terminal here).
+    assert "[2/2]" in err and "numpy: evd" in err
+    code, out, _ = run_cli(capsys, "info", "--backend", "numpy", "--json", "--threads", "2")
+    assert code == 0 and json.loads(out)["threads"]["policy"] == "2 threads per library"
+    from threadpoolctl import threadpool_info
+
+    # The policy holds for the verb only: the calling process gets its pools back.
+    assert {pool["num_threads"] for pool in threadpool_info()} == {1}
+
+
+def test_sweep_summary_line_leaves_out_what_was_not_measured():
+    from matroot.cli.bench import _summary_line
+
+    row = dict(backend="numpy", n=512, batch=2, p=2, fastest="eigh_batched",
+               fastest_matmul_method=None, fastest_matmul_method_vs_eigh_batched=None,
+               fastest_matmul_method_vs_eigh_loop=None, eigh_in_matmuls=None)
+    line = _summary_line(row)
+    assert line.endswith("fastest eigh_batched")
+    assert "None" not in line and "n/a" not in line
+    line = _summary_line(dict(row, fastest_matmul_method="minimax", eigh_in_matmuls=16.0,
+                              fastest_matmul_method_vs_eigh_batched=2.5,
+                              fastest_matmul_method_vs_eigh_loop=2.6))
+    assert "best matmul method minimax at 2.5x batched eigh" in line
+    assert line.endswith("eigh = 16 matmuls")

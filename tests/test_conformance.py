@@ -35,4 +35,4 @@ def test_every_method_conforms(method, dtype):
 @pytest.mark.parametrize("method", ["evd", "newton_db"])
 def test_conforms_on_other_namespaces(backend, method):
     check_inv_root_solver(method_solver(method), dtype="float32", method=method,
-                          xp=backend.xp, device=backend.device, max_examples=3, skip=())
+                          xp=backend.xp, device=backend.xp_device, max_examples=3, skip=())

@@ -45,7 +45,8 @@ from matroot.optim.distributed import (
     shard_state_dict,
     slot_map,
 )
-from matroot.optim.plan import MODELS, main as plan_main, parse_shapes, plan_summary
+from matroot.cli import main as matroot_main
+from matroot.optim.plan import MODELS, parse_shapes, plan_summary
 from matroot.optim.sharding import (
     best_balance,
     block_cost,
@@ -520,6 +521,10 @@ def test_without_a_process_group_shampoo_runs_unsharded():
     assert opt._families[0].sharding is None
     with pytest.raises(ValueError, match="distributed must be"):
         Shampoo(_params(), distributed="yes")
+
+
+def plan_main(argv):
+    return matroot_main(["plan", *argv])
 
 
 def test_planner_command_prints_the_table(capsys):

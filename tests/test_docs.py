@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def test_docs_build_without_warnings(tmp_path):
          str(DOCS), str(tmp_path / "html")],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for page in ("index", "getting_started", "methods", "scaling", "support", "api"):
+    for page in ("index", "getting_started", "methods", "scaling", "support", "api",
+                 "optimizer", "distributed", "benchmarks", "command_line", "architecture"):
         assert (tmp_path / "html" / f"{page}.html").exists(), page
     index = (tmp_path / "html" / "index.html").read_text(encoding="utf-8")
     assert "getting_started.html" in index and "api.html" in index
@@ -37,6 +39,53 @@ def test_docs_build_without_warnings(tmp_path):
     for name in ("inv_root_info", "InvRootResult", "power_iteration", "spectral_bounds"):
         assert f'id="matroot.{name}"' in api, name
     assert (tmp_path / "html" / "_images" / "scaling_iterations.png").exists()
+    for name in ("Shampoo", "ShampooConfig", "init", "update"):
+        assert f'id="matroot.optim.{name}"' in api, name
+    from matroot.solvers import SOLVERS
+
+    methods = (tmp_path / "html" / "methods.html").read_text(encoding="utf-8")
+    for method in SOLVERS:
+        assert f">{method}<" in methods, method
+    for page in (tmp_path / "html").glob("*.html"):
+        # Offline: no script or stylesheet from the network (MathJax's CDN included).
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', text), page.name
+
+
+def _cli_verbs():
+    """Every verb of the command line, as 'demo', 'bench solvers', ..."""
+    import argparse
+
+    from matroot.cli import build_parser
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield f"{prefix}{name}"
+                    yield from walk(sub, f"{prefix}{name} ")
+
+    return list(walk(build_parser(), ""))
+
+
+def test_docs_name_every_public_name_method_and_verb():
+    import matroot
+    import matroot.optim
+    from matroot.solvers import SOLVERS
+
+    api = (DOCS / "api.rst").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\.\. auto(?:function|class|exception):: (\w+)$", api,
+                                re.MULTILINE))
+    public = set(matroot.__all__) | set(matroot.optim.__all__)
+    assert not public - documented, f"not in docs/api.rst: {sorted(public - documented)}"
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    for method in SOLVERS:  # docs/methods.rst renders its table from the registry
+        assert f"`{method}`" in readme, f"{method} missing from the README's methods table"
+    command_line = (DOCS / "command_line.rst").read_text(encoding="utf-8")
+    verbs = _cli_verbs()
+    assert {"demo", "info", "bench solvers", "bench optim", "plan"} <= set(verbs)
+    for verb in verbs:
+        assert f"matroot {verb}" in command_line, f"'matroot {verb}' not in command_line.rst"
 
 
 def test_getting_started_examples_run():

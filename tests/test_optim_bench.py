@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 from matroot.bench import optim as bench
+from matroot.cli import main
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
@@ -17,8 +18,8 @@ def test_benchmark_reports_both_layouts_and_their_ratio(tmp_path, monkeypatch, c
     monkeypatch.setattr(bench, "model_shapes",
                         lambda quick: [(40, 24), (24,), (30, 3, 2, 2), (24, 40)])
     out = tmp_path / "optim_test.json"
-    assert bench.main(["--quick", "--steps", "2", "--warmup", "1", "--block-size", "16",
-                       "--out", str(out)]) == 0
+    assert main(["bench", "optim", "--quick", "--steps", "2", "--warmup", "1",
+                 "--block-size", "16", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     stacked, single = report["results"]["stacked"], report["results"]["per_block"]
     assert stacked["inv_root_calls_per_refresh"] < single["inv_root_calls_per_refresh"]
@@ -29,7 +30,9 @@ def test_benchmark_reports_both_layouts_and_their_ratio(tmp_path, monkeypatch, c
         assert set(r["split_ms"]) == {"factor_updates", "inverse_roots", "rest"}
         assert sum(r["split_ms"].values()) <= r["step_ms"] * 1.01
         assert r["root_failures"] == 0
-    assert "speedup" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "speedup" in printed and "threads: 1 thread per library" in printed
+    assert report["threads"]["threads"] == 1
     assert out.with_suffix(".md").exists()
 
 

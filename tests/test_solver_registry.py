@@ -10,12 +10,17 @@ import numpy as np
 import pytest
 
 import matroot
+from matroot.bench.backends import Target
 from matroot.cli.info import collect, format_info
-from matroot.cli.backends import Target
 from matroot.solvers import SOLVERS, SolverOutput
 from matroot.solvers.auto import accelerator_candidates
-from matroot.solvers.registry import (INTEGER_P, SolverSpec, register_solver,
-                                      solvers_supporting, unregister_solver)
+from matroot.solvers.registry import (
+    INTEGER_P,
+    SolverSpec,
+    register_solver,
+    solvers_supporting,
+    unregister_solver,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 registry_tables = pytest.importorskip("registry_tables")

@@ -1,150 +1,309 @@
-"""The array backends a benchmark can run on, found at run time.
+"""The one backend registry of matroot's tools: which array libraries and devices exist here.
 
-This is the one bench module that imports torch or cupy. Each :class:`Backend`
-knows how to move a host array onto its device, how to wait for queued device
-work (so a timer measures the work and not its launch) and how to bring a result
-back for the oracle comparison.
+The library never imports a backend (``matroot._xp`` recognises one from its
+arrays). Tools have to create arrays, so ``matroot info``, the demo, the
+benchmarks and the test suite all find libraries and devices here, lazily and
+without failing when one is missing or has no driver. A :class:`Target` is one
+backend on one device; its :attr:`~Target.name` (``"numpy"``, ``"torch"``,
+``"torch-cuda"``, ``"array_api_strict"``, ``"cupy"``) is what every tool prints
+and accepts.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from collections.abc import Callable
 
 import numpy as np
-from array_api_compat import array_namespace
 
-__all__ = ["Backend", "discover_backends", "BACKEND_NAMES"]
+__all__ = ["BACKENDS", "Target", "BackendInfo", "UnavailableError", "discover",
+           "select_targets", "candidate_targets", "parse_target", "target_named"]
 
-BACKEND_NAMES = ("numpy", "torch-cpu", "torch-cuda", "cupy")
+#: Backends in the order every tool lists them; the first device is each one's default.
+BACKENDS = ("numpy", "torch", "array_api_strict", "cupy")
+_DEFAULT_DEVICE = {"numpy": "cpu", "torch": "cpu", "array_api_strict": "cpu",
+                   "cupy": "cuda:0"}
+_ALIASES = {"array-api-strict": "array_api_strict", "strict": "array_api_strict"}
+_INSTALL_HINT = {
+    "torch": 'pip install "matroot[torch]" (CPU-only: pip install torch --index-url '
+             "https://download.pytorch.org/whl/cpu)",
+    "array_api_strict": "pip install array-api-strict",
+    "cupy": 'pip install "matroot[cupy]" (needs an NVIDIA GPU and its driver)',
+}
 
 
-@dataclass
-class Backend:
-    """One array library on one device.
+class UnavailableError(Exception):
+    """A backend or device that was asked for cannot be used here."""
 
-    Attributes
-    ----------
-    name : str
-        One of :data:`BACKEND_NAMES`.
-    device : str
-        "cpu" or the accelerator's name.
-    to_device : callable
-        ``to_device(np.ndarray) -> array`` on this backend's device.
-    to_host : callable
-        ``to_host(array) -> np.ndarray``.
-    synchronize : callable
-        Blocks until all queued work on the device is done (no-op on a CPU).
-    versions : dict
-        Library versions, for the results' machine description.
-    """
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What is known about one backend: its version and devices, or why it is missing."""
 
     name: str
+    version: str | None = None
+    devices: tuple[str, ...] = ()
+    device_names: dict = field(default_factory=dict)
+    missing: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.missing is None
+
+
+def _device_index(device: str) -> int:
+    return int(device.split(":", 1)[1]) if ":" in device else 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One backend on one device: where a tool builds arrays and times work.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.bench.backends import Target
+    >>> target = Target("numpy", "cpu")
+    >>> target.name, Target("torch", "cuda:0").name
+    ('numpy', 'torch-cuda')
+    >>> target.to_host(target.asarray(np.eye(2), "float32")).dtype
+    dtype('float32')
+    """
+
+    backend: str
     device: str
-    to_device: Callable
-    to_host: Callable
-    synchronize: Callable
-    versions: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """``backend`` on its default device, else ``backend-device`` (cuda:0 as cuda)."""
+        if self.device == _DEFAULT_DEVICE[self.backend]:
+            return self.backend
+        return f"{self.backend}-{'cuda' if self.device == 'cuda:0' else self.device}"
+
+    @property
+    def label(self) -> str:
+        return self.backend if self.device == "cpu" else f"{self.backend} ({self.device})"
 
     @property
     def is_accelerator(self) -> bool:
         return self.device != "cpu"
 
-    def namespace(self, x):
-        """The array-API namespace of an array of this backend."""
-        return array_namespace(x)
+    @property
+    def xp(self):
+        """The array-API namespace of this backend (array-api-compat's wrapper)."""
+        if self.backend == "array_api_strict":
+            return importlib.import_module("array_api_strict")
+        return importlib.import_module(f"array_api_compat.{self.backend}")
+
+    @property
+    def xp_device(self):
+        """The device to pass as ``device=`` to :attr:`xp`'s functions (None: its default)."""
+        if self.backend == "torch":
+            return self.device
+        if self.backend == "cupy" and self.device != "cuda:0":
+            return importlib.import_module("cupy").cuda.Device(_device_index(self.device))
+        return None
+
+    def asarray(self, host, dtype=None):
+        """Copy a host array onto this target, in ``dtype`` (a name or dtype) if given."""
+        host = np.ascontiguousarray(host)
+        if self.backend == "torch":
+            out = importlib.import_module("torch").from_numpy(host).to(self.device)
+        elif self.backend == "cupy":
+            cupy = importlib.import_module("cupy")
+            with cupy.cuda.Device(_device_index(self.device)):
+                out = cupy.asarray(host)
+        else:
+            out = self.xp.asarray(host)
+        if dtype is not None:
+            xp = self.xp
+            out = xp.astype(out, getattr(xp, dtype) if isinstance(dtype, str) else dtype)
+        return out
+
+    def to_host(self, x) -> np.ndarray:
+        """A NumPy copy of an array of this backend."""
+        if self.backend == "torch":
+            return x.detach().cpu().numpy()
+        if self.backend == "cupy":
+            return x.get()
+        if self.backend == "numpy":
+            return np.asarray(x)
+        return np.from_dlpack(x)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so a wall-clock timer covers it."""
+        if self.backend == "torch" and self.device != "cpu":
+            importlib.import_module("torch").cuda.synchronize(self.device)
+        elif self.backend == "cupy":
+            cupy = importlib.import_module("cupy")
+            cupy.cuda.Device(_device_index(self.device)).synchronize()
 
 
-def _no_sync():
-    return None
+def normalize_backend(name: str) -> str:
+    """The canonical backend name for ``name``; UnavailableError for an unknown one."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in BACKENDS:
+        raise UnavailableError(f"unknown backend {name!r}; choose from " + ", ".join(BACKENDS))
+    return key
 
 
-def _numpy_backend():
-    return Backend("numpy", "cpu", np.ascontiguousarray, np.asarray, _no_sync,
-                   {"numpy": np.__version__})
+def normalize_device(name: str) -> str:
+    """``"cuda"`` (or ``"gpu"``) means ``"cuda:0"``; other names are kept, lower-cased."""
+    key = name.strip().lower()
+    return "cuda:0" if key in ("cuda", "gpu") else key
 
 
-def _torch_backends():
-    try:
-        torch = importlib.import_module("torch")
-    except ImportError:
-        return [], {"torch-cpu": "torch is not installed",
-                    "torch-cuda": "torch is not installed"}
-
-    def host(x):
-        return x.detach().cpu().numpy()
-
-    found = [Backend("torch-cpu", "cpu", torch.from_numpy, host, _no_sync,
-                     {"torch": torch.__version__})]
-    if not torch.cuda.is_available():
-        return found, {"torch-cuda": "torch.cuda.is_available() is False"}
-    name = torch.cuda.get_device_name(0)
-    found.append(Backend("torch-cuda", name,
-                         lambda a: torch.from_numpy(a).to("cuda"), host,
-                         torch.cuda.synchronize,
-                         {"torch": torch.__version__, "cuda": torch.version.cuda}))
-    return found, {}
+def parse_target(name: str) -> tuple[str, str | None]:
+    """``"torch-cuda"`` -> ``("torch", "cuda:0")``; ``"numpy"`` -> ``("numpy", None)``."""
+    key = name.strip().lower()
+    if key in _ALIASES or key in BACKENDS or "-" not in key:
+        return normalize_backend(key), None
+    backend, device = key.split("-", 1)
+    if _ALIASES.get(backend, backend) not in BACKENDS:
+        normalize_backend(name)  # raises, naming the whole of what was given
+    return normalize_backend(backend), normalize_device(device)
 
 
-def _cupy_backend():
-    try:
-        cupy = importlib.import_module("cupy")
-    except ImportError:
-        return None, "cupy is not installed"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return None, "cupy sees no CUDA device"
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-    except Exception as err:  # CUDARuntimeError when no driver is present.
-        return None, f"cupy cannot reach a CUDA device ({err})"
-    name = props["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
-
-    def synchronize():
-        cupy.cuda.get_current_stream().synchronize()
-
-    return Backend("cupy", name, cupy.asarray, cupy.asnumpy, synchronize,
-                   {"cupy": cupy.__version__}), None
-
-
-def discover_backends(wanted=None):
-    """The backends present on this machine, and why the others are not.
-
-    Parameters
-    ----------
-    wanted : iterable of str, optional
-        Restrict to these names (see :data:`BACKEND_NAMES`); default all.
-
-    Returns
-    -------
-    (list of Backend, dict of name -> reason it was skipped)
+def target_named(name: str) -> Target:
+    """The target a :attr:`Target.name` stands for (not checked for availability).
 
     Examples
     --------
-    >>> from matroot.bench.backends import discover_backends
-    >>> found, skipped = discover_backends(["numpy"])
-    >>> [b.name for b in found]
+    >>> from matroot.bench.backends import target_named
+    >>> target_named("torch-cuda"), target_named("cupy").device
+    (Target(backend='torch', device='cuda:0'), 'cuda:0')
+    """
+    backend, device = parse_target(name)
+    return Target(backend, device or _DEFAULT_DEVICE[backend])
+
+
+def _missing(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".strip()
+
+
+def _probe_numpy() -> BackendInfo:
+    return BackendInfo("numpy", np.__version__, ("cpu",))
+
+
+def _probe_torch() -> BackendInfo:
+    try:
+        import torch
+    except Exception as err:  # a broken install must not stop the other backends
+        return BackendInfo("torch", missing=_missing(err))
+    devices, names = ["cpu"], {}
+    try:
+        for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+            devices.append(f"cuda:{i}")
+            names[f"cuda:{i}"] = torch.cuda.get_device_name(i)
+    except Exception:  # a driver problem leaves the CPU usable
+        pass
+    return BackendInfo("torch", torch.__version__, tuple(devices), names)
+
+
+def _probe_array_api_strict() -> BackendInfo:
+    try:
+        import array_api_strict
+    except Exception as err:
+        return BackendInfo("array_api_strict", missing=_missing(err))
+    return BackendInfo("array_api_strict", array_api_strict.__version__, ("cpu",))
+
+
+def _probe_cupy() -> BackendInfo:
+    try:
+        import cupy
+    except Exception as err:
+        return BackendInfo("cupy", missing=_missing(err))
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as err:  # installed, but no driver or no GPU
+        return BackendInfo("cupy", cupy.__version__, missing=_missing(err))
+    if count == 0:
+        return BackendInfo("cupy", cupy.__version__, missing="no CUDA device found")
+    devices = tuple(f"cuda:{i}" for i in range(count))
+    names = {}
+    for i, dev in enumerate(devices):
+        name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
+        names[dev] = name.decode() if isinstance(name, bytes) else str(name)
+    return BackendInfo("cupy", cupy.__version__, devices, names)
+
+
+_PROBES = {"numpy": _probe_numpy, "torch": _probe_torch,
+           "array_api_strict": _probe_array_api_strict, "cupy": _probe_cupy}
+
+
+def discover(names=BACKENDS) -> list[BackendInfo]:
+    """Probe the named backends (all known ones by default); only those are imported."""
+    return [_PROBES[name]() for name in names]
+
+
+def candidate_targets() -> list[tuple[Target, str | None]]:
+    """Every target the test suite runs on, each with the reason it is missing (or None).
+
+    Each backend on its default device, plus torch on the first GPU.
+    """
+    out = []
+    for info in discover():
+        wanted = [_DEFAULT_DEVICE[info.name]] + (["cuda:0"] if info.name == "torch" else [])
+        for device in wanted:
+            reason = None
+            if info.missing is not None:
+                reason = f"{info.missing}; {_INSTALL_HINT.get(info.name, '')}".rstrip("; ")
+            elif device not in info.devices:
+                reason = f"{info.name} {info.version} has no device {device}"
+            out.append((Target(info.name, device), reason))
+    return out
+
+
+def select_targets(backends=None, device=None) -> list[Target]:
+    """The (backend, device) pairs to run on.
+
+    Parameters
+    ----------
+    backends : list of str, optional
+        Backend names (``"torch-cuda"`` names a device too); default every
+        available backend.
+    device : str, optional
+        ``"cpu"``, ``"cuda"``, ``"cuda:1"``; default every device of each backend.
+
+    Raises
+    ------
+    UnavailableError
+        An unknown or missing backend, or a device none of the chosen backends has.
+
+    Examples
+    --------
+    >>> from matroot.bench.backends import select_targets
+    >>> [t.name for t in select_targets(["numpy"])]
     ['numpy']
     """
-    wanted = tuple(BACKEND_NAMES if wanted is None else wanted)
-    unknown = [w for w in wanted if w not in BACKEND_NAMES]
-    if unknown:
-        raise ValueError(f"unknown backend(s) {unknown}; choose from {list(BACKEND_NAMES)}")
-    # Only the libraries asked for are imported: a benchmark worker for one
-    # backend keeps the others' thread pools out of its process.
-    found = [_numpy_backend()] if "numpy" in wanted else []
-    skipped = {}
-    if any(w.startswith("torch") for w in wanted):
-        torch_found, torch_skipped = _torch_backends()
-        found += torch_found
-        skipped.update(torch_skipped)
-    if "cupy" in wanted:
-        cupy_found, reason = _cupy_backend()
-        if cupy_found is None:
-            skipped["cupy"] = reason
-        else:
-            found.append(cupy_found)
-    found = [b for b in found if b.name in wanted]
-    skipped = {k: v for k, v in skipped.items() if k in wanted}
-    return found, skipped
+    named = backends is not None
+    parsed: list[tuple[str, str | None]] = (
+        [parse_target(b) for b in backends] if backends is not None
+        else [(b, None) for b in BACKENDS])
+    if device is not None:
+        parsed = [(b, d or normalize_device(device)) for b, d in parsed]
+    infos = {i.name: i for i in discover(list(dict.fromkeys(b for b, _ in parsed)))}
+    targets = []
+    for backend, dev in parsed:
+        info = infos[backend]
+        if not info.available:
+            if not named:
+                continue
+            hint = _INSTALL_HINT.get(backend, "")
+            raise UnavailableError(f"backend {backend!r} is not available: {info.missing}"
+                                   + (f"; {hint}" if hint else ""))
+        if dev is not None and dev not in info.devices:
+            if named:
+                raise UnavailableError(
+                    f"device {dev!r} is not available for {backend} {info.version} "
+                    f"(its devices here: {', '.join(info.devices)})")
+            continue
+        targets += [Target(backend, d) for d in ([dev] if dev else info.devices)]
+    targets = list(dict.fromkeys(targets))
+    if not targets:
+        have = "; ".join(f"{i.name}: {', '.join(i.devices)}" for i in infos.values()
+                         if i.available)
+        raise UnavailableError(f"device {device!r} is not available: no installed "
+                               f"backend has it ({have})")
+    return targets

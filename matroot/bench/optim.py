@@ -17,27 +17,28 @@ machine noise hits both and the ratio stays honest.
 
 Run::
 
-    python -m matroot.bench.optim --quick          # CPU, a few seconds per step
-    python -m matroot.bench.optim --device cuda    # the full model on a GPU
+    matroot bench optim --quick                    # CPU, a few seconds per step
+    matroot bench optim --backend torch-cuda       # the full model on a GPU
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import argparse
 import itertools
-import json
-import pathlib
 import platform
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
-from ..optim import ShampooConfig, apply_updates, init, state_bytes, update
+from matroot.optim import ShampooConfig, apply_updates, init, state_bytes, update
 
-__all__ = ["model_shapes", "main"]
+from .threads import describe_threads
+
+__all__ = ["model_shapes", "run", "format_table", "DEFAULTS"]
+
+#: Defaults per preset, stated once for the command line and its help.
+DEFAULTS = {"quick": dict(block_size=128, steps=3), "full": dict(block_size=256, steps=5)}
 
 PHASES = ("moments", "factors", "roots", "precondition", "updates")
 
@@ -51,22 +52,6 @@ def model_shapes(quick: bool) -> list[tuple[int, ...]]:
     shapes += [(1000, 300), (300,)] if not quick else [(500, 300), (300,)]
     shapes += [(64, 32, 3, 3), (64,), (2000 if quick else 8000, 256), (256, 256, 1, 1)]
     return shapes
-
-
-def _namespace(backend: str, device: str):
-    if backend == "numpy":
-        if device != "cpu":
-            raise ValueError("the numpy backend runs on the cpu only")
-        return np, (lambda a: a), (lambda: None)
-    import torch
-
-    dev = torch.device(device)
-
-    def to_backend(a):
-        return torch.from_numpy(a).to(dev)
-
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    return torch, to_backend, sync
 
 
 class _PhaseClock:
@@ -88,17 +73,22 @@ class _PhaseClock:
         self.mark = now
 
 
-def run(args) -> dict:
-    xp, to_backend, sync = _namespace(args.backend, args.device)
+def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup: int,
+        progress=None) -> dict:
+    """Time ``warmup + steps`` alternating steps of both layouts on ``target``.
+
+    ``progress`` (a :class:`~matroot.bench.progress.Progress` or None) counts steps.
+    """
+    xp, to_backend, sync = target.xp, target.asarray, target.synchronize
     rng = np.random.default_rng(0)
-    shapes = model_shapes(args.quick)
+    shapes = model_shapes(quick)
     params0 = [rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes]
     grad_sets = [[to_backend(rng.standard_normal(s).astype(np.float32)) for s in shapes]
                  for _ in range(3)]
     contenders: dict[str, dict[str, Any]] = {}
     for name, stacked in (("stacked", True), ("per_block", False)):
-        config = ShampooConfig(lr=1e-3, block_size=args.block_size, precondition_frequency=1,
-                               start_preconditioning_step=1, root_method=args.method,
+        config = ShampooConfig(lr=1e-3, block_size=block_size, precondition_frequency=1,
+                               start_preconditioning_step=1, root_method=method,
                                matrix_eps=1e-6, stacked=stacked)
         params = [to_backend(p.copy()) for p in params0]
         contenders[name] = dict(config=config, params=params, state=init(params, config),
@@ -116,11 +106,14 @@ def run(args) -> dict:
             c["times"].append(time.perf_counter() - start)
             c["phases"].append(clock.totals)
 
-    for k in range(args.warmup + args.steps):
+    for k in range(warmup + steps):
         grads = grad_sets[k % len(grad_sets)]
         order = ("stacked", "per_block") if k % 2 == 0 else ("per_block", "stacked")
         for name in order:
-            one_step(contenders[name], grads, record=k >= args.warmup)
+            one_step(contenders[name], grads, record=k >= warmup)
+        if progress is not None:
+            progress.step(f"step {k + 1} of {warmup + steps}"
+                          + (" (warm-up)" if k < warmup else ""))
 
     out = {}
     for name, c in contenders.items():
@@ -142,8 +135,8 @@ def run(args) -> dict:
             state_bytes_split={k: memory[k] for k in ("moments", "factors", "roots", "counters")})
     plan = contenders["stacked"]["state"].plan
     return dict(
-        backend=args.backend, device=args.device, method=args.method, threads=args.threads,
-        block_size=args.block_size, quick=args.quick, warmup=args.warmup, steps=args.steps,
+        backend=target.name, device=target.device, method=method,
+        block_size=block_size, quick=quick, warmup=warmup, steps=steps,
         parameters=int(sum(np.prod(s) for s in shapes)), shapes=[list(s) for s in shapes],
         blocks=plan.num_blocks, factor_sizes=sorted({s.size for s in plan.stacks}),
         machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -170,49 +163,9 @@ def format_table(report: dict) -> str:
         lines.append(f"| {name} | {r['step_ms']:.1f} | {s['factor_updates']:.1f} | "
                      f"{s['inverse_roots']:.1f} | {s['rest']:.1f} | "
                      f"{r['inv_root_calls_per_refresh']} | {r['state_bytes_per_parameter']:.1f} |")
+    if "threads" in report:
+        lines += ["", describe_threads(report["threads"])]
     lines += ["", f"stacked / per-block speedup, whole step: "
               f"{report['speedup_stacked_over_per_block']:.2f}x; inverse roots alone: "
               f"{report['inverse_root_speedup']:.2f}x"]
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    """Entry point of ``python -m matroot.bench.optim`` (and ``matroot bench optim``)."""
-    parser = argparse.ArgumentParser(prog="matroot bench optim",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a smaller model (widths 256-512) for a short CPU run")
-    parser.add_argument("--backend", choices=("torch", "numpy"), default="torch")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--method", default="auto",
-                        help="inv_root method (auto, evd, newton_db, coupled_newton, ...)")
-    parser.add_argument("--block-size", type=int, default=None,
-                        help="largest block side (default 128 with --quick, else 256)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per layout")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (0: torch's default); 1 is steadier on a "
-                             "machine shared with other jobs")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="write the report as JSON here (and a .md table beside it)")
-    args = parser.parse_args(argv)
-    if args.steps is None:
-        args.steps = 3 if args.quick else 5
-    if args.block_size is None:
-        args.block_size = 128 if args.quick else 256
-    if args.threads and args.backend == "torch":
-        import torch
-
-        torch.set_num_threads(args.threads)
-    report = run(args)
-    table = format_table(report)
-    print(table)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(table + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

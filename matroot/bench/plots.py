@@ -1,4 +1,4 @@
-"""PNG plots of a solver benchmark's JSON: ``python -m matroot.bench.plots RESULTS.json``.
+"""PNG plots of a solver benchmark's JSON: ``matroot bench plots RESULTS.json``.
 
 Every figure is drawn from the JSON that :mod:`matroot.bench.solvers` wrote, so
 plots can be regenerated (or restyled) without rerunning the benchmark. Times
@@ -7,13 +7,13 @@ are shown as ratios to the batched-eigh time measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
-__all__ = ["make_plots", "main"]
+from .config import TARGET_ERROR
+
+__all__ = ["make_plots"]
 
 _STYLE = {
     "evd": dict(color="tab:gray", marker="s"),
@@ -132,8 +132,6 @@ def _tta_figures(plt, doc, out_dir):
 
 
 def _target(doc, kappa):
-    from .solvers import TARGET_ERROR
-
     return TARGET_ERROR.get(kappa)
 
 
@@ -246,30 +244,3 @@ def make_plots(doc, out_dir) -> list:
         plt = plt or _pyplot()
         save(_scaling_figure(plt, doc), "scaling_iterations.png")
     return paths
-
-
-def main(argv=None) -> int:
-    """``python -m matroot.bench.plots RESULTS.json [--out DIR]``; returns the exit status.
-
-    Examples
-    --------
-    From a shell, redraw the committed plots from the committed JSON::
-
-        python -m matroot.bench.plots bench/results/solvers.json
-    """
-    parser = argparse.ArgumentParser(prog="python -m matroot.bench.plots",
-                                     description="Draw the PNG plots of a solver "
-                                                 "benchmark's JSON results.")
-    parser.add_argument("results", help="the solvers.json a benchmark run wrote")
-    parser.add_argument("--out", help="output folder (default: the JSON's folder)")
-    args = parser.parse_args(argv)
-    path = Path(args.results)
-    if not path.is_file():
-        parser.error(f"no such results file: {path}")
-    for png in make_plots(path, args.out or path.parent):
-        print(f"wrote {png}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

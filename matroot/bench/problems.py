@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["spd_stack", "spectrum", "SPECTRA", "Oracle", "relative_errors"]
+__all__ = ["spd_stack", "spectrum", "SPECTRA", "shampoo_factors", "Oracle", "relative_errors"]
 
 
 SPECTRA = ("geometric", "bulk")
+#: Ranks of the per-step gradients of :func:`shampoo_factors`, cycled over the blocks.
+GRADIENT_RANKS = (1, 2, 4, 8, 16)
+#: Preconditioner updates summed into each Shampoo factor.
+SHAMPOO_STEPS = 4
+#: The blocks' total gradient energy (trace of L) is log-spaced over this range.
+ENERGY_RANGE = (1.0, 1e-3)
 
 
 def spectrum(n: int, kappa: float, kind: str = "geometric") -> np.ndarray:
@@ -70,6 +77,37 @@ def spd_stack(n: int, batch: int, kappa: float, *, seed: int = 0,
         out[i] = (q * (scale * lam)) @ q.T
     out = (out + np.swapaxes(out, -1, -2)) / 2
     return out.astype(dtype)
+
+
+def shampoo_factors(batch: int, n: int, *, seed: int = 0) -> np.ndarray:
+    """Float64 stack of ``batch`` Shampoo factors ``L = Σ_t G_t G_tᵀ`` of size ``n``.
+
+    Block ``i`` sums :data:`SHAMPOO_STEPS` random gradients of rank
+    ``GRADIENT_RANKS[i % 5]`` (capped at n); its trace, the block's gradient
+    energy, is log-spaced over :data:`ENERGY_RANGE` across the stack, so one
+    absolute ridge gives the blocks condition numbers that differ by orders of
+    magnitude, as one Shampoo preconditioner update sees them.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.bench.problems import shampoo_factors
+    >>> np.trace(shampoo_factors(3, 8), axis1=1, axis2=2).round(6).tolist()
+    [1.0, 0.031623, 0.001]
+    """
+    rng = np.random.default_rng(seed)
+    high, low = ENERGY_RANGE
+    energies = np.geomspace(high, low, batch) if batch > 1 else np.array([high])
+    factors = np.empty((batch, n, n))
+    for i, energy in enumerate(energies):
+        rank = min(GRADIENT_RANKS[i % len(GRADIENT_RANKS)], n)
+        total = np.zeros((n, n))
+        for _ in range(SHAMPOO_STEPS):
+            g = rng.standard_normal((n, rank)) @ rng.standard_normal((rank, n))
+            g *= math.sqrt(energy / SHAMPOO_STEPS) / np.linalg.norm(g)
+            total += g @ g.T
+        factors[i] = (total + total.T) / 2
+    return factors
 
 
 @dataclass

@@ -7,18 +7,25 @@ float64 oracle, so the answer is what this installation actually does.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import textwrap
 
+import array_api_compat
 import numpy as np
 
-import array_api_compat
 import matroot
-from matroot import _xp
-from matroot.solvers import SOLVERS
+from matroot.bench.backends import Target, discover
+from matroot.bench.config import all_methods, method_supports
+from matroot.bench.progress import Progress
+from matroot.bench.threads import describe_threads, thread_policy
+from matroot.solvers.registry import get_solver
 
-from .backends import Target, discover
+from .common import add_target_options, add_thread_option, at_least, targets_from, writable_file
+
+DESCRIPTION = ("List the backends and devices found, their versions, and try every method "
+               "in every precision on each to show what is supported.")
 
 #: (label, input dtype, matmul_dtype, worst relative error accepted).
 PRECISIONS = (
@@ -60,33 +67,37 @@ def probe(target: Target, method: str, precision) -> dict:
     except Exception as err:  # a solver bug: say so rather than stop the listing
         return {**entry, "status": "error",
                 "detail": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
-    root = _xp.to_numpy(result.root).astype(np.float64)
+    root = target.to_host(result.root).astype(np.float64)
     errors = np.linalg.norm(root - oracle, axis=(-2, -1)) / np.linalg.norm(
         oracle, axis=(-2, -1))
     worst = float(np.max(errors))
     detail = f"worst relative error {worst:.1e}"
-    if matmul_dtype is not None and not np.any(_xp.to_numpy(result.matmuls)):
+    if matmul_dtype is not None and not np.any(target.to_host(result.matmuls)):
         return {**entry, "status": "no effect",
                 "detail": f"{method} forms no matmuls, so matmul_dtype is ignored; {detail}"}
-    if not bool(np.all(_xp.to_numpy(result.converged))):
+    if not bool(np.all(target.to_host(result.converged))):
         return {**entry, "status": "not converged", "detail": detail}
     if not worst <= accept:
         return {**entry, "status": "inaccurate", "detail": f"{detail} > {accept:g}"}
     return {**entry, "status": "yes", "detail": detail}
 
 
-def collect(targets=None, methods=None) -> dict:
+def collect(targets=None, methods=None, progress=None) -> dict:
     """Everything ``info`` prints, as a JSON-able dict.
 
     ``targets`` limits the support probe (default: every device of every
     available backend); the backend list always covers all known backends.
     """
-    methods = list(SOLVERS) if methods is None else list(methods)
+    methods = all_methods() if methods is None else list(methods)
     infos = discover()
     if targets is None:
         targets = [Target(i.name, d) for i in infos if i.available for d in i.devices]
-    support = [probe(target, method, precision) for target in targets
-               for method in methods for precision in PRECISIONS]
+    support = []
+    for target in targets:
+        support += [probe(target, method, precision) for method in methods
+                    for precision in PRECISIONS]
+        if progress is not None:
+            progress.step(f"{target.label}: {len(methods)} methods probed")
     return {
         "matroot": matroot.__version__,
         "python": platform.python_version(),
@@ -96,9 +107,9 @@ def collect(targets=None, methods=None) -> dict:
         "backends": [
             {"name": i.name, "version": i.version, "devices": list(i.devices),
              "device_names": i.device_names, "missing": i.missing} for i in infos],
-        "p_support": {m: [p for p in P_VALUES if SOLVERS[m].root_orders.accepts(_as_p(p))]
+        "p_support": {m: [p for p in P_VALUES if method_supports(m, _as_p(p))]
                       for m in methods},
-        "summaries": {m: SOLVERS[m].summary for m in methods},
+        "summaries": {m: get_solver(m).summary for m in methods},
         "probe": f"a stack of 3 SPD 16x16 matrices, eps = {_PROBE_EPS:g}, condition "
                  f"number {_PROBE_KAPPA:g}, p = {_PROBE_P}; 'yes' means it ran, "
                  "converged and met the "
@@ -118,6 +129,7 @@ def format_info(data: dict) -> str:
         f"matroot {data['matroot']}  (python {data['python']}, array-api-compat "
         f"{data['array_api_compat']}, {data['cpu_count']} CPU cores)",
         f"platform: {data['platform']}",
+        *([describe_threads(data["threads"])] if "threads" in data else []),
         "",
         "backends:",
     ]
@@ -172,3 +184,32 @@ def format_info(data: dict) -> str:
         lines.append("")
         lines += [f"  [{i + 1}] {note}" for i, note in enumerate(notes)]
     return "\n".join(lines)
+
+
+def configure(parser) -> None:
+    add_target_options(parser, "probe every installed backend")
+    add_thread_option(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--save", metavar="PATH", help="also write the JSON to PATH")
+    parser.set_defaults(run=run, prog=parser.prog)
+
+
+def run(args) -> int:
+
+
+    at_least(args.threads, 0, "--threads")
+    if args.save:
+        writable_file(args.save, "--save")
+    targets = targets_from(args) if args.backend or args.device else None
+    progress = Progress(len(targets) if targets else sum(
+        len(i.devices) for i in discover() if i.available))
+    with thread_policy(args.threads) as threads:
+        data = collect(targets=targets, progress=progress)
+    progress.close()
+    data["threads"] = threads
+    print(json.dumps(data, indent=2) if args.json else format_info(data))
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+    return 0

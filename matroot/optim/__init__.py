@@ -41,7 +41,15 @@ __all__ = [
 
 def __getattr__(name):
     if name == "Shampoo":
-        from .torch_shampoo import Shampoo
-
+        try:
+            from .torch_shampoo import Shampoo
+        except ModuleNotFoundError as err:
+            if err.name != "torch":
+                raise
+            raise ImportError(
+                "matroot.optim.Shampoo is a torch.optim.Optimizer and needs PyTorch: "
+                'pip install "matroot[torch]" (CPU-only wheel: pip install torch '
+                "--index-url https://download.pytorch.org/whl/cpu); the functional "
+                "core (matroot.optim.init / update) works without it") from err
         return Shampoo
     raise AttributeError(f"module 'matroot.optim' has no attribute {name!r}")

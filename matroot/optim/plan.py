@@ -1,7 +1,7 @@
 """Size a cluster for sharded Shampoo from parameter shapes alone.
 
-``python -m matroot plan --model llama-953m --world-size 8 64 512`` (or
-``python -m matroot.optim.plan ...``) prints, for each world size, how the
+``matroot plan --model llama-953m --world-size 8 64 512`` (its command line is
+:mod:`matroot.cli.plan`) prints, for each world size, how the
 Shampoo blocks of a model split over the ranks: blocks per rank, the per-rank
 cost balance (largest over mean, and the best any split could reach), the
 optimizer memory per rank and the bytes all-gathered per step. The blocking is
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import argparse
 import json
 import math
-import sys
 
 from .blocking import ELEMENTWISE, plan_blocks
 from .sharding import DTYPE_BYTES, best_balance, block_cost, gather_buckets, shard_plan
@@ -33,7 +31,6 @@ __all__ = [
     "load_shapes_json",
     "plan_summary",
     "format_summary",
-    "main",
 ]
 
 #: Llama MLP width for width 2048: 8/3·2048 rounded up to a multiple of 256
@@ -285,58 +282,3 @@ def format_summary(summary: dict, title: str) -> str:
     lines.append("  all-gather/step: output of the per-step all-gathers on each rank, one per "
                  "block shape")
     return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="matroot plan",
-        description="Split a model's Shampoo blocks over torch.distributed ranks from its "
-                    "parameter shapes: blocks per size, cost balance, memory and "
-                    "all-gather bytes per rank.")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--model", choices=sorted(MODELS),
-                        help="a built-in shape set (default: llama-953m)")
-    source.add_argument("--shapes", metavar="LIST",
-                        help="comma-separated shapes, e.g. 2048x2048,5632x2048,2048")
-    source.add_argument("--shapes-json", metavar="FILE",
-                        help="JSON list of shapes, or object mapping names to shapes")
-    parser.add_argument("--block-size", type=int, default=1024,
-                        help="Shampoo block_size (default 1024)")
-    parser.add_argument("--world-size", type=int, nargs="+", default=[8, 64, 512],
-                        metavar="N", help="world sizes to plan for (default 8 64 512)")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                        help="optimizer state dtype (default float32)")
-    parser.add_argument("--precondition-1d", action="store_true",
-                        help="as Shampoo(precondition_1d=True): vectors get one factor")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    return parser
-
-
-def main(argv=None) -> int:
-    """Run the planner; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        if args.shapes is not None:
-            shapes, title = parse_shapes(args.shapes), "--shapes"
-        elif args.shapes_json is not None:
-            shapes, title = load_shapes_json(args.shapes_json), args.shapes_json
-        else:
-            title = args.model or "llama-953m"
-            shapes = MODELS[title]()
-        summary = plan_summary(shapes, block_size=args.block_size,
-                               world_sizes=args.world_size, dtype=args.dtype,
-                               precondition_1d=args.precondition_1d)
-    except (ValueError, OSError) as err:
-        print(f"matroot plan: error: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        out = dict(summary, blocks=[{"shape": list(k), **v} for k, v in summary["blocks"].items()])
-        print(json.dumps(out, indent=2))
-    else:
-        print(format_summary(summary, title))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

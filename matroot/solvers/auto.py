@@ -1,6 +1,6 @@
 """The rule behind ``method="auto"``, and the measurements it rests on.
 
-The numbers are from ``python -m matroot.bench solvers`` (committed in
+The numbers are from ``matroot bench solvers`` (committed in
 ``bench/results/``, discussed in ``docs/benchmarks.rst``): float32 stacks with
 κ = 1e4, every method at its default tolerance, timed side by side with eigh.
 """
@@ -47,7 +47,7 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
       matmuls that supports p (:func:`accelerator_candidates`): ``"minimax"``
       for p a power of two, else ``"coupled_newton"``. This part rests on the
       DASH paper's GPU timings and on matmul counts measured on a CPU; a GPU run
-      of the benchmark (``python -m matroot.bench solvers``) refines it.
+      of the benchmark (``matroot bench solvers``) refines it.
 
     Parameters
     ----------

@@ -1,0 +1,103 @@
+"""Benchmark workers: each backend is timed in a fresh interpreter of its own.
+
+An idle BLAS or OpenMP pool of one library spins for a while after each call
+and slows the other library's next call several-fold on a small machine, which
+a real program using one library never sees. ``python -m matroot.bench.workers
+SPEC.json`` is the worker's entry point (internal: the parent writes the spec).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .backends import target_named
+from .config import config_from_json
+from .progress import Progress
+from .scaling_iterations import scaling_iterations
+from .sweep import sweep
+from .threads import THREAD_VARIABLES, thread_policy
+from .time_to_accuracy import time_to_accuracy
+
+__all__ = ["worker_environment", "run_worker", "json_default"]
+
+
+def worker_environment(threads: int) -> dict:
+    """The environment of the benchmark workers: this one's with the thread policy applied.
+
+    ``OMP_WAIT_POLICY=PASSIVE`` (unless the caller set it) makes idle OpenMP
+    threads sleep: with libgomp's default they spin at every barrier, and when
+    other processes share the cores a spinning pool turns a 4 ms matmul into a
+    16 ms one, which measures the neighbours rather than the solver.
+
+    Examples
+    --------
+    >>> from matroot.bench.workers import worker_environment
+    >>> env = worker_environment(1)
+    >>> env["OPENBLAS_NUM_THREADS"], env["OMP_NUM_THREADS"]
+    ('1', '1')
+    """
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if threads:
+        for name in THREAD_VARIABLES:
+            env[name] = str(threads)
+    return env
+
+
+def json_default(value):
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def run_worker(folder: Path, spec: dict, stream) -> dict:
+    """Run one target's experiments in a fresh interpreter; return its results."""
+    spec_path = folder / f"worker_{spec['target']}.json"
+    spec["out"] = str(folder / f"result_{spec['target']}.json")
+    spec_path.write_text(json.dumps(spec, default=json_default))
+    # Progress goes straight to our stderr (a bar on a terminal); to any other
+    # stream once the worker ends.
+    live = stream is sys.stderr
+    done = subprocess.run([sys.executable, "-m", "matroot.bench.workers", str(spec_path)],
+                          env=worker_environment(spec["config"]["threads"]),
+                          stderr=None if live else subprocess.PIPE, text=True)
+    if not live:
+        stream.write(done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {spec['target']} benchmark worker failed "
+                           f"(exit status {done.returncode}); its error is printed above")
+    return json.loads(Path(spec["out"]).read_text())
+
+
+def worker_main(spec_path) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    config = config_from_json(spec["config"])
+    target = target_named(spec["target"])
+    progress = Progress(spec["total"], done=spec["done"], started=spec["started"])
+    problems = spec["problems"]
+    with thread_policy(config.threads) as threads:
+        out = {"skipped": [], "workers": [dict(backend=target.name, **threads)]}
+        if "sweep" in spec["experiments"]:
+            out["sweep"] = sweep(config, target, problems["sweep"], progress, out["skipped"])
+        if "time_to_accuracy" in spec["experiments"]:
+            out["time_to_accuracy"] = time_to_accuracy(
+                config, target, problems["time_to_accuracy"], progress)
+        if "scaling" in spec["experiments"]:
+            out["scaling"] = scaling_iterations(config, target, problems["scaling"], progress)
+    progress.close()
+    Path(spec["out"]).write_text(json.dumps(out, default=json_default))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1]))
