@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .blocking import ELEMENTWISE, BlockPlan, plan_blocks
+from .blocking import ELEMENTWISE, BlockPlan, FactorPolicy, plan_blocks
+from .checkpoint import plan_from_layout
 from .sharding import ShardPlan, gather_buckets, local_plan, shard_plan
 
 __all__ = [
@@ -146,12 +147,6 @@ def agree_on_gradients(grads, group, device):
     return [flags[count + i] > 0 for i in range(count)]
 
 
-def _block_index(block):
-    if block.cols is None:
-        return (slice(*block.rows),)
-    return (slice(*block.rows), slice(*block.cols))
-
-
 class BlockSharding:
     """One parameter family's blocks split over the ranks of a process group.
 
@@ -228,7 +223,7 @@ class BlockSharding:
             send = torch.zeros((bucket.padded, *bucket.shape), dtype=dtype, device=device)
             for j, block in enumerate(self._bucket_blocks(bucket, self.rank)):
                 if views[block.param] is not None:
-                    send[j] = views[block.param][_block_index(block)]
+                    send[j] = views[block.param][block.index]
             recv = torch.empty((self.world_size * bucket.padded, *bucket.shape), dtype=dtype,
                                device=device)
             _all_gather(recv, send, self.group)
@@ -239,7 +234,7 @@ class BlockSharding:
                     continue
                 for j, block in enumerate(self._bucket_blocks(bucket, rank)):
                     if views[block.param] is not None:
-                        views[block.param][_block_index(block)] = recv[rank, j]
+                        views[block.param][block.index] = recv[rank, j]
         return gathered
 
     def record(self) -> dict:
@@ -286,7 +281,11 @@ def check_shard(saved, sharding) -> None:
 
 
 def _plan_of_family(state_dict: dict, entry: dict) -> BlockPlan:
-    """Rebuild a family's full plan from a state dict: moments give shapes and dtypes."""
+    """Rebuild a family's full plan from a state dict: its layout, or (first format) the
+    moments' shapes and dtypes with the group's settings."""
+    if "layout" in entry:
+        return plan_from_layout(entry["layout"], block_size=entry["block_size"],
+                                stacked=entry["stacked"])
     groups = {i: g for g in state_dict["param_groups"] for i in g["params"]}
     members = entry["params"]
     config = groups[members[0]]
@@ -296,7 +295,7 @@ def _plan_of_family(state_dict: dict, entry: dict) -> BlockPlan:
         shapes.append(tuple(moment.shape))
         dtypes.append("float64" if moment.dtype == torch.float64 else "float32")
     return plan_blocks(shapes, dtypes, block_size=int(config["block_size"]),
-                       precondition_1d=bool(config["precondition_1d"]),
+                       policy=FactorPolicy(precondition_1d=bool(config["precondition_1d"])),
                        stacked=bool(config["stacked"]))
 
 
@@ -314,10 +313,7 @@ def slot_map(plan: BlockPlan, split: ShardPlan, rank: int) -> list:
     out = []
     for lgroup, (g, start, stop) in zip(local.groups, owned):
         full = plan.groups[g]
-        sides = [(lgroup.left, full.left)]
-        if full.right is not None:
-            sides.append((lgroup.right, full.right))
-        for (ls, lf), (fs, ff) in sides:
+        for (ls, lf), (fs, ff) in zip(lgroup.factor_slots, full.factor_slots):
             out.append((ls, slice(lf, lf + stop - start), fs, slice(ff + start, ff + stop)))
     return out
 

@@ -21,7 +21,7 @@ import json
 import math
 import sys
 
-from .blocking import ELEMENTWISE, plan_blocks
+from .blocking import ELEMENTWISE, FactorPolicy, plan_blocks
 from .sharding import DTYPE_BYTES, best_balance, block_cost, gather_buckets, shard_plan
 
 __all__ = [
@@ -182,7 +182,7 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     names = [n for n, _ in shapes]
     dims = [tuple(s) for _, s in shapes]
     plan = plan_blocks(dims, [dtype] * len(dims), block_size=block_size,
-                       precondition_1d=precondition_1d)
+                       policy=FactorPolicy(precondition_1d=precondition_1d))
     nbytes = DTYPE_BYTES[dtype]
     elements = sum(math.prod(s) for s in dims)
     left_out = [i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE]

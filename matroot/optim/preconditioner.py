@@ -25,6 +25,7 @@ from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
     "FactorStacks",
+    "empty_stack",
     "init_stacks",
     "gather_blocks",
     "scatter_blocks",
@@ -49,23 +50,29 @@ class FactorStacks(NamedTuple):
     failures: list
 
 
-def init_stacks(plan: BlockPlan, xp, device) -> FactorStacks:
-    """Zero factors, identity roots and zero failure counts for every stack of ``plan``."""
-    factors, roots, failures = [], [], []
-    for spec in plan.stacks:
-        dtype = getattr(xp, spec.dtype)
-        shape = (spec.count, spec.size, spec.size)
-        factors.append(xp.zeros(shape, dtype=dtype, device=device))
-        eye = _xp.identity_stack(xp, spec.size, dtype, device)
-        roots.append(xp.zeros(shape, dtype=dtype, device=device) + eye)
-        failures.append(xp.zeros((spec.count,), dtype=xp.int32, device=device))
-    return FactorStacks(factors, roots, failures)
+def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None) -> tuple:
+    """Zero factors, identity roots (in ``root_dtype``, default the factors') and zero
+    failure counts for one stack."""
+    dtype = getattr(xp, spec.dtype)
+    root_dtype = dtype if root_dtype is None else root_dtype
+    shape = (spec.count, spec.size, spec.size)
+    factors = xp.zeros(shape, dtype=dtype, device=device)
+    roots = xp.zeros(shape, dtype=root_dtype, device=device) + \
+        _xp.identity_stack(xp, spec.size, root_dtype, device)
+    return factors, roots, xp.zeros((spec.count,), dtype=xp.int32, device=device)
 
 
-def _block_index(block):
-    if block.cols is None:
-        return (slice(*block.rows),)
-    return (slice(*block.rows), slice(*block.cols))
+def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
+                root_dtypes=None) -> FactorStacks:
+    """Every stack of ``plan`` from :func:`empty_stack`, or None for each when ``lazy``."""
+    stacks = FactorStacks([], [], [])
+    root_dtypes = root_dtypes or [None] * len(plan.stacks)
+    for spec, root_dtype in zip(plan.stacks, root_dtypes):
+        arrays = (None, None, None) if lazy else empty_stack(spec, xp, device,
+                                                              root_dtype=root_dtype)
+        for store, array in zip(stacks, arrays):
+            store.append(array)
+    return stacks
 
 
 def gather_blocks(group: BlockGroup, views, xp):
@@ -79,13 +86,13 @@ def gather_blocks(group: BlockGroup, views, xp):
         parameter number.
     xp : namespace
     """
-    return xp.stack([views[b.param][_block_index(b)] for b in group.blocks])
+    return xp.stack([views[b.param][b.index] for b in group.blocks])
 
 
 def scatter_blocks(group: BlockGroup, blocks, outputs) -> None:
     """Write ``blocks[j]`` into ``outputs[group.blocks[j].param]`` at its block's place."""
     for j, b in enumerate(group.blocks):
-        outputs[b.param][_block_index(b)] = blocks[j, ...]
+        outputs[b.param][b.index] = blocks[j, ...]
 
 
 def _accumulate(stack, first: int, statistic, beta2: float) -> None:
@@ -113,13 +120,15 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> Non
     beta2 : float
     """
     xp = _xp.array_namespace(grad_blocks)
-    if group.right is None:
+    if grad_blocks.ndim == 2:
         _accumulate(factors[group.left[0]], group.left[1],
                     grad_blocks[:, :, None] * grad_blocks[:, None, :], beta2)
         return
     transposed = xp.matrix_transpose(grad_blocks)
-    _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
-    _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
+    if group.left is not None:
+        _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
+    if group.right is not None:
+        _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
 
 
 def usable_roots(result, tol):
@@ -166,12 +175,14 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
     result = inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
                            **options)
     ok = usable_roots(result, options.get("tol"))
-    new_roots = _xp.batched_where(ok, result.root, roots)
+    new_roots = _xp.batched_where(ok, xp.astype(result.root, roots.dtype, copy=False), roots)
     return new_roots, failures + xp.astype(~ok, xp.int32), result
 
 
 def precondition_blocks(group: BlockGroup, blocks, roots):
     """The Shampoo directions ``L^(-1/4) M R^(-1/4)`` of all blocks of a group.
+
+    One-sided blocks get ``L^(-1/2) M`` or ``M R^(-1/2)``, vector blocks ``L^(-1/2) m``.
 
     Parameters
     ----------
@@ -185,14 +196,20 @@ def precondition_blocks(group: BlockGroup, blocks, roots):
     -------
     array, shape (k, *group.shape)
     """
+    xp = _xp.array_namespace(blocks)
     k = blocks.shape[0]
-    stack, first = group.left
-    left = roots[stack][first:first + k, ...]
-    if group.right is None:
-        return (left @ blocks[:, :, None])[:, :, 0]
-    stack, first = group.right
-    right = roots[stack][first:first + k, ...]
-    return (left @ blocks) @ right
+
+    def root_slots(side):
+        stack, first = side
+        return xp.astype(roots[stack][first:first + k, ...], blocks.dtype, copy=False)
+
+    if blocks.ndim == 2:
+        return (root_slots(group.left) @ blocks[:, :, None])[:, :, 0]
+    if group.left is not None:
+        blocks = root_slots(group.left) @ blocks
+    if group.right is not None:
+        blocks = blocks @ root_slots(group.right)
+    return blocks
 
 
 def block_norms(blocks):
