@@ -184,25 +184,35 @@ def main(argv=None) -> int:
     parser.add_argument("--method", default="auto",
                         help="inv_root method (auto, evd, newton_db, coupled_newton, ...)")
     parser.add_argument("--block-size", type=int, default=None,
-                        help="largest block side (default 128 with --quick, else 256)")
+                        help="largest block side (default 128 with --quick, else 256; "
+                             "1024 with --memory)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per layout")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); 1 is steadier on a "
                              "machine shared with other jobs")
+    parser.add_argument("--memory", action="store_true",
+                        help="print optimizer-state bytes per parameter (AdamW, matroot's "
+                             "policies, Distributed Shampoo when installed) instead of timing")
     parser.add_argument("--out", type=pathlib.Path, default=None,
                         help="write the report as JSON here (and a .md table beside it)")
     args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = 3 if args.quick else 5
-    if args.block_size is None:
+    if args.block_size is None and not args.memory:
         args.block_size = 128 if args.quick else 256
     if args.threads and args.backend == "torch":
         import torch
 
         torch.set_num_threads(args.threads)
-    report = run(args)
-    table = format_table(report)
+    if args.memory:
+        from .optim_memory import format_memory_table, memory_report
+
+        report = memory_report(block_size=args.block_size if args.block_size else 1024)
+        table = format_memory_table(report)
+    else:
+        report = run(args)
+        table = format_table(report)
     print(table)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
