@@ -300,3 +300,63 @@ def test_first_format_checkpoints_still_load():
     _steps((w, b), opt, x, y, 3)
     _steps(twins, resumed, x, y, 3)
     assert all(torch.equal(p, q) for p, q in zip((w, b), twins))
+
+
+def test_packed_factors_and_roots_hold_the_same_values_in_about_half_the_bytes():
+    full, (w, b), (x, y) = _stored(None, steps=6)
+    opt = Shampoo(twins := [p.detach().clone().requires_grad_() for p in _linear_problem(
+        8, rows=40, cols=12)[2:]], lr=1e-2, block_size=32, precondition_frequency=2,
+        symmetric_packing=True)
+    _steps(twins, opt, x, y, 6)
+    packed_state, full_state = opt._families[0].state, full._families[0].state
+    for spec, *stacks in zip(packed_state.plan.stacks, packed_state.factors,
+                             full_state.factors, packed_state.roots, full_state.roots):
+        rows, cols = torch.triu_indices(spec.size, spec.size)
+        for packed, full in (stacks[:2], stacks[2:]):
+            assert packed.shape == (spec.count, spec.size * (spec.size + 1) // 2)
+            torch.testing.assert_close(packed, full[:, rows, cols], rtol=1e-4, atol=1e-5)
+    for kind in ("factors", "roots"):
+        ratio = core.state_bytes(packed_state)[kind] / core.state_bytes(full_state)[kind]
+        assert ratio < 0.6
+    for p, q in zip(twins, (w, b)):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    again = [p.detach().clone().requires_grad_() for p in twins]
+    resumed = Shampoo(again, lr=1e-2, block_size=32, precondition_frequency=2,
+                      symmetric_packing=True)
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    _steps(twins, opt, x, y, 3)
+    _steps(again, resumed, x, y, 3)
+    assert all(torch.equal(p, q) for p, q in zip(twins, again))
+
+
+def test_packed_lazy_state_dicts_shard_and_consolidate():
+    from matroot.optim.distributed import consolidate_state_dicts, shard_state_dict
+
+    gen = torch.Generator().manual_seed(11)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(20, 12), (9, 17)]]
+    idle = torch.nn.Parameter(torch.randn(5, 7, generator=gen))      # never gets a gradient
+    opt = Shampoo(params + [idle], distributed=None, block_size=8, precondition_frequency=2,
+                  symmetric_packing=True, root_storage_dtype="bfloat16")
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    sd = opt.state_dict()
+    record = sd["shampoo_families"][0]
+    assert any(f is None for f in record["factors"])                 # the idle one's stacks
+    back = consolidate_state_dicts([shard_state_dict(sd, 2, r) for r in (1, 0)])
+    merged = back["shampoo_families"][0]
+    for name in ("factors", "roots"):
+        for saved, again in zip(record[name], merged[name]):
+            if saved is not None:
+                assert torch.equal(saved, again)
+            else:                   # a fresh stack: zero factors, identity roots, packed
+                assert again.ndim == 2 and again.dtype == (
+                    torch.float32 if name == "factors" else torch.bfloat16)
+                n = (math.isqrt(8 * again.shape[1] + 1) - 1) // 2
+                fresh = torch.zeros if name == "factors" else torch.eye
+                expected = fresh(n, n)[tuple(torch.triu_indices(n, n))]
+                assert torch.equal(again.float(), expected.expand_as(again))

@@ -40,9 +40,12 @@ MODELS = {
 POLICIES = {
     "shampoo": {},
     "shampoo, bf16 roots": {"root_storage_dtype": "bfloat16"},
+    "shampoo, packed, bf16 roots": {"symmetric_packing": True,
+                                            "root_storage_dtype": "bfloat16"},
     "shampoo, one-sided > 4096": {"max_preconditioned_dim": 4096},
-    "shampoo, one-sided > 4096, bf16 roots": {"max_preconditioned_dim": 4096,
-                                              "root_storage_dtype": "bfloat16"},
+    "shampoo, one-sided > 4096, packed, bf16 roots": {"max_preconditioned_dim": 4096,
+                                                      "symmetric_packing": True,
+                                                      "root_storage_dtype": "bfloat16"},
 }
 
 

@@ -121,6 +121,11 @@ class ShampooConfig:
         dtype the inverse roots are kept in between refreshes (None: the factors'
         dtype). Factors and all arithmetic stay float32 (float64 for float64
         parameters); a 16-bit root halves the roots' memory.
+    symmetric_packing : bool
+        Keep factors and inverse roots as packed upper triangles, ``n(n+1)/2`` numbers
+        each instead of ``n²`` (Distributed Shampoo's ``use_symmetric_packing``). The
+        factors hold the same values (accumulation is entrywise); a refresh unpacks one
+        stack for the solver, a step unpacks one block group's roots at a time.
     precondition : bool
         False keeps the parameters on the grafting update with no factors at all.
     precondition_1d : bool
@@ -169,6 +174,7 @@ class ShampooConfig:
     matrix_eps: float = 1e-8
     root_options: dict = field(default_factory=dict)
     root_storage_dtype: str | None = None
+    symmetric_packing: bool = False
     precondition: bool = True
     precondition_1d: bool = False
     max_preconditioned_dim: int | float = math.inf

@@ -86,7 +86,8 @@ class ShampooState(NamedTuple):
         gradient in a lazy state, and ``exp_avg_sq`` always for SGD grafting.
     factors, roots : list of arrays or None
         One ``(count, n, n)`` stack per ``plan.stacks`` entry (None until first
-        needed in a lazy state); roots in ``root_storage_dtype``.
+        needed in a lazy state); factors ``(count, n(n+1)/2)`` with ``symmetric_packing``,
+        roots in ``root_storage_dtype``.
     root_failures : list of int32 arrays or None
         Per factor, the refreshes whose root was rejected.
     root_refreshes : int
@@ -195,7 +196,7 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
     xp = _namespace(params, "params")
     device = _xp.device_of(params[0])
     plan = make_plan(params, config) if plan is None else plan
-    stacks = init_stacks(plan, xp, device, lazy=lazy,
+    stacks = init_stacks(plan, xp, device, lazy=lazy, packed=config.symmetric_packing,
                          root_dtypes=[_root_dtype(xp, config, s) for s in plan.stacks])
     count = len(params)
     moments = [None] * count if lazy else [
@@ -376,7 +377,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                 spec = plan.stacks[stack]
                 factors[stack], roots[stack], failures[stack] = empty_stack(
                     spec, xp, _xp.device_of(g_work[run.blocks[0].param]),
-                    root_dtype=_root_dtype(xp, config, spec))
+                    root_dtype=_root_dtype(xp, config, spec), packed=config.symmetric_packing)
         update_factors(run, gather_blocks(run, views, xp), factors, config.betas[1])
     phase("factors")
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from .blocking import ELEMENTWISE, BlockPlan, FactorPolicy, plan_blocks
 from .checkpoint import plan_from_layout
+from .preconditioner import empty_stack
 from .sharding import ShardPlan, gather_buckets, local_plan, shard_plan
 
 __all__ = [
@@ -318,12 +319,16 @@ def slot_map(plan: BlockPlan, split: ShardPlan, rank: int) -> list:
     return out
 
 
-def _empty_stacks(specs, name: str) -> list:
-    """CPU stacks for ``specs`` to copy the slots of ``name`` into."""
+def _empty_stacks(specs, name: str, like) -> list:
+    """CPU stacks for ``specs`` to copy the slots of ``name`` into, as a fresh state has
+    them (zero factors, identity roots), packed if the saved stacks ``like`` are."""
     if name == "root_failures":
         return [torch.zeros((spec.count,), dtype=torch.int32) for spec in specs]
-    return [torch.zeros((spec.count, spec.size, spec.size), dtype=getattr(torch, spec.dtype))
-            for spec in specs]
+    present = [a for a in like if a is not None]
+    packed = bool(present) and present[0].ndim == 2
+    dtype = present[0].dtype if present else None
+    return [empty_stack(spec, torch, "cpu", packed=packed,
+                        root_dtype=dtype)[0 if name == "factors" else 1] for spec in specs]
 
 
 def _family_entries(state_dict) -> list:
@@ -382,10 +387,12 @@ def consolidate_state_dicts(state_dicts) -> dict:
                   ("shard", "factors", "roots", "root_failures")}
         merged["root_refreshes"] = max(int(e["root_refreshes"]) for e in by_rank.values())
         for name in ("factors", "roots", "root_failures"):
-            stacks = _empty_stacks(plan.stacks, name)
+            stacks = _empty_stacks(plan.stacks, name,
+                                   [a for e in by_rank.values() for a in e[name]])
             for rank, e in by_rank.items():
                 for ls, lslots, fs, fslots in slot_map(plan, split, rank):
-                    stacks[fs][fslots] = e[name][ls][lslots].cpu()
+                    if e[name][ls] is not None:     # None: never had a gradient (lazy)
+                        stacks[fs][fslots] = e[name][ls][lslots].cpu()
             merged[name] = stacks
         families.append(merged)
     out["shampoo_families"] = families
@@ -421,9 +428,10 @@ def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
         sharded = {k: v for k, v in entry.items() if k not in ("factors", "roots",
                                                                  "root_failures")}
         for name in ("factors", "roots", "root_failures"):
-            stacks = _empty_stacks(local.stacks, name)
+            stacks = _empty_stacks(local.stacks, name, entry[name])
             for ls, lslots, fs, fslots in slot_map(plan, split, rank):
-                stacks[ls][lslots] = entry[name][fs][fslots].cpu()
+                if entry[name][fs] is not None:
+                    stacks[ls][lslots] = entry[name][fs][fslots].cpu()
             sharded[name] = stacks
         sharded["shard"] = {"world_size": world_size, "rank": rank, "split": split.to_dict()}
         families.append(sharded)

@@ -19,13 +19,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from .. import _xp
 from ..roots import inv_root_info
 from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
     "FactorStacks",
+    "factor_shape",
     "empty_stack",
+    "pack",
+    "unpack",
     "init_stacks",
     "gather_blocks",
     "scatter_blocks",
@@ -50,26 +55,36 @@ class FactorStacks(NamedTuple):
     failures: list
 
 
-def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None) -> tuple:
+def factor_shape(spec: StackSpec, packed: bool) -> tuple[int, ...]:
+    """Shape of a factor or root stack: ``(count, n, n)``, or ``(count, n(n+1)/2)`` packed."""
+    if packed:
+        return (spec.count, spec.size * (spec.size + 1) // 2)
+    return (spec.count, spec.size, spec.size)
+
+
+def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None, packed=False) -> tuple:
     """Zero factors, identity roots (in ``root_dtype``, default the factors') and zero
-    failure counts for one stack."""
+    failure counts for one stack; factors and roots as packed upper triangles when
+    ``packed``."""
     dtype = getattr(xp, spec.dtype)
     root_dtype = dtype if root_dtype is None else root_dtype
-    shape = (spec.count, spec.size, spec.size)
-    factors = xp.zeros(shape, dtype=dtype, device=device)
-    roots = xp.zeros(shape, dtype=root_dtype, device=device) + \
+    factors = xp.zeros(factor_shape(spec, packed), dtype=dtype, device=device)
+    roots = xp.zeros((spec.count, spec.size, spec.size), dtype=root_dtype, device=device) + \
         _xp.identity_stack(xp, spec.size, root_dtype, device)
+    if packed:
+        roots = pack(roots)
     return factors, roots, xp.zeros((spec.count,), dtype=xp.int32, device=device)
 
 
 def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
-                root_dtypes=None) -> FactorStacks:
+                root_dtypes=None, packed: bool = False) -> FactorStacks:
     """Every stack of ``plan`` from :func:`empty_stack`, or None for each when ``lazy``."""
     stacks = FactorStacks([], [], [])
     root_dtypes = root_dtypes or [None] * len(plan.stacks)
     for spec, root_dtype in zip(plan.stacks, root_dtypes):
         arrays = (None, None, None) if lazy else empty_stack(spec, xp, device,
-                                                              root_dtype=root_dtype)
+                                                              root_dtype=root_dtype,
+                                                              packed=packed)
         for store, array in zip(stacks, arrays):
             store.append(array)
     return stacks
@@ -95,8 +110,63 @@ def scatter_blocks(group: BlockGroup, blocks, outputs) -> None:
         outputs[b.param][b.index] = blocks[j, ...]
 
 
+_INDEX_CACHE: dict = {}
+
+
+def _packing_index(xp, n: int, device, unpack: bool):
+    """Flat indices that pack an ``n×n`` matrix's upper triangle (row by row) or unpack it.
+
+    Made once per size and device, so no index is copied to the device per step.
+    """
+    key = (xp.__name__, n, str(device), unpack)
+    if key not in _INDEX_CACHE:
+        rows, cols = np.triu_indices(n)
+        if unpack:
+            position = np.empty((n, n), dtype=np.int64)
+            position[rows, cols] = np.arange(rows.size)
+            position[cols, rows] = np.arange(rows.size)
+            index = position.reshape(-1)
+        else:
+            index = rows * n + cols
+        _INDEX_CACHE[key] = xp.asarray(index, device=device)
+    return _INDEX_CACHE[key]
+
+
+def pack(matrices):
+    """The upper triangles of a ``(k, n, n)`` stack as ``(k, n(n+1)/2)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> pack(np.arange(4.0).reshape(1, 2, 2))
+    array([[0., 1., 3.]])
+    """
+    xp = _xp.array_namespace(matrices)
+    k, n = matrices.shape[0], matrices.shape[-1]
+    index = _packing_index(xp, n, _xp.device_of(matrices), unpack=False)
+    return xp.take(xp.reshape(matrices, (k, n * n)), index, axis=1)
+
+
+def unpack(packed, n: int):
+    """The symmetric ``(k, n, n)`` stack whose upper triangles :func:`pack` gave.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> unpack(np.array([[0.0, 1.0, 3.0]]), 2)[0]
+    array([[0., 1.],
+           [1., 3.]])
+    """
+    xp = _xp.array_namespace(packed)
+    index = _packing_index(xp, n, _xp.device_of(packed), unpack=True)
+    return xp.reshape(xp.take(packed, index, axis=1), (packed.shape[0], n, n))
+
+
 def _accumulate(stack, first: int, statistic, beta2: float) -> None:
-    # Only the group's own slots are rewritten: no copy of the whole stack.
+    # Only the group's own slots are rewritten: no copy of the whole stack. A packed
+    # stack takes the statistic's upper triangle: the same arithmetic per entry.
+    if stack.ndim == 2:
+        statistic = pack(statistic)
     slots = slice(first, first + statistic.shape[0])
     if beta2 == 1.0:
         stack[slots, ...] = stack[slots, ...] + statistic
@@ -155,7 +225,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
     ----------
     spec : StackSpec
         The stack's size and root order.
-    factors, roots : array, shape (count, n, n)
+    factors, roots : array, shape (count, n, n) or packed (count, n(n+1)/2)
     failures : array of int32, shape (count,)
     method : str
         Any :func:`matroot.inv_root` method.
@@ -172,10 +242,16 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
         The solver's diagnostics, for logging.
     """
     xp = _xp.array_namespace(factors)
+    if factors.ndim == 2:
+        factors = unpack(factors, spec.size)
     result = inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
                            **options)
     ok = usable_roots(result, options.get("tol"))
-    new_roots = _xp.batched_where(ok, xp.astype(result.root, roots.dtype, copy=False), roots)
+    root = xp.astype(result.root, roots.dtype, copy=False)
+    if roots.ndim == 2:
+        new_roots = xp.where(ok[:, None], pack(root), roots)
+    else:
+        new_roots = _xp.batched_where(ok, root, roots)
     return new_roots, failures + xp.astype(~ok, xp.int32), result
 
 
@@ -201,7 +277,10 @@ def precondition_blocks(group: BlockGroup, blocks, roots):
 
     def root_slots(side):
         stack, first = side
-        return xp.astype(roots[stack][first:first + k, ...], blocks.dtype, copy=False)
+        slots = roots[stack][first:first + k, ...]
+        if slots.ndim == 2:
+            slots = unpack(slots, blocks.shape[1 if side is group.left else -1])
+        return xp.astype(slots, blocks.dtype, copy=False)
 
     if blocks.ndim == 2:
         return (root_slots(group.left) @ blocks[:, :, None])[:, :, 0]

@@ -33,6 +33,7 @@ from .distributed import (
     check_shard,
     resolve_process_group,
 )
+from .preconditioner import factor_shape
 
 __all__ = ["Shampoo"]
 
@@ -352,7 +353,7 @@ class Shampoo(torch.optim.Optimizer):
         check_shard(record.get("shard"), sharding)
         plan = plan if sharding is None else sharding.local
         device = members[0].device
-        expected = [(s.count, s.size, s.size) for s in plan.stacks]
+        stacks = [factor_shape(s, config.symmetric_packing) for s in plan.stacks]
 
         def restore(name, shapes):
             arrays = record[name]
@@ -366,8 +367,7 @@ class Shampoo(torch.optim.Optimizer):
 
         state = core.ShampooState(
             step=int(record["step"]), param_steps=(0,) * len(members), exp_avg=[],
-            exp_avg_sq=[], factors=restore("factors", expected),
-            roots=restore("roots", expected),
+            exp_avg_sq=[], factors=restore("factors", stacks), roots=restore("roots", stacks),
             root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
             root_refreshes=int(record["root_refreshes"]),
             skipped_steps=int(record["skipped_steps"]), plan=plan)
