@@ -360,3 +360,28 @@ def test_packed_lazy_state_dicts_shard_and_consolidate():
                 fresh = torch.zeros if name == "factors" else torch.eye
                 expected = fresh(n, n)[tuple(torch.triu_indices(n, n))]
                 assert torch.equal(again.float(), expected.expand_as(again))
+
+
+def test_dtensor_parameters_are_refused_with_the_supported_setups(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from matroot.optim import Shampoo
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+try:
+    weight = torch.nn.Parameter(distribute_tensor(torch.randn(8, 4),
+                                                  init_device_mesh("cpu", (1,)), [Shard(0)]))
+    try:
+        Shampoo([weight])
+    except TypeError as err:
+        print(err)
+finally:
+    dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert "DTensor" in out.stdout and "DDP" in out.stdout, out.stdout + out.stderr

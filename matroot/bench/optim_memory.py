@@ -17,6 +17,7 @@ Run::
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 
@@ -109,11 +110,10 @@ def memory_report(block_size: int = 1024, models=None) -> dict:
 
     from ..optim import Shampoo
 
-    makers = {"adamw": lambda params: torch.optim.AdamW(params, lr=1e-3)}
+    makers = {"adamw": functools.partial(torch.optim.AdamW, lr=1e-3)}
     for name, options in POLICIES.items():
-        makers[name] = (lambda options: lambda params: Shampoo(
-            params, block_size=block_size, precondition_frequency=_NO_REFRESH, distributed=None,
-            **options))(options)
+        makers[name] = functools.partial(Shampoo, block_size=block_size, distributed=None,
+                                         precondition_frequency=_NO_REFRESH, **options)
     makers["distributed_shampoo"] = _distributed_shampoo(block_size)
     out = {}
     for model, shapes in (models or MODELS).items():

@@ -42,6 +42,14 @@ _DEFAULTS = core.ShampooConfig()
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
 
 
+def _is_dtensor(tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return isinstance(tensor, DTensor)
+
+
 class _Family:
     """Parameters that share factor stacks, their core state and, when sharded, their split."""
 
@@ -113,6 +121,12 @@ class Shampoo(torch.optim.Optimizer):
         for p in group["params"]:
             if not p.is_floating_point():
                 raise TypeError(f"Shampoo optimizes floating parameters, got dtype {p.dtype}")
+            if _is_dtensor(p):
+                raise TypeError(
+                    "Shampoo does not take DTensor (FSDP2 / fully_shard, tensor-parallel) "
+                    "parameters: its blocks are cut from whole parameters. Supported: one "
+                    "process, or DDP (replicated parameters; blocks are sharded over ranks "
+                    "with distributed='auto'). See docs/distributed.rst")
         self._group_config(group)
 
     @staticmethod
