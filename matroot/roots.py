@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import _xp
 from ._checks import (
     COMPUTE_DTYPES,
-    METHODS,
     SCALINGS,
     check_choice,
     check_matmul_dtype,
@@ -18,12 +18,13 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import lambda_max_bound, lambda_min_estimate
-from .solvers import SOLVERS
+from .scaling import lambda_max_bound_core, lambda_min_estimate_core
+from .solvers import get_solver
 from .solvers.auto import choose_method
+from .solvers.registry import check_method, require_dtypes, require_support
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
-           "default_tol", "default_max_iter"]
+           "default_tol", "default_max_iter", "usable_roots"]
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -63,31 +64,13 @@ class InvRootResult(NamedTuple):
     method: str
 
 
-#: Per (method, dtype) residual targets; chosen so the default call meets the
-#: accuracy table in the README (measured in tests/test_accuracy.py).
-_DEFAULT_TOL = {
-    ("newton_db", "float32"): 1e-5,
-    ("newton_db", "float64"): 1e-12,
-    ("coupled_newton", "float32"): 1e-5,
-    ("coupled_newton", "float64"): 1e-12,
-    ("chebyshev", "float32"): 1e-4,
-    ("chebyshev", "float64"): 1e-8,
-    ("minimax", "float32"): 1e-5,
-    ("minimax", "float64"): 1e-12,
-    ("evd", "float32"): 0.0,
-    ("evd", "float64"): 0.0,
-}
-_DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "minimax": 30,
-                     "evd": 1}
-
-
 def default_tol(method: str, compute_dtype: str) -> float:
     """The ``tol`` that ``method`` uses when none is given, for float32 or float64.
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
     compute_dtype : {"float32", "float64"}
         The dtype the solver computes in.
 
@@ -101,7 +84,9 @@ def default_tol(method: str, compute_dtype: str) -> float:
     >>> matroot.default_tol("newton_db", "float32")
     1e-05
     """
-    return _DEFAULT_TOL[(method, compute_dtype)]
+    spec = get_solver(method)
+    check_choice(compute_dtype, "compute_dtype", spec.compute_dtypes)
+    return spec.default_tol[compute_dtype]
 
 
 def default_max_iter(method: str) -> int:
@@ -109,8 +94,8 @@ def default_max_iter(method: str) -> int:
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
 
     Returns
     -------
@@ -122,11 +107,121 @@ def default_max_iter(method: str) -> int:
     >>> matroot.default_max_iter("coupled_newton")
     60
     """
-    return _DEFAULT_MAX_ITER[method]
+    return get_solver(method).default_max_iter
 
 
-def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-             max_iter=None, matmul_dtype=None, check_finite=True, compute_dtype=None):
+def _with_signature_of(source):
+    """Show ``source``'s parameters for the decorated ``f(a, /, p, **options)`` (in
+    ``help()``, ``inspect`` and Sphinx), so both are declared and validated once."""
+    def decorate(func):
+        own = inspect.signature(func)
+        func.__signature__ = inspect.signature(source).replace(
+            return_annotation=own.return_annotation)
+        return func
+
+    return decorate
+
+
+def inv_root_info(a, /, p: float, *, method: str = "auto", eps: float = 0.0,
+                  scaling: str = "power", tol: float | None = None,
+                  max_iter: int | None = None, matmul_dtype: str | None = None,
+                  check_finite: bool = True,
+                  compute_dtype: str | None = None) -> InvRootResult:
+    """:func:`inv_root` with per-matrix diagnostics.
+
+    Takes the same arguments as :func:`inv_root`.
+
+    Returns
+    -------
+    InvRootResult
+        ``root`` plus per-matrix ``residual``, ``iterations``, ``converged``,
+        ``lambda_max`` and ``matmuls`` arrays of shape ``a.shape[:-2]``, and the
+        ``method`` that ran.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> a = np.stack([np.diag([1.0, 4.0]), np.diag([9.0, 9.0])])
+    >>> res = matroot.inv_root_info(a, 2, method="coupled_newton")
+    >>> res.converged.tolist(), res.iterations.shape
+    ([True, True], (2,))
+    """
+    xp = check_stack(a)
+    check_method(method)
+    p = check_p(p)
+    require_support(method, p)
+    eps = check_nonnegative(eps, "eps")
+    check_choice(scaling, "scaling", SCALINGS)
+    check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
+    max_iter = check_max_iter(max_iter)
+    if tol is not None:
+        tol = check_nonnegative(tol, "tol")
+    work_name = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
+    matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
+    if method == "auto":
+        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
+    spec = get_solver(method)
+    if compute_dtype is None and spec.default_compute_dtype is not None:
+        work_name = spec.default_compute_dtype
+    require_dtypes(spec, work_name, matmul_dtype)
+    if tol is None:
+        tol = default_tol(method, work_name)
+    if max_iter is None:
+        max_iter = default_max_iter(method)
+
+    batch = tuple(a.shape[:-2])
+    n = a.shape[-1]
+    dev = _xp.device_of(a)
+    if check_finite and not bool(xp.all(xp.isfinite(a))):
+        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
+                         "roots for those matrices instead)")
+    b = math.prod(batch)
+    if b == 0 or n == 0:
+        return _empty_result(xp, a, batch, method)
+
+    work_dtype = getattr(xp, work_name)
+    stack = xp.reshape(xp.astype(a, work_dtype), (b, n, n))
+    finite = xp.all(xp.isfinite(stack), axis=(-2, -1))
+    eye = _xp.identity_stack(xp, n, work_dtype, dev)
+    # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
+    stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
+    if eps > 0:
+        stack = stack + eps * eye
+
+    lam_max = lambda_max_bound_core(stack, scaling=scaling)
+    nonzero = lam_max > 0
+    scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
+    scaled = stack / scale[:, None, None]
+
+    solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
+                         check_every=4 if _xp.is_accelerator(xp, a) else 1,
+                         matmul=_xp.Matmul(xp, None if matmul_dtype is None
+                                           else _xp.dtype_from_name(xp, matmul_dtype)))
+    if spec.needs_lower_bound:
+        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
+    out = spec.solve(scaled, p, **solver_kwargs)
+
+    root = out.root * (scale ** (-1.0 / p))[:, None, None]
+    usable = finite & nonzero
+    root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
+    nan_b = xp.full_like(out.residual, float("nan"))
+    residual = xp.where(usable, out.residual, nan_b)
+    converged = out.converged & usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+
+    root = xp.reshape(xp.astype(root, a.dtype), (*batch, n, n))
+    return InvRootResult(
+        root=root,
+        residual=xp.reshape(residual, batch),
+        iterations=xp.reshape(out.iterations, batch),
+        converged=xp.reshape(converged, batch),
+        lambda_max=xp.reshape(xp.where(finite, lam_max, nan_b), batch),
+        matmuls=xp.reshape(out.matmuls, batch),
+        method=method,
+    )
+
+
+@_with_signature_of(inv_root_info)
+def inv_root(a, /, p: float, **options: Any) -> Any:
     """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
 
     Parameters
@@ -187,13 +282,9 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     array([[0.5     , 0.      ],
            [0.      , 0.333333]])
     """
-    result = inv_root_info(a, p, method=method, eps=eps, scaling=scaling, tol=tol,
-                           max_iter=max_iter, matmul_dtype=matmul_dtype,
-                           check_finite=check_finite, compute_dtype=compute_dtype)
+    result = inv_root_info(a, p, **options)
     xp = _xp.array_namespace(result.root)
-    failed = ~result.converged
-    if tol == 0 and result.method != "evd":
-        failed = ~xp.isfinite(result.residual)
+    failed = ~usable_roots(result, options.get("tol"))
     count = int(xp.sum(xp.astype(failed, xp.int32)))
     if count:
         warnings.warn(
@@ -203,99 +294,25 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     return result.root
 
 
-def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-                  max_iter=None, matmul_dtype=None, check_finite=True,
-                  compute_dtype=None):
-    """:func:`inv_root` with per-matrix diagnostics.
+def usable_roots(result: InvRootResult, tol: float | None):
+    """Per-matrix mask of the roots in ``result`` that are fit to use.
 
-    Takes the same arguments as :func:`inv_root`.
-
-    Returns
-    -------
-    InvRootResult
-        ``root`` plus per-matrix ``residual``, ``iterations``, ``converged``,
-        ``lambda_max`` and ``matmuls`` arrays of shape ``a.shape[:-2]``, and the
-        ``method`` that ran.
+    A root is usable when it converged; with ``tol=0`` for an iterative method
+    (a fixed step count, which never reports convergence) when its residual
+    and entries are finite.
 
     Examples
     --------
     >>> import numpy as np, matroot
-    >>> a = np.stack([np.diag([1.0, 4.0]), np.diag([9.0, 9.0])])
-    >>> res = matroot.inv_root_info(a, 2, method="coupled_newton")
-    >>> res.converged.tolist(), res.iterations.shape
-    ([True, True], (2,))
+    >>> res = matroot.inv_root_info(np.eye(2)[None], 2, method="newton_db", tol=0,
+    ...                             max_iter=3)
+    >>> res.converged.tolist(), matroot.usable_roots(res, 0).tolist()
+    ([False], [True])
     """
-    xp = check_stack(a)
-    check_choice(method, "method", METHODS)
-    p = check_p(p, method)
-    eps = check_nonnegative(eps, "eps")
-    check_choice(scaling, "scaling", SCALINGS)
-    check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
-    max_iter = check_max_iter(max_iter)
-    if tol is not None:
-        tol = check_nonnegative(tol, "tol")
-    work_name = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
-    matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
-    if method == "auto":
-        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
-    if method == "evd" and compute_dtype is None:
-        # float32 eigh loses κ·u in the small eigenvalues (6e-2 at κ = 1e6 with MKL);
-        # NumPy already computes eigh in float64 internally, so do so everywhere.
-        work_name = "float64"
-    if tol is None:
-        tol = default_tol(method, work_name)
-    if max_iter is None:
-        max_iter = default_max_iter(method)
-
-    batch = tuple(a.shape[:-2])
-    n = a.shape[-1]
-    dev = _xp.device_of(a)
-    if check_finite and not bool(xp.all(xp.isfinite(a))):
-        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
-                         "roots for those matrices instead)")
-    b = math.prod(batch)
-    if b == 0 or n == 0:
-        return _empty_result(xp, a, batch, method)
-
-    work_dtype = getattr(xp, work_name)
-    stack = xp.reshape(xp.astype(a, work_dtype), (b, n, n))
-    finite = xp.all(xp.isfinite(stack), axis=(-2, -1))
-    eye = _xp.identity_stack(xp, n, work_dtype, dev)
-    # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
-    stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
-    if eps > 0:
-        stack = stack + eps * eye
-
-    lam_max = lambda_max_bound(stack, scaling=scaling)
-    nonzero = lam_max > 0
-    scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
-    scaled = stack / scale[:, None, None]
-
-    solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
-                         check_every=4 if _xp.is_accelerator(xp, a) else 1,
-                         matmul=_xp.Matmul(xp, None if matmul_dtype is None
-                                           else _xp.dtype_from_name(xp, matmul_dtype)))
-    if method in ("chebyshev", "minimax"):
-        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
-    out = SOLVERS[method](scaled, p, **solver_kwargs)
-
-    root = out.root * (scale ** (-1.0 / p))[:, None, None]
-    usable = finite & nonzero
-    root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
-    nan_b = xp.full_like(out.residual, float("nan"))
-    residual = xp.where(usable, out.residual, nan_b)
-    converged = out.converged & usable & xp.all(xp.isfinite(root), axis=(-2, -1))
-
-    root = xp.reshape(xp.astype(root, a.dtype), (*batch, n, n))
-    return InvRootResult(
-        root=root,
-        residual=xp.reshape(residual, batch),
-        iterations=xp.reshape(out.iterations, batch),
-        converged=xp.reshape(converged, batch),
-        lambda_max=xp.reshape(xp.where(finite, lam_max, nan_b), batch),
-        matmuls=xp.reshape(out.matmuls, batch),
-        method=method,
-    )
+    xp = _xp.array_namespace(result.root)
+    if tol == 0 and get_solver(result.method).iterative:
+        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
+    return result.converged
 
 
 def _lower_bound(scaled, eps_scaled):
@@ -304,7 +321,7 @@ def _lower_bound(scaled, eps_scaled):
     xp = _xp.array_namespace(scaled)
     if bool(xp.all(eps_scaled > 0)):
         return eps_scaled
-    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled))
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
     return xp.where(eps_scaled > 0, eps_scaled, estimate)
 
 

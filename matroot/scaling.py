@@ -10,13 +10,14 @@ come from a few batched Lanczos steps with a safety factor.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import numpy as np
 
 from . import _xp
-from ._checks import SCALINGS, check_choice, check_stack
+from ._checks import SCALINGS, check_choice, check_nonnegative, check_stack
 
 __all__ = ["power_iteration", "lambda_max_bound", "lambda_min_estimate",
            "lanczos_ritz_extremes", "SpectralBounds", "spectral_bounds"]
@@ -32,9 +33,12 @@ LANCZOS_STEPS = 64
 LANCZOS_SAFETY = 4.0
 
 
+@functools.lru_cache(maxsize=64)
 def _start_vectors(xp, n: int, k: int, dtype, device):
     # A fixed-seed host draw: reproducible, never touches the global RNG, and the
-    # same start on every backend so results agree across them.
+    # same start on every backend so results agree across them. Cached, so the
+    # host draw and its copy to the device happen once per size; callers only
+    # read it.
     rng = np.random.default_rng(_START_SEED + 7919 * n + k)
     v = rng.standard_normal((n, k))
     v /= np.linalg.norm(v, axis=0, keepdims=True)
@@ -75,7 +79,13 @@ def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
     >>> float(matroot.power_iteration(a))  # doctest: +ELLIPSIS
     4.99...
     """
-    xp = check_stack(a)
+    check_stack(a)
+    return power_iteration_core(a, num_vectors=num_vectors, num_iter=num_iter)
+
+
+def power_iteration_core(a, *, num_vectors: int = 4, num_iter: int = 12):
+    """:func:`power_iteration` without input validation, for callers that checked ``a``."""
+    xp = _xp.array_namespace(a)
     n = a.shape[-1]
     batch = a.shape[:-2]
     if n == 0 or 0 in batch:
@@ -120,8 +130,14 @@ def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFE
     >>> float(matroot.lambda_max_bound(a, scaling="frobenius"))  # doctest: +ELLIPSIS
     5.47...
     """
-    xp = check_stack(a)
+    check_stack(a)
     check_choice(scaling, "scaling", SCALINGS)
+    return lambda_max_bound_core(a, scaling=scaling, safety=safety)
+
+
+def lambda_max_bound_core(a, *, scaling: str = "power", safety: float = POWER_SAFETY):
+    """:func:`lambda_max_bound` without input validation, for callers that checked it."""
+    xp = _xp.array_namespace(a)
     scale = _entry_scale(xp, a)
     b = a / scale[..., None, None]
     frob = _xp.frobenius_norm(b)
@@ -129,7 +145,7 @@ def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFE
         return frob * scale
     inf_norm = xp.max(xp.sum(xp.abs(b), axis=-1), axis=-1)
     guaranteed = xp.minimum(frob, inf_norm)
-    estimate = power_iteration(b) * safety
+    estimate = power_iteration_core(b) * safety
     return xp.minimum(estimate, guaranteed) * scale
 
 
@@ -268,7 +284,14 @@ def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
     >>> bool(est < 1e-2)
     True
     """
-    xp = check_stack(a)
+    check_stack(a)
+    return lambda_min_estimate_core(a, lambda_max, num_iter=num_iter, safety=safety)
+
+
+def lambda_min_estimate_core(a, lambda_max, *, num_iter: int = LANCZOS_STEPS,
+                             safety: float = LANCZOS_SAFETY):
+    """:func:`lambda_min_estimate` without input validation, for callers that checked ``a``."""
+    xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
     if a.shape[-1] == 0 or 0 in batch:
         return xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
@@ -317,8 +340,10 @@ def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
     (2.0, 5.0)
     """
     xp = check_stack(a)
+    check_choice(scaling, "scaling", SCALINGS)
+    eps = check_nonnegative(eps, "eps")
     reg = _xp.add_scaled_identity(a, xp.full(a.shape[:-2], eps, dtype=a.dtype,
                                              device=_xp.device_of(a)))
-    upper = lambda_max_bound(reg, scaling=scaling)
-    lower = xp.maximum(lambda_min_estimate(reg, upper), xp.full_like(upper, eps))
+    upper = lambda_max_bound_core(reg, scaling=scaling)
+    lower = xp.maximum(lambda_min_estimate_core(reg, upper), xp.full_like(upper, eps))
     return SpectralBounds(lower, upper)

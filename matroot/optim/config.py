@@ -11,7 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from .._checks import METHODS
+from ..solvers.registry import check_method
 from .blocking import FactorPolicy, check_block_size
 
 __all__ = [
@@ -110,8 +110,8 @@ class ShampooConfig:
         First step with Shampoo directions (and the first refresh). Default:
         ``precondition_frequency``.
     root_method : str
-        Any :func:`matroot.inv_root` method ("auto", "evd", "newton_db",
-        "coupled_newton", "minimax", "chebyshev").
+        Any :func:`matroot.inv_root` method: "auto" or a registered solver
+        ("evd", "newton_db", "coupled_newton", "chebyshev", "minimax").
     matrix_eps : float
         Ridge of the factors: roots of ``L + matrix_eps·I``.
     root_options : dict, optional
@@ -204,7 +204,7 @@ class ShampooConfig:
                                   or start < 1):
             raise ValueError("start_preconditioning_step must be a positive integer or None, "
                              f"got {start!r}")
-        _one_of(self.root_method, "root_method", METHODS)
+        check_method(self.root_method, "root_method")
         _real(self.matrix_eps, "matrix_eps", 0.0)
         options = dict(self.root_options or {})
         unknown = sorted(set(options) - set(ROOT_OPTIONS))

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _xp
-from ..roots import inv_root_info
+from ..roots import inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
@@ -199,18 +199,6 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> Non
         _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
     if group.right is not None:
         _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
-
-
-def usable_roots(result, tol):
-    """Per-matrix mask of roots fit to use from an :class:`~matroot.InvRootResult`.
-
-    A root is usable when it converged; with ``tol=0`` (a fixed iteration count,
-    which never reports convergence) when its residual and entries are finite.
-    """
-    xp = _xp.array_namespace(result.root)
-    if tol == 0 and result.method != "evd":
-        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
-    return result.converged
 
 
 def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: str,
