@@ -20,9 +20,12 @@ their slots (:mod:`matroot.optim.checkpoint`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from itertools import chain
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from . import core
 from .checkpoint import FORMAT, plan_from_layout, plan_layout
@@ -106,7 +109,10 @@ class Shampoo(torch.optim.Optimizer):
     2
     """
 
-    def __init__(self, params, *, distributed="auto", graft_only=None, **hyperparameters):
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *,
+                 distributed: str | dist.ProcessGroup | None = "auto",
+                 graft_only: Callable[[torch.Tensor], bool] | None = None,
+                 **hyperparameters: Any) -> None:
         config = core.ShampooConfig(**hyperparameters)
         defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
         self._families: list[_Family] = []
