@@ -385,3 +385,44 @@ finally:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120)
     assert "DTensor" in out.stdout and "DDP" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_keeps_moments_only_where_it_owns_blocks_and_its_blocks_match_one_process(
+        world):
+    from matroot.optim import apply_updates, state_bytes
+    from matroot.optim.sharding import local_plan, shard_plan
+
+    rng = np.random.default_rng(12)
+    shapes = [(16, 16)] * 6 + [(16, 8), (8,)]
+    params = [rng.standard_normal(s) for s in shapes]
+    config = ShampooConfig(lr=0.05, block_size=16, precondition_frequency=2, momentum=0.5,
+                           root_method="evd", matrix_eps=1e-6)
+    plan = core.make_plan(params, config)
+    split = shard_plan(plan, world)
+    parts = [local_plan(plan, split, r) for r in range(world)]
+    single = init(params, config, lazy=True)
+    ranks = [init(params, config, plan=local, lazy=True) for local, _ in parts]
+    for _ in range(5):
+        grads = [rng.standard_normal(s) for s in shapes]
+        expected, single = update(grads, single, params, config)
+        per_rank = []
+        for r in range(world):
+            updates, ranks[r] = update(grads, ranks[r], params, config)
+            per_rank.append(updates)
+        # What the all-gather does: every block from its owner (the elementwise vector
+        # is computed by every rank alike).
+        assembled = [u.copy() for u in per_rank[0]]
+        for r, (_, owned) in enumerate(parts):
+            for g, start, stop in owned:
+                for block in plan.groups[g].blocks[start:stop]:
+                    view = plan.params[block.param].view
+                    assembled[block.param].reshape(view)[block.index] = \
+                        per_rank[r][block.param].reshape(view)[block.index]
+        for got, want in zip(assembled, expected):
+            np.testing.assert_array_equal(got, want)
+        params = apply_updates(params, expected)
+    whole = state_bytes(single)["total"]
+    replicated = 3 * 8 * 8                  # the vector's two moments and momentum, float64
+    for state in ranks:
+        assert state_bytes(state)["total"] <= 1.2 * (whole - replicated) / world + replicated

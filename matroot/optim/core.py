@@ -350,10 +350,13 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
     momentum = list(state.momentum_buffer or [None] * count)
 
-    # 1. Moments and grafting directions, elementwise.
+    # 1. Moments and grafting directions, elementwise. A sharded rank keeps no moments
+    # of parameters whose blocks all belong to other ranks: their updates arrive by the
+    # all-gather, so here they are zeros.
+    remote = plan.remote_params
     g_work, m_hat, adam = [None] * count, [None] * count, [None] * count
     for i, g in enumerate(grads):
-        if g is None:
+        if g is None or i in remote:
             continue
         g = xp.astype(g, _compute_dtype(xp, g), copy=False)
         if exp_avg[i] is None:
@@ -412,6 +415,10 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     # 5. Updates: momentum, then decoupled weight decay.
     updates = [None] * count
+    for i in remote:
+        if grads[i] is not None:
+            updates[i] = xp.zeros(grads[i].shape, dtype=_compute_dtype(xp, grads[i]),
+                                  device=_xp.device_of(grads[i]))
     for i, d in enumerate(directions):
         if d is None:
             continue

@@ -7,9 +7,11 @@ rank would compute the same factors, inverse roots and preconditioned blocks.
 for its own blocks only (the core runs on the rank's
 :func:`~matroot.optim.sharding.local_plan`), computes their updates, and one
 all-gather per block shape (:func:`~matroot.optim.sharding.gather_buckets`)
-copies every block's update from its owner to all ranks. The elementwise
-(AdamW) parameters and the Adam moments stay replicated: they are cheap and
-every rank needs the moments of all blocks it might graft.
+copies every block's update from its owner to all ranks, at every step. A rank
+keeps the moments of the parameters it owns a block of (owners take contiguous
+runs of each group, so most parameters have one owner) and of the elementwise
+(AdamW) parameters, which stay replicated; a parameter whose blocks all belong to
+other ranks costs this rank nothing but its transient update.
 
 Every rank enters the same collectives in the same order at every step,
 whatever happens locally: the buckets and their sizes depend on the plan alone,
@@ -364,6 +366,7 @@ def consolidate_state_dicts(state_dicts) -> dict:
         raise ValueError("no state dicts given")
     first = state_dicts[0]
     out = {k: v for k, v in first.items() if k != "shampoo_families"}
+    out["state"] = dict(first.get("state", {}))
     families = []
     for f, entry in enumerate(_family_entries(first)):
         shard = entry.get("shard")
@@ -371,13 +374,14 @@ def consolidate_state_dicts(state_dicts) -> dict:
             families.append(dict(entry))
             continue
         world = int(shard["world_size"])
-        by_rank = {}
+        by_rank, dicts = {}, {}
         for sd in state_dicts:
             e = _family_entries(sd)[f]
             if e.get("shard") is None or e["shard"]["split"] != shard["split"] \
                     or e["params"] != entry["params"]:
                 raise ValueError(f"family {f}: the state dicts come from different runs")
             by_rank.setdefault(int(e["shard"]["rank"]), e)
+            dicts.setdefault(int(e["shard"]["rank"]), sd)
         if sorted(by_rank) != list(range(world)) or len(state_dicts) != world:
             raise ValueError(f"family {f}: need one state dict from each of {world} ranks, "
                              f"got ranks {sorted(by_rank)} in {len(state_dicts)} dicts")
@@ -394,9 +398,37 @@ def consolidate_state_dicts(state_dicts) -> dict:
                     if e[name][ls] is not None:     # None: never had a gradient (lazy)
                         stacks[fs][fslots] = e[name][ls][lslots].cpu()
             merged[name] = stacks
+        out["state"].update(_merge_param_state(entry["params"], plan, split, dicts))
         families.append(merged)
     out["shampoo_families"] = families
     return out
+
+
+def _merge_param_state(numbers, plan: BlockPlan, split: ShardPlan, dicts: dict) -> dict:
+    """One family's per-parameter state from every rank's state dict.
+
+    Moments come from any rank that keeps them (every such rank computed them from the
+    same gradients); a momentum buffer follows its parameter's updates, right on each
+    block's owner only, so it is put together block by block.
+    """
+    merged: dict = {}
+    for rank, sd in sorted(dicts.items()):
+        local, owned = local_plan(plan, split, rank)
+        for i, number in enumerate(numbers):
+            entry = sd.get("state", {}).get(number)
+            if entry is None or i in local.remote_params:
+                continue
+            if number not in merged:
+                merged[number] = {k: (v.clone() if torch.is_tensor(v) else v)
+                                  for k, v in entry.items()}
+            if "momentum_buffer" in entry and plan.params[i].kind != ELEMENTWISE:
+                target = merged[number]["momentum_buffer"].view(plan.params[i].view)
+                source = entry["momentum_buffer"].view(plan.params[i].view)
+                for g, start, stop in owned:
+                    for block in plan.groups[g].blocks[start:stop]:
+                        if block.param == i:
+                            target[block.index] = source[block.index]
+    return merged
 
 
 def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
@@ -415,6 +447,7 @@ def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
     dict
     """
     out = {k: v for k, v in state_dict.items() if k != "shampoo_families"}
+    out["state"] = dict(state_dict.get("state", {}))
     families = []
     for entry in _family_entries(state_dict):
         if entry.get("shard") is not None:
@@ -425,6 +458,8 @@ def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
         plan = _plan_of_family(state_dict, entry)
         split = shard_plan(plan, world_size)
         local, _ = local_plan(plan, split, rank)
+        for i in local.remote_params:          # moments this rank does not keep
+            out["state"].pop(entry["params"][i], None)
         sharded = {k: v for k, v in entry.items() if k not in ("factors", "roots",
                                                                  "root_failures")}
         for name in ("factors", "roots", "root_failures"):

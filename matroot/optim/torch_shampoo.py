@@ -254,8 +254,7 @@ class Shampoo(torch.optim.Optimizer):
                 lr=[g["lr"] for g in groups], weight_decay=[g["weight_decay"] for g in groups],
                 check_grads=False)
             self._publish_family_state(family)
-            if family.sharding is not None and \
-                    family.state.step >= config.first_preconditioned_step:
+            if family.sharding is not None:
                 family.sharding.share_updates(updates)
             for p, u in zip(family.params, updates):
                 if u is None:
