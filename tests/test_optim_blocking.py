@@ -68,7 +68,8 @@ def test_blocks_tile_every_preconditioned_parameter_once(stacked, block_size):
 @pytest.mark.parametrize("stacked", [True, False])
 def test_every_stack_slot_is_claimed_by_exactly_one_factor(stacked):
     dtypes = ["float32", "float64"] * 5 + ["float32"]
-    plan = plan_blocks(SHAPES, dtypes, block_size=32, policy=FactorPolicy(precondition_1d=True), stacked=stacked)
+    plan = plan_blocks(SHAPES, dtypes, block_size=32, policy=FactorPolicy(precondition_1d=True),
+                       stacked=stacked)
     claimed = [np.zeros(s.count, dtype=int) for s in plan.stacks]
     for group in plan.groups:
         k = len(group.blocks)

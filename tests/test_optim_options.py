@@ -9,14 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import matroot
-from matroot.optim import (
-    Shampoo,
-    ShampooConfig,
-    core,
-    init,
-    update,
-)
+import matroot  # noqa: E402
+from matroot.optim import Shampoo, ShampooConfig, core, init, update  # noqa: E402
 
 NEVER = 10**9
 
@@ -146,7 +140,7 @@ def test_graft_only_parameters_follow_adamw_and_policies_share_one_call_per_size
                    {"params": [one_sided], "max_preconditioned_dim": 64, "lr": 5e-3}],
                   lr=1e-2, precondition_frequency=1, graft_only=lambda p: p is adam_only)
     ref = torch.optim.AdamW([twin], lr=1e-2)
-    for step in range(3):
+    for _ in range(3):
         for p in (kept, one_sided, adam_only):
             p.grad = torch.randn(p.shape, generator=gen)
         twin.grad = adam_only.grad.clone()

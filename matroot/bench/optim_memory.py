@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+from typing import Any
 
 #: A precondition_frequency past the one step taken: memory without solver time.
 _NO_REFRESH = 10**9
@@ -38,7 +39,7 @@ MODELS = {
 }
 
 #: matroot Shampoo settings measured, by name (ShampooConfig fields).
-POLICIES = {
+POLICIES: dict[str, dict[str, Any]] = {
     "shampoo": {},
     "shampoo, bf16 roots": {"root_storage_dtype": "bfloat16"},
     "shampoo, packed, bf16 roots": {"symmetric_packing": True,

@@ -8,12 +8,12 @@ last block of each direction takes the remainder; ``block_size=math.inf`` keeps
 each parameter whole). A :class:`FactorPolicy` says which dimensions of a
 parameter get a Kronecker factor: a dimension without one (skipped, or longer
 than ``max_preconditioned_dim``) is not cut into blocks, and a matrix with one
-preconditioned side is a one-sided block ``L^(-1/2) G`` or ``G R^(-1/2)``. Blocks of equal shape, from
-any parameter, form a :class:`BlockGroup` whose gradients are handled as one
-``(k, rows, cols)`` array; each group owns a contiguous run of slots in the
-``(b, n, n)`` factor stacks of its row size (left factors) and column size (right
-factors). One stack exists per distinct (size, root, dtype), so one
-``inv_root`` call per stack covers every factor of that size in the model.
+preconditioned side is a one-sided block ``L^(-1/2) G`` or ``G R^(-1/2)``.
+Blocks of equal shape, from any parameter, form a :class:`BlockGroup` whose gradients
+are handled as one ``(k, rows, cols)`` array; each group owns a contiguous run of slots
+in the ``(b, n, n)`` factor stacks of its row size (left factors) and column size (right
+factors). One stack exists per distinct (size, root, dtype), so one ``inv_root`` call
+per stack covers every factor of that size in the model.
 
 The plan is pure metadata (shapes and slot numbers); it holds no arrays and is
 the unit a distributed layer can split across ranks (see :func:`subgroup`).
@@ -208,13 +208,8 @@ def matrix_view_shape(shape) -> tuple[int, ...]:
     dims = [int(d) for d in shape if d != 1]
     if len(dims) <= 2:
         return tuple(dims)
-    best = None
-    for k in range(1, len(dims)):
-        rows, cols = math.prod(dims[:k]), math.prod(dims[k:])
-        imbalance = abs(math.log(rows) - math.log(cols))
-        if best is None or imbalance < best[0]:
-            best = (imbalance, (rows, cols))
-    return best[1]
+    splits = [(math.prod(dims[:k]), math.prod(dims[k:])) for k in range(1, len(dims))]
+    return min(splits, key=lambda rc: abs(math.log(rc[0]) - math.log(rc[1])))
 
 
 def split_sizes(n: int, block_size: float) -> list[int]:
@@ -349,7 +344,7 @@ def plan_blocks(shapes, dtypes, *, block_size: float = 1024,
         dtype, shape, factored = gkey if stacked else gkey[0]
         blocks = keyed[gkey]
         root = TWO_SIDED_ROOT if sum(factored) == 2 else ONE_SIDED_ROOT
-        sides = []
+        sides: list[tuple[tuple, int] | None] = []
         for size, has_factor in zip(shape, factored):
             if not has_factor:
                 sides.append(None)

@@ -50,8 +50,8 @@ def plan_layout(plan: BlockPlan, param_numbers) -> list:
     >>> [(b["rows"], b["left"], b["right"]) for b in plan_layout(plan, [0])[0]["blocks"]]
     [([0, 4], [1, 1], [1, 2]), ([4, 6], [0, 0], [1, 0])]
     """
-    dtypes = {}
-    blocks = {i: [] for i in range(len(plan.params))}
+    dtypes: dict[int, str] = {}
+    blocks: dict[int, list[dict]] = {i: [] for i in range(len(plan.params))}
     for group in plan.groups:
         for j, block in enumerate(group.blocks):
             dtypes[block.param] = group.dtype

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from .. import _xp
 from .blocking import ELEMENTWISE, BlockPlan, plan_blocks, subgroup

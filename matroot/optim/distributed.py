@@ -374,7 +374,8 @@ def consolidate_state_dicts(state_dicts) -> dict:
             families.append(dict(entry))
             continue
         world = int(shard["world_size"])
-        by_rank, dicts = {}, {}
+        by_rank: dict[int, dict] = {}
+        dicts: dict[int, dict] = {}
         for sd in state_dicts:
             e = _family_entries(sd)[f]
             if e.get("shard") is None or e["shard"]["split"] != shard["split"] \

@@ -191,7 +191,8 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> Non
     """
     xp = _xp.array_namespace(grad_blocks)
     if grad_blocks.ndim == 2:
-        _accumulate(factors[group.left[0]], group.left[1],
+        stack, first = group.factor_slots[0]
+        _accumulate(factors[stack], first,
                     grad_blocks[:, :, None] * grad_blocks[:, None, :], beta2)
         return
     transposed = xp.matrix_transpose(grad_blocks)

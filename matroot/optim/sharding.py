@@ -104,7 +104,7 @@ class ShardPlan:
                 "costs": list(self.costs)}
 
     @classmethod
-    def from_dict(cls, data) -> "ShardPlan":
+    def from_dict(cls, data) -> ShardPlan:
         """Inverse of :meth:`to_dict`."""
         return cls(int(data["world_size"]),
                    tuple(tuple(int(n) for n in c) for c in data["counts"]),
@@ -224,7 +224,7 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
         start, stop = split.ranges(g)[rank]
         if start == stop:
             continue
-        firsts = []
+        firsts: list[tuple[int, int] | None] = []
         for side in (group.left, group.right):
             if side is None:
                 firsts.append(None)

@@ -289,8 +289,9 @@ class Shampoo(torch.optim.Optimizer):
             ``blocks``, ``state_bytes`` and ``state_bytes_per_parameter`` (over
             the parameters that have state).
         """
-        out = {"steps": 0, "root_refreshes": 0, "root_failures": 0, "skipped_steps": 0,
-               "stacks": 0, "blocks": 0, "state_bytes": 0, "parameters": 0}
+        out: dict[str, float] = {
+            "steps": 0, "root_refreshes": 0, "root_failures": 0, "skipped_steps": 0,
+            "stacks": 0, "blocks": 0, "state_bytes": 0, "parameters": 0}
         for i, family in enumerate(self._families):
             self._sync_family_state(family)
             st = family.state

@@ -190,4 +190,5 @@ SPEC = SolverSpec(
     cost=_cost,
     cost_summary="degree − 1 (degree ∝ √κ·ln(1/tol)) plus the p + 1 of the check",
     needs_lower_bound=True,
+    accuracy_row="chebyshev",
 )

@@ -77,4 +77,5 @@ SPEC = SolverSpec(
     # float32 eigh loses κ·u in the small eigenvalues (6e-2 at κ = 1e6 with MKL);
     # NumPy already computes eigh in float64 internally, so do so everywhere.
     default_compute_dtype="float64",
+    accuracy_row="evd",
 )

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable, Mapping
 
 __all__ = ["RootOrders", "ANY_REAL_P", "INTEGER_P", "POWER_OF_TWO_P", "SolverSpec",
            "register_solver", "get_solver", "solver_names", "solvers_supporting",
@@ -90,6 +91,9 @@ class SolverSpec:
     default_compute_dtype : str, optional
         The compute dtype when ``compute_dtype`` is not given; None: the input's
         (float64 for float64 input, else float32).
+    accuracy_row : str
+        The row of the README's accuracy table the method is held to ("evd",
+        "iterative" or "chebyshev"; :data:`matroot.testing.ACCURACY_TABLE`).
     """
 
     name: str
@@ -105,6 +109,7 @@ class SolverSpec:
     matmul_dtypes: tuple = (None, "float16", "bfloat16")
     forms_matmuls: bool = True
     default_compute_dtype: str | None = None
+    accuracy_row: str = "iterative"
     compute_dtypes: tuple = field(init=False)
 
     def __post_init__(self):
