@@ -51,3 +51,19 @@ def test_digits_example_quick_run_writes_its_results(tmp_path, monkeypatch):
     assert shampoo["root_refreshes"] == 2 and shampoo["root_failures"] == 0
     assert len(shampoo["train_loss"]) == 2
     assert (tmp_path / "digits_loss.png").stat().st_size > 10_000
+
+
+def test_memory_table_shows_the_one_sided_embedding_near_adamw(tmp_path, capsys, monkeypatch):
+    from matroot.bench import optim_memory
+
+    monkeypatch.setattr(optim_memory, "MODELS", {
+        "embedding-heavy": [(6000, 16), (32, 16), (32,)], "mlp": [(48, 32), (48,)]})
+    out = tmp_path / "memory.json"
+    assert bench.main(["--memory", "--block-size", "64", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    emb = report["embedding-heavy"]["bytes_per_parameter"]
+    assert emb["adamw"] == pytest.approx(8.0, rel=1e-3)
+    assert emb["shampoo, one-sided > 4096"] <= 1.2 * emb["adamw"] < emb["shampoo"]
+    assert emb["shampoo, bf16 roots"] < emb["shampoo"]
+    table = capsys.readouterr().out
+    assert "distributed_shampoo" in table and "| mlp |" in table

@@ -7,6 +7,7 @@ import pytest
 
 from matroot.optim.blocking import (
     ELEMENTWISE,
+    FactorPolicy,
     MATRIX,
     VECTOR,
     matrix_view_shape,
@@ -53,7 +54,7 @@ def _coverage(plan):
 @pytest.mark.parametrize("block_size", [16, 64, 1024])
 def test_blocks_tile_every_preconditioned_parameter_once(stacked, block_size):
     plan = plan_blocks(SHAPES, ["float32"] * len(SHAPES), block_size=block_size,
-                       precondition_1d=True, stacked=stacked)
+                       policy=FactorPolicy(precondition_1d=True), stacked=stacked)
     kinds = [p.kind for p in plan.params]
     assert kinds[0] == ELEMENTWISE and kinds[1] == VECTOR and kinds[2] == VECTOR
     assert kinds[-1] == ELEMENTWISE
@@ -67,7 +68,8 @@ def test_blocks_tile_every_preconditioned_parameter_once(stacked, block_size):
 @pytest.mark.parametrize("stacked", [True, False])
 def test_every_stack_slot_is_claimed_by_exactly_one_factor(stacked):
     dtypes = ["float32", "float64"] * 5 + ["float32"]
-    plan = plan_blocks(SHAPES, dtypes, block_size=32, precondition_1d=True, stacked=stacked)
+    plan = plan_blocks(SHAPES, dtypes, block_size=32, policy=FactorPolicy(precondition_1d=True),
+                       stacked=stacked)
     claimed = [np.zeros(s.count, dtype=int) for s in plan.stacks]
     for group in plan.groups:
         k = len(group.blocks)
@@ -83,7 +85,8 @@ def test_every_stack_slot_is_claimed_by_exactly_one_factor(stacked):
 
 
 def test_stacks_are_one_per_distinct_size_root_and_dtype():
-    plan = plan_blocks(SHAPES, ["float32"] * len(SHAPES), block_size=64, precondition_1d=True)
+    plan = plan_blocks(SHAPES, ["float32"] * len(SHAPES), block_size=64,
+                       policy=FactorPolicy(precondition_1d=True))
     keys = [(s.size, s.root, s.dtype) for s in plan.stacks]
     assert len(keys) == len(set(keys))
     sizes = {(n, 4) for g in plan.groups if g.right is not None for n in g.shape}

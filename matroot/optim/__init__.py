@@ -5,7 +5,14 @@ array-API library; :class:`Shampoo` is a ``torch.optim.Optimizer`` around it,
 imported only when asked for, so NumPy users need no torch.
 """
 
-from .blocking import BlockGroup, BlockPlan, StackSpec, matrix_view_shape, plan_blocks
+from .blocking import (
+    BlockGroup,
+    BlockPlan,
+    FactorPolicy,
+    StackSpec,
+    matrix_view_shape,
+    plan_blocks,
+)
 from .core import (
     GradientTransformation,
     NonFiniteGradientError,
@@ -33,6 +40,7 @@ __all__ = [
     "NonFiniteGradientError",
     "BlockPlan",
     "BlockGroup",
+    "FactorPolicy",
     "StackSpec",
     "plan_blocks",
     "matrix_view_shape",

@@ -4,12 +4,16 @@ A parameter is first given a *view*: singleton dimensions are dropped, tensors
 of three or more dimensions are reshaped to a matrix by merging dimensions, so
 what is left is a matrix ``(rows, cols)``, a vector ``(n,)`` or a scalar ``()``.
 Matrices are cut into blocks of at most ``block_size`` rows and columns (the
-last block of each direction takes the remainder). Blocks of equal shape, from
-any parameter, form a :class:`BlockGroup` whose gradients are handled as one
-``(k, rows, cols)`` array; each group owns a contiguous run of slots in the
-``(b, n, n)`` factor stacks of its row size (left factors) and column size (right
-factors). One stack exists per distinct (size, root, dtype), so one
-``inv_root`` call per stack covers every factor of that size in the model.
+last block of each direction takes the remainder; ``block_size=math.inf`` keeps
+each parameter whole). A :class:`FactorPolicy` says which dimensions of a
+parameter get a Kronecker factor: a dimension without one (skipped, or longer
+than ``max_preconditioned_dim``) is not cut into blocks, and a matrix with one
+preconditioned side is a one-sided block ``L^(-1/2) G`` or ``G R^(-1/2)``.
+Blocks of equal shape, from any parameter, form a :class:`BlockGroup` whose gradients
+are handled as one ``(k, rows, cols)`` array; each group owns a contiguous run of slots
+in the ``(b, n, n)`` factor stacks of its row size (left factors) and column size (right
+factors). One stack exists per distinct (size, root, dtype), so one ``inv_root`` call
+per stack covers every factor of that size in the model.
 
 The plan is pure metadata (shapes and slot numbers); it holds no arrays and is
 the unit a distributed layer can split across ranks (see :func:`subgroup`).
@@ -18,6 +22,7 @@ the unit a distributed layer can split across ranks (see :func:`subgroup`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 __all__ = [
@@ -25,12 +30,14 @@ __all__ = [
     "VECTOR",
     "ELEMENTWISE",
     "Block",
+    "FactorPolicy",
     "BlockGroup",
     "StackSpec",
     "ParamLayout",
     "BlockPlan",
     "matrix_view_shape",
     "split_sizes",
+    "check_block_size",
     "plan_blocks",
     "subgroup",
 ]
@@ -41,9 +48,11 @@ MATRIX = "matrix"
 VECTOR = "vector"
 ELEMENTWISE = "elementwise"
 
-#: Root orders: L^(-1/4) G R^(-1/4) for matrix blocks, L^(-1/2) g for vector blocks.
-MATRIX_ROOT = 4
-VECTOR_ROOT = 2
+#: Root orders: L^(-1/4) G R^(-1/4) for two-sided blocks; L^(-1/2) g for vector blocks
+#: and for one-sided matrix blocks (L^(-1/2) G or G R^(-1/2)), whose single factor then
+#: whitens its side as fully as the two factors of a two-sided block do together.
+TWO_SIDED_ROOT = 4
+ONE_SIDED_ROOT = 2
 
 
 @dataclass(frozen=True)
@@ -57,21 +66,71 @@ class Block:
     rows: tuple[int, int]
     cols: tuple[int, int] | None
 
+    @property
+    def index(self) -> tuple[slice, ...]:
+        """The block's place in its parameter's view, as an index."""
+        if self.cols is None:
+            return (slice(*self.rows),)
+        return (slice(*self.rows), slice(*self.cols))
+
 
 @dataclass(frozen=True)
 class BlockGroup:
     """Blocks of one shape and dtype, processed as one ``(k, *shape)`` array.
 
     ``left`` and ``right`` are ``(stack index, first slot)``: the factors of
-    ``blocks[j]`` sit in slot ``first + j`` of those stacks. ``right`` is None
-    for vector blocks, which have a single factor.
+    ``blocks[j]`` sit in slot ``first + j`` of those stacks. A side without a
+    factor is None: ``right`` of vector blocks, one of the two of one-sided
+    matrix blocks.
     """
 
     shape: tuple[int, ...]
     dtype: str
     blocks: tuple[Block, ...]
-    left: tuple[int, int]
+    left: tuple[int, int] | None
     right: tuple[int, int] | None
+
+    @property
+    def factor_slots(self) -> tuple[tuple[int, int], ...]:
+        """``(stack, first slot)`` of each side that has a factor, left first."""
+        return tuple(side for side in (self.left, self.right) if side is not None)
+
+
+@dataclass(frozen=True)
+class FactorPolicy:
+    """Which dimensions of one parameter's view get a Kronecker factor.
+
+    Parameters
+    ----------
+    precondition : bool
+        False leaves the parameter on the elementwise (grafting) update.
+    precondition_1d : bool
+        Give vectors one factor (root 2) instead of the elementwise update.
+    max_preconditioned_dim : int or float
+        A view dimension longer than this gets no factor (``math.inf``: none skipped
+        for length).
+    skip_dims : tuple of int
+        View dimensions (0: rows, 1: columns; 0 for a vector) that get no factor.
+
+    Examples
+    --------
+    >>> FactorPolicy(max_preconditioned_dim=4096).sides((50000, 64))
+    (False, True)
+    >>> FactorPolicy(skip_dims=(1,)).sides((300, 200))
+    (True, False)
+    """
+
+    precondition: bool = True
+    precondition_1d: bool = False
+    max_preconditioned_dim: float = math.inf
+    skip_dims: tuple[int, ...] = ()
+
+    def sides(self, view: tuple[int, ...]) -> tuple[bool, ...]:
+        """Per dimension of ``view``, whether it gets a factor."""
+        if not self.precondition or (len(view) == 1 and not self.precondition_1d):
+            return (False,) * len(view)
+        return tuple(d not in self.skip_dims and n <= self.max_preconditioned_dim
+                     for d, n in enumerate(view))
 
 
 @dataclass(frozen=True)
@@ -86,11 +145,16 @@ class StackSpec:
 
 @dataclass(frozen=True)
 class ParamLayout:
-    """How one parameter is treated: its shape, its view and its kind."""
+    """How one parameter is treated: its shape, its view, its kind, its factored sides.
+
+    ``sides[d]`` says whether view dimension ``d`` has a factor; a parameter with
+    none is ``ELEMENTWISE``.
+    """
 
     shape: tuple[int, ...]
     view: tuple[int, ...]
     kind: str
+    sides: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,12 +164,20 @@ class BlockPlan:
     params: tuple[ParamLayout, ...]
     groups: tuple[BlockGroup, ...]
     stacks: tuple[StackSpec, ...]
-    block_size: int
+    block_size: float
 
     @property
     def num_blocks(self) -> int:
         """Number of preconditioned blocks."""
         return sum(len(g.blocks) for g in self.groups)
+
+    @property
+    def remote_params(self) -> frozenset[int]:
+        """Parameters with factors but no block in this plan: in a rank's part of a
+        sharded plan, those whose blocks other ranks own (empty for a whole plan)."""
+        local = {b.param for g in self.groups for b in g.blocks}
+        return frozenset(i for i, layout in enumerate(self.params)
+                         if layout.kind != ELEMENTWISE and i not in local)
 
 
 def matrix_view_shape(shape) -> tuple[int, ...]:
@@ -140,21 +212,26 @@ def matrix_view_shape(shape) -> tuple[int, ...]:
     return min(splits, key=lambda rc: abs(math.log(rc[0]) - math.log(rc[1])))
 
 
-def split_sizes(n: int, block_size: int) -> list[int]:
+def split_sizes(n: int, block_size: float) -> list[int]:
     """Sizes of the blocks along a dimension of length ``n``: full blocks, then the rest.
 
     Examples
     --------
     >>> split_sizes(1000, 384)
     [384, 384, 232]
+    >>> split_sizes(1000, math.inf)
+    [1000]
     """
+    if n <= block_size:
+        return [n]
+    block_size = int(block_size)
     sizes = [block_size] * (n // block_size)
     if n % block_size:
         sizes.append(n % block_size)
     return sizes
 
 
-def _ranges(n: int, block_size: int) -> list[tuple[int, int]]:
+def _ranges(n: int, block_size: float) -> list[tuple[int, int]]:
     out, start = [], 0
     for size in split_sizes(n, block_size):
         out.append((start, start + size))
@@ -162,26 +239,26 @@ def _ranges(n: int, block_size: int) -> list[tuple[int, int]]:
     return out
 
 
-def _layout(shape, precondition_1d: bool) -> ParamLayout:
+def _layout(shape, policy: FactorPolicy) -> ParamLayout:
     shape = tuple(int(d) for d in shape)
     if math.prod(shape) == 0:
-        return ParamLayout(shape, shape, ELEMENTWISE)
+        return ParamLayout(shape, shape, ELEMENTWISE, (False,) * len(shape))
     view = matrix_view_shape(shape)
-    if len(view) == 2:
-        return ParamLayout(shape, view, MATRIX)
-    if len(view) == 1 and precondition_1d:
-        return ParamLayout(shape, view, VECTOR)
-    return ParamLayout(shape, view, ELEMENTWISE)
+    sides = policy.sides(view)
+    if not any(sides):
+        return ParamLayout(shape, view, ELEMENTWISE, sides)
+    return ParamLayout(shape, view, MATRIX if len(view) == 2 else VECTOR, sides)
 
 
-def _blocks_of(index: int, layout: ParamLayout, block_size: int) -> list[Block]:
-    if layout.kind == MATRIX:
-        rows, cols = layout.view
-        return [Block(index, r, c) for r in _ranges(rows, block_size)
-                for c in _ranges(cols, block_size)]
+def _blocks_of(index: int, layout: ParamLayout, block_size: float) -> list[Block]:
+    if layout.kind == ELEMENTWISE:
+        return []
+    # A dimension without a factor is not cut: its blocks would only shrink the statistics.
+    cuts = [_ranges(n, block_size if side else math.inf)
+            for n, side in zip(layout.view, layout.sides)]
     if layout.kind == VECTOR:
-        return [Block(index, r, None) for r in _ranges(layout.view[0], block_size)]
-    return []
+        return [Block(index, r, None) for r in cuts[0]]
+    return [Block(index, r, c) for r in cuts[0] for c in cuts[1]]
 
 
 def _block_shape(block: Block) -> tuple[int, ...]:
@@ -191,7 +268,17 @@ def _block_shape(block: Block) -> tuple[int, ...]:
     return (rows, block.cols[1] - block.cols[0])
 
 
-def plan_blocks(shapes, dtypes, *, block_size: int = 1024, precondition_1d: bool = False,
+def _policies(policy, count: int) -> list[FactorPolicy]:
+    if isinstance(policy, FactorPolicy):
+        return [policy] * count
+    policies = list(policy)
+    if len(policies) != count:
+        raise ValueError(f"got {len(policies)} factor policies for {count} parameters")
+    return policies
+
+
+def plan_blocks(shapes, dtypes, *, block_size: float = 1024,
+                policy: FactorPolicy | Sequence[FactorPolicy] = FactorPolicy(),
                 stacked: bool = True) -> BlockPlan:
     """Partition parameters into block groups and same-size factor stacks.
 
@@ -201,11 +288,10 @@ def plan_blocks(shapes, dtypes, *, block_size: int = 1024, precondition_1d: bool
         Parameter shapes.
     dtypes : sequence of str
         The dtype each parameter's factors are kept in ("float32" or "float64").
-    block_size : int
-        Largest block side.
-    precondition_1d : bool
-        Precondition vectors with one factor and root 2 instead of leaving them
-        to the elementwise update.
+    block_size : int or math.inf
+        Largest block side of a preconditioned dimension.
+    policy : FactorPolicy or sequence of FactorPolicy
+        Which dimensions get factors: one policy for all parameters, or one each.
     stacked : bool
         True: blocks of equal shape share a group and factors of equal size share
         a stack. False: every block is its own group and every factor its own
@@ -219,7 +305,7 @@ def plan_blocks(shapes, dtypes, *, block_size: int = 1024, precondition_1d: bool
     Raises
     ------
     ValueError
-        If ``block_size`` is not a positive integer or the lengths differ.
+        If ``block_size`` is not a positive integer or ``math.inf``, or the lengths differ.
 
     Examples
     --------
@@ -229,38 +315,45 @@ def plan_blocks(shapes, dtypes, *, block_size: int = 1024, precondition_1d: bool
     [(27, 1), (44, 2), (64, 1), (72, 3), (128, 7)]
     >>> [p.kind for p in plan.params]
     ['matrix', 'elementwise', 'matrix']
+    >>> one_sided = plan_blocks([(50000, 64)], ["float32"], block_size=1024,
+    ...                         policy=FactorPolicy(max_preconditioned_dim=4096))
+    >>> [(s.size, s.root, s.count) for s in one_sided.stacks]
+    [(64, 2, 1)]
     """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    check_block_size(block_size)
     shapes, dtypes = list(shapes), list(dtypes)
     if len(shapes) != len(dtypes):
         raise ValueError(f"got {len(shapes)} shapes but {len(dtypes)} dtypes")
-    layouts = tuple(_layout(s, precondition_1d) for s in shapes)
+    layouts = tuple(_layout(s, p) for s, p in zip(shapes, _policies(policy, len(shapes))))
 
     # Blocks gathered into groups keyed by (dtype, shape), in parameter order.
     keyed: dict[tuple, list[Block]] = {}
     for index, layout in enumerate(layouts):
         for block in _blocks_of(index, layout, block_size):
-            key = (dtypes[index], _block_shape(block))
+            key = (dtypes[index], _block_shape(block), layout.sides)
             if stacked:
                 keyed.setdefault(key, []).append(block)
             else:
                 keyed[(key, len(keyed))] = [block]
-    group_keys = sorted(keyed, key=lambda k: (k[0], k[1]) if stacked else k[1])
+    group_keys = sorted(keyed, key=lambda k: k if stacked else k[1])
 
     # Each group claims a run of slots in the stack of each of its factor sizes.
     stack_counts: dict[tuple, int] = {}
     claims = []
     for gkey in group_keys:
-        dtype, shape = gkey if stacked else gkey[0]
+        dtype, shape, factored = gkey if stacked else gkey[0]
         blocks = keyed[gkey]
-        root = MATRIX_ROOT if len(shape) == 2 else VECTOR_ROOT
-        sides = []
-        for size in shape:
+        root = TWO_SIDED_ROOT if sum(factored) == 2 else ONE_SIDED_ROOT
+        sides: list[tuple[tuple, int] | None] = []
+        for size, has_factor in zip(shape, factored):
+            if not has_factor:
+                sides.append(None)
+                continue
             skey = (dtype, root, size) if stacked else (dtype, root, size, len(stack_counts))
             first = stack_counts.get(skey, 0)
             stack_counts[skey] = first + len(blocks)
             sides.append((skey, first))
+        sides += [None] * (2 - len(sides))
         claims.append((dtype, shape, blocks, sides))
 
     stack_keys = sorted(stack_counts, key=lambda k: (k[0], k[1], k[2]) + tuple(k[3:]))
@@ -269,10 +362,20 @@ def plan_blocks(shapes, dtypes, *, block_size: int = 1024, precondition_1d: bool
                    for k in stack_keys)
     groups = []
     for dtype, shape, blocks, sides in claims:
-        left = (stack_index[sides[0][0]], sides[0][1])
-        right = (stack_index[sides[1][0]], sides[1][1]) if len(sides) == 2 else None
+        left, right = ((stack_index[side[0]], side[1]) if side is not None else None
+                       for side in sides)
         groups.append(BlockGroup(shape, dtype, tuple(blocks), left, right))
     return BlockPlan(layouts, tuple(groups), stacks, block_size)
+
+
+def check_block_size(block_size) -> float:
+    """``block_size`` if it is a positive integer or ``math.inf``, else a ValueError."""
+    if block_size == math.inf and isinstance(block_size, float):
+        return block_size
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer or math.inf, "
+                         f"got {block_size!r}")
+    return block_size
 
 
 def subgroup(group: BlockGroup, start: int, stop: int) -> BlockGroup:
@@ -288,6 +391,6 @@ def subgroup(group: BlockGroup, start: int, stop: int) -> BlockGroup:
     if not 0 <= start <= stop <= len(group.blocks):
         raise ValueError(f"bad block range [{start}, {stop}) for a group of "
                          f"{len(group.blocks)} blocks")
-    left = (group.left[0], group.left[1] + start)
-    right = None if group.right is None else (group.right[0], group.right[1] + start)
+    left, right = (None if side is None else (side[0], side[1] + start)
+                   for side in (group.left, group.right))
     return replace(group, blocks=group.blocks[start:stop], left=left, right=right)

@@ -2,40 +2,48 @@
 
 The update of one step, for every parameter with a gradient ``g``:
 
-1. Moments (elementwise, as AdamW): ``m ← β₁m + (1−β₁)g``,
-   ``v ← β₂'v + (1−β₂')g²`` (``β₂' = grafting_beta2``, default ``β₂``; with
-   ``β₂' = 1`` a running sum, AdaGrad). Bias corrections
-   ``m̂ = m/(1−β₁ᵗ)``, ``v̂ = v/(1−β₂'ᵗ)``; the Adam direction is
-   ``a = m̂ / (√v̂ + eps)``, exactly torch AdamW's.
-2. Factors of every matrix block: ``L ← β₂L + (1−β₂)GGᵀ``, ``R ← β₂R + (1−β₂)GᵀG``
+1. Elementwise (:mod:`matroot.optim.grafting`): the effective gradient (sign for
+   ``maximize``, L2 weight decay), the moments and the grafting direction ``a``
+   (Adam by default: ``m̂/(√v̂ + eps)``, exactly torch AdamW's).
+2. Factors of every block: ``L ← β₂L + (1−β₂)GGᵀ``, ``R ← β₂R + (1−β₂)GᵀG``
    (``β₂ = 1``: running sums), all blocks of one shape in one batched product.
 3. Every ``precondition_frequency`` steps from ``start_preconditioning_step`` on,
    the inverse roots ``(L + matrix_eps·I)^(-1/4)`` (and of R) are recomputed, one
    :func:`matroot.inv_root_info` call per stack of equal-size factors. Roots that
    fail (non-finite, not converged) keep their previous value.
 4. From ``start_preconditioning_step`` on, each block's direction is
-   ``L^(-1/4) m̂ R^(-1/4)`` rescaled to the Frobenius norm of the block's Adam
-   direction (grafting); before that, and for parameters left to the
-   elementwise update, it is the Adam direction itself.
-5. ``update = −lr·(direction + weight_decay·param)`` (decoupled weight decay).
+   ``L^(-1/4) m̂ R^(-1/4)`` rescaled to the Frobenius norm of the block's grafting
+   direction; before that, and for parameters without factors, it is the
+   grafting direction itself.
+5. ``update = −lr·(direction + weight_decay·param)`` (decoupled weight decay;
+   momentum on the direction first when ``momentum > 0``).
 
 The state's arrays are updated in place (NumPy, CuPy and PyTorch arrays are
 mutable); ``update`` returns the state with its counters advanced. Copy the
-state first (:func:`copy_state`) to keep the old one.
+state first (:func:`copy_state`) to keep the old one. A state made with
+``init(..., lazy=True)`` holds None for every array until the step that first
+needs it: moments from a parameter's first gradient, factor and root stacks
+from the first gradient of a block in them.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
-from typing import NamedTuple
 from collections.abc import Callable
+from typing import NamedTuple
 
 from .. import _xp
-from ..solvers.registry import check_method
 from .blocking import ELEMENTWISE, BlockPlan, plan_blocks, subgroup
+from .config import (
+    NONFINITE_POLICIES,
+    ROOT_OPTIONS,
+    NonFiniteGradientError,
+    ShampooConfig,
+)
+from .grafting import effective_gradient, final_update, grafting_direction
 from .preconditioner import (
+    empty_stack,
     gather_blocks,
     graft,
     init_stacks,
@@ -52,6 +60,7 @@ __all__ = [
     "NonFiniteGradientError",
     "init",
     "make_plan",
+    "nonfinite_flags",
     "update",
     "shampoo",
     "apply_updates",
@@ -61,145 +70,6 @@ __all__ = [
     "ROOT_OPTIONS",
     "NONFINITE_POLICIES",
 ]
-
-#: The :func:`matroot.inv_root` keywords that ``root_options`` may set.
-ROOT_OPTIONS = ("tol", "max_iter", "scaling", "matmul_dtype", "compute_dtype")
-#: What ``update`` does with a NaN or Inf gradient.
-NONFINITE_POLICIES = ("raise", "skip")
-
-
-class NonFiniteGradientError(ValueError):
-    """A gradient holds NaN or Inf and ``nonfinite_grads="raise"``."""
-
-
-def _real(value, name, low=None, high=None, *, low_open=False, high_open=False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    value = float(value)
-    if low is not None and (value < low or (low_open and value == low)):
-        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
-    if high is not None and (value > high or (high_open and value == high)):
-        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
-    return value
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class ShampooConfig:
-    """Hyperparameters of :func:`init` / :func:`update`.
-
-    Parameters
-    ----------
-    lr : float
-        Learning rate.
-    betas : (float, float)
-        ``β₁`` for the first moment; ``β₂`` for the factors L, R (1 = running sum)
-        and, unless ``grafting_beta2`` is given, for the Adam second moment.
-    eps : float
-        Adam's epsilon, added to ``√v̂``.
-    weight_decay : float
-        Decoupled (AdamW) weight decay.
-    nesterov : bool
-        Use ``β₁m + (1−β₁)g`` in place of ``m`` (Nesterov momentum).
-    bias_correction : bool
-        Divide the moments by ``1−β₁ᵗ``, ``1−β₂'ᵗ`` (never for ``β₂' = 1``).
-    grafting_beta2 : float, optional
-        ``β₂'`` of the Adam second moment; 1 gives AdaGrad grafting.
-    block_size : int
-        Largest block side (Distributed Shampoo's ``max_preconditioner_dim``).
-    precondition_frequency : int
-        Steps between inverse-root refreshes.
-    start_preconditioning_step : int, optional
-        First step with Shampoo directions (and the first refresh). Default:
-        ``precondition_frequency``.
-    root_method : str
-        Any :func:`matroot.inv_root` method: "auto" or a registered solver
-        ("evd", "newton_db", "coupled_newton", "chebyshev", "minimax").
-    matrix_eps : float
-        Ridge of the factors: roots of ``L + matrix_eps·I``.
-    root_options : dict, optional
-        Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``,
-        ``scaling``, ``matmul_dtype``, ``compute_dtype``).
-    precondition_1d : bool
-        Precondition vectors with one factor and root 2 (``L^(-1/2) g``) instead of
-        the Adam update. Scalars always get the Adam update.
-    stacked : bool
-        Solve all equal-size factors in one call (True) or one call per factor
-        (False, Distributed Shampoo's structure, for comparisons).
-    nonfinite_grads : {"raise", "skip"}
-        On a NaN/Inf gradient raise :class:`NonFiniteGradientError`, or skip the
-        step (state untouched except ``skipped_steps``, zero updates).
-    """
-
-    lr: float = 1e-3
-    betas: tuple = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 1e-2
-    nesterov: bool = False
-    bias_correction: bool = True
-    grafting_beta2: float | None = None
-    block_size: int = 1024
-    precondition_frequency: int = 10
-    start_preconditioning_step: int | None = None
-    root_method: str = "auto"
-    matrix_eps: float = 1e-8
-    root_options: dict = field(default_factory=dict)
-    precondition_1d: bool = False
-    stacked: bool = True
-    nonfinite_grads: str = "raise"
-
-    def __post_init__(self):
-        _real(self.lr, "lr", 0.0)
-        betas = tuple(self.betas)
-        if len(betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
-        _real(betas[0], "betas[0]", 0.0, 1.0, high_open=True)
-        _real(betas[1], "betas[1]", 0.0, 1.0)
-        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        _real(self.eps, "eps", 0.0)
-        _real(self.weight_decay, "weight_decay", 0.0)
-        if self.grafting_beta2 is not None:
-            _real(self.grafting_beta2, "grafting_beta2", 0.0, 1.0)
-        _positive_int(self.block_size, "block_size")
-        _positive_int(self.precondition_frequency, "precondition_frequency")
-        start = self.start_preconditioning_step
-        if start is not None and (isinstance(start, bool) or not isinstance(start, numbers.Integral)
-                                  or start < 1):
-            raise ValueError("start_preconditioning_step must be a positive integer or None, "
-                             f"got {start!r}")
-        check_method(self.root_method, "root_method")
-        _real(self.matrix_eps, "matrix_eps", 0.0)
-        options = dict(self.root_options or {})
-        unknown = sorted(set(options) - set(ROOT_OPTIONS))
-        if unknown:
-            raise ValueError(f"root_options keys {unknown} are not inv_root options; allowed: "
-                             + ", ".join(ROOT_OPTIONS))
-        object.__setattr__(self, "root_options", options)
-        if self.nonfinite_grads not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite_grads={self.nonfinite_grads!r} is not one of "
-                             + ", ".join(repr(p) for p in NONFINITE_POLICIES))
-
-    @property
-    def first_preconditioned_step(self) -> int:
-        """The step at which Shampoo directions (and root refreshes) start."""
-        if self.start_preconditioning_step is None:
-            return self.precondition_frequency
-        return int(self.start_preconditioning_step)
-
-    @property
-    def second_moment_beta(self) -> float:
-        """``β₂'`` of the Adam (grafting) second moment."""
-        return self.betas[1] if self.grafting_beta2 is None else float(self.grafting_beta2)
-
-    def refreshes_roots_at(self, step: int) -> bool:
-        """Whether the inverse roots are recomputed at (1-based) ``step``."""
-        start = self.first_preconditioned_step
-        return step >= start and (step - start) % self.precondition_frequency == 0
 
 
 class ShampooState(NamedTuple):
@@ -211,18 +81,23 @@ class ShampooState(NamedTuple):
         Steps taken (skipped steps not counted); drives the root schedule.
     param_steps : tuple of int
         Steps in which each parameter had a gradient; drives bias correction.
-    exp_avg, exp_avg_sq : list of arrays
+    exp_avg, exp_avg_sq : list of arrays or None
         First and second moments, parameter-shaped, in the compute dtype
-        (float32 for 16-bit parameters).
-    factors, roots : list of arrays
-        One ``(count, n, n)`` stack per ``plan.stacks`` entry.
-    root_failures : list of int32 arrays
+        (float32 for 16-bit parameters); None before a parameter's first
+        gradient in a lazy state, and ``exp_avg_sq`` always for SGD grafting.
+    factors, roots : list of arrays or None
+        One ``(count, n, n)`` stack per ``plan.stacks`` entry (None until first
+        needed in a lazy state); factors ``(count, n(n+1)/2)`` with ``symmetric_packing``,
+        roots in ``root_storage_dtype``.
+    root_failures : list of int32 arrays or None
         Per factor, the refreshes whose root was rejected.
     root_refreshes : int
         Refresh rounds run.
     skipped_steps : int
         Steps skipped for non-finite gradients.
     plan : BlockPlan
+    momentum_buffer : list of arrays or None
+        Per parameter, the momentum of the final update (None without momentum).
     """
 
     step: int
@@ -235,6 +110,7 @@ class ShampooState(NamedTuple):
     root_refreshes: int
     skipped_steps: int
     plan: BlockPlan
+    momentum_buffer: list | None = None
 
 
 class GradientTransformation(NamedTuple):
@@ -257,6 +133,10 @@ def compute_dtype_name(xp, dtype) -> str:
     return "float64" if dtype == xp.float64 else "float32"
 
 
+def _compute_dtype(xp, array):
+    return getattr(xp, compute_dtype_name(xp, array.dtype))
+
+
 def _namespace(arrays, what):
     present = [a for a in arrays if a is not None]
     if not present:
@@ -264,17 +144,27 @@ def _namespace(arrays, what):
     return _xp.array_namespace(*present)
 
 
-def make_plan(params, config: ShampooConfig) -> BlockPlan:
-    """The block plan :func:`init` makes for these parameters (shapes and dtypes only)."""
+def make_plan(params, config: ShampooConfig, *, policies=None) -> BlockPlan:
+    """The block plan :func:`init` makes for these parameters (shapes and dtypes only).
+
+    ``policies`` (one :class:`~matroot.optim.blocking.FactorPolicy` per parameter)
+    replaces ``config.factor_policy`` where parameters differ in it.
+    """
     params = list(params)
     xp = _namespace(params, "params")
     return plan_blocks([tuple(p.shape) for p in params],
                        [compute_dtype_name(xp, p.dtype) for p in params],
-                       block_size=config.block_size, precondition_1d=config.precondition_1d,
+                       block_size=config.block_size,
+                       policy=config.factor_policy if policies is None else policies,
                        stacked=config.stacked)
 
 
-def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None) -> ShampooState:
+def _root_dtype(xp, config: ShampooConfig, spec):
+    return getattr(xp, config.root_storage_dtype or spec.dtype)
+
+
+def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
+         lazy: bool = False) -> ShampooState:
     """Initial state for a sequence of parameter arrays.
 
     Parameters
@@ -285,6 +175,9 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None) -> Sha
     plan : BlockPlan, optional
         Keep factors for this plan's blocks only (a sharded run passes the part
         of :func:`make_plan` one rank owns). Default: :func:`make_plan`.
+    lazy : bool
+        Allocate no arrays now: each is made by the :func:`update` that first
+        needs it, so parameters that never get a gradient cost nothing.
 
     Returns
     -------
@@ -297,28 +190,35 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None) -> Sha
     >>> state = init([np.zeros((300, 20)), np.zeros(20)], ShampooConfig(block_size=128))
     >>> [(s.size, s.count) for s in state.plan.stacks]
     [(20, 3), (44, 1), (128, 2)]
+    >>> init([np.zeros((300, 20))], ShampooConfig(), lazy=True).factors
+    [None, None]
     """
     params = list(params)
     xp = _namespace(params, "params")
     device = _xp.device_of(params[0])
     plan = make_plan(params, config) if plan is None else plan
-    names = [compute_dtype_name(xp, p.dtype) for p in params]
-    stacks = init_stacks(plan, xp, device)
+    stacks = init_stacks(plan, xp, device, lazy=lazy, packed=config.symmetric_packing,
+                         root_dtypes=[_root_dtype(xp, config, s) for s in plan.stacks])
+    count = len(params)
+    moments = [None] * count if lazy else [
+        xp.zeros(tuple(p.shape), dtype=getattr(xp, compute_dtype_name(xp, p.dtype)),
+                 device=device) for p in params]
 
-    def zeros(p, name):
-        return xp.zeros(tuple(p.shape), dtype=getattr(xp, name), device=device)
+    def zeros_like_moments(keep):
+        return [xp.zeros_like(m) if keep and m is not None else None for m in moments]
 
     return ShampooState(
         step=0,
-        param_steps=(0,) * len(params),
-        exp_avg=[zeros(p, n) for p, n in zip(params, names)],
-        exp_avg_sq=[zeros(p, n) for p, n in zip(params, names)],
+        param_steps=(0,) * count,
+        exp_avg=moments,
+        exp_avg_sq=zeros_like_moments(config.second_moment_beta is not None),
         factors=stacks.factors,
         roots=stacks.roots,
         root_failures=stacks.failures,
         root_refreshes=0,
         skipped_steps=0,
         plan=plan,
+        momentum_buffer=zeros_like_moments(bool(config.momentum)),
     )
 
 
@@ -333,12 +233,22 @@ def _per_param(value, default, count, name):
     return values
 
 
-def _nonfinite_params(xp, grads):
-    """Indices of gradients with NaN/Inf; one host sync unless there are some."""
-    flags = [xp.all(xp.isfinite(g)) for g in grads if g is not None]
-    if not flags or bool(xp.all(xp.stack(flags))):
-        return []
-    return [i for i, g in enumerate(grads) if g is not None and not bool(xp.all(xp.isfinite(g)))]
+def nonfinite_flags(grads) -> list:
+    """Per gradient, whether it holds NaN/Inf (False for None); one host sync if all are finite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> nonfinite_flags([np.ones(2), None, np.array([1.0, np.nan])])
+    [False, False, True]
+    """
+    present = [g for g in grads if g is not None]
+    if not present:
+        return [False] * len(grads)
+    xp = _xp.array_namespace(*present)
+    if bool(xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))):
+        return [False] * len(grads)
+    return [g is not None and not bool(xp.all(xp.isfinite(g))) for g in grads]
 
 
 def _present_runs(group, present):
@@ -366,12 +276,12 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         (its moments, factors and step count untouched).
     state : ShampooState
         From :func:`init` or a previous ``update``; its arrays are updated in place.
-    params : sequence of arrays
-        The current parameters (for weight decay). May be None when
-        ``weight_decay`` is 0 for all of them.
     config : ShampooConfig
     lr, weight_decay : float or sequence of float, optional
         Per-parameter overrides of ``config.lr`` / ``config.weight_decay``.
+    params : sequence of arrays
+        The current parameters (for weight decay). May be None when
+        ``weight_decay`` is 0 for all of them.
     check_grads : bool
         Apply ``config.nonfinite_grads`` (one host sync per step). A caller that
         checked already passes False.
@@ -417,66 +327,72 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     decays = _per_param(weight_decay, config.weight_decay, count, "weight_decay")
     if params is None and any(decays):
         raise ValueError("params are needed for weight decay")
+    params = [None] * count if params is None else list(params)
     present = [g is not None for g in grads]
 
     if check_grads:
-        bad = _nonfinite_params(xp, grads)
+        bad = [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
         if bad:
             if config.nonfinite_grads == "raise":
                 raise NonFiniteGradientError(
                     f"gradients of parameters {bad} contain NaN or Inf; pass "
                     "nonfinite_grads='skip' to skip such steps instead")
-            updates = [None if g is None else xp.zeros_like(state.exp_avg[i])
-                       for i, g in enumerate(grads)]
+            updates = [None if g is None else
+                       xp.zeros(g.shape, dtype=_compute_dtype(xp, g), device=_xp.device_of(g))
+                       for g in grads]
             return updates, state._replace(skipped_steps=state.skipped_steps + 1)
 
     def phase(name):
         if on_phase is not None:
             on_phase(name)
 
-    beta1, beta2 = config.betas
-    beta2_moment = config.second_moment_beta
     step = state.step + 1
     param_steps = tuple(s + 1 if p else s for s, p in zip(state.param_steps, present))
+    exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
+    momentum = list(state.momentum_buffer or [None] * count)
 
-    # 1. Moments and Adam directions, elementwise.
+    # 1. Moments and grafting directions, elementwise. A sharded rank keeps no moments
+    # of parameters whose blocks all belong to other ranks: their updates arrive by the
+    # all-gather, so here they are zeros.
+    remote = plan.remote_params
     g_work, m_hat, adam = [None] * count, [None] * count, [None] * count
     for i, g in enumerate(grads):
-        if g is None:
+        if g is None or i in remote:
             continue
-        m, v = state.exp_avg[i], state.exp_avg_sq[i]
-        g = xp.astype(g, m.dtype, copy=False)
-        g_work[i] = g
-        m += (1.0 - beta1) * (g - m)
-        if beta2_moment == 1.0:
-            v += g * g
-        else:
-            v *= beta2_moment
-            v += (1.0 - beta2_moment) * (g * g)
-        t = param_steps[i]
-        corr1 = 1.0 - beta1 ** t if config.bias_correction else 1.0
-        corr2 = 1.0 - beta2_moment ** t if config.bias_correction and beta2_moment < 1 else 1.0
-        first = beta1 * m + (1.0 - beta1) * g if config.nesterov else m
-        m_hat[i] = first / corr1
-        adam[i] = m_hat[i] / (xp.sqrt(v) / math.sqrt(corr2) + config.eps)
+        g = xp.astype(g, _compute_dtype(xp, g), copy=False)
+        if exp_avg[i] is None:
+            exp_avg[i] = xp.zeros_like(g)
+            if config.second_moment_beta is not None:
+                exp_avg_sq[i] = xp.zeros_like(g)
+        g_work[i] = effective_gradient(xp, g, params[i], decays[i], config)
+        m_hat[i], adam[i] = grafting_direction(xp, g_work[i], exp_avg[i], exp_avg_sq[i],
+                                               param_steps[i], config)
     phase("moments")
 
     # 2. Factors, one batched product per group of equal-shape blocks.
+    factors, roots, failures = (list(state.factors), list(state.roots),
+                                list(state.root_failures))
     views = [None if g is None else xp.reshape(g, layout.view)
              for g, layout in zip(g_work, plan.params)]
     runs = [run for group in plan.groups for run in _present_runs(group, present)]
     for run in runs:
-        update_factors(run, gather_blocks(run, views, xp), state.factors, beta2)
+        for stack, _ in run.factor_slots:
+            if factors[stack] is None:
+                spec = plan.stacks[stack]
+                factors[stack], roots[stack], failures[stack] = empty_stack(
+                    spec, xp, _xp.device_of(g_work[run.blocks[0].param]),
+                    root_dtype=_root_dtype(xp, config, spec), packed=config.symmetric_packing)
+        update_factors(run, gather_blocks(run, views, xp), factors, config.betas[1])
     phase("factors")
 
-    # 3. Inverse roots, one solver call per stack.
-    roots, failures, refreshes = state.roots, state.root_failures, state.root_refreshes
+    # 3. Inverse roots, one solver call per stack that has factors.
+    refreshes = state.root_refreshes
     if config.refreshes_roots_at(step) and plan.stacks:
-        roots, failures = list(roots), list(failures)
         for s, spec in enumerate(plan.stacks):
-            roots[s], failures[s], _ = refresh_inverse_roots(
-                spec, state.factors[s], roots[s], failures[s], method=config.root_method,
-                eps=config.matrix_eps, options=config.root_options)
+            if factors[s] is not None:
+                roots[s], failures[s], _ = refresh_inverse_roots(
+                    spec, factors[s], roots[s], failures[s], method=config.root_method,
+                    eps=config.matrix_eps, options=config.root_options)
         refreshes += 1
         phase("roots")
 
@@ -498,19 +414,24 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                 directions[i] = xp.reshape(out, layout.shape)
     phase("precondition")
 
-    # 5. Updates with decoupled weight decay.
+    # 5. Updates: momentum, then decoupled weight decay.
     updates = [None] * count
+    for i in remote:
+        if grads[i] is not None:
+            updates[i] = xp.zeros(grads[i].shape, dtype=_compute_dtype(xp, grads[i]),
+                                  device=_xp.device_of(grads[i]))
     for i, d in enumerate(directions):
         if d is None:
             continue
-        u = -lrs[i] * d
-        if decays[i]:
-            u = u - (lrs[i] * decays[i]) * xp.astype(params[i], d.dtype, copy=False)
-        updates[i] = u
+        if config.momentum and momentum[i] is None:
+            momentum[i] = xp.zeros_like(d)
+        updates[i] = final_update(xp, d, momentum[i], params[i], lrs[i], decays[i], config)
     phase("updates")
 
-    new_state = state._replace(step=step, param_steps=param_steps, roots=roots,
-                               root_failures=failures, root_refreshes=refreshes)
+    new_state = state._replace(
+        step=step, param_steps=param_steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
+        factors=factors, roots=roots, root_failures=failures, root_refreshes=refreshes,
+        momentum_buffer=momentum if config.momentum else state.momentum_buffer)
     return updates, new_state
 
 
@@ -532,20 +453,26 @@ def apply_updates(params, updates):
 def copy_state(state: ShampooState) -> ShampooState:
     """A copy of ``state`` whose arrays share no memory with it."""
     def copies(arrays):
-        return [_xp.array_namespace(a).asarray(a, copy=True) for a in arrays]
+        if arrays is None:
+            return None
+        return [None if a is None else _xp.array_namespace(a).asarray(a, copy=True)
+                for a in arrays]
 
     return state._replace(exp_avg=copies(state.exp_avg), exp_avg_sq=copies(state.exp_avg_sq),
                           factors=copies(state.factors), roots=copies(state.roots),
-                          root_failures=copies(state.root_failures))
+                          root_failures=copies(state.root_failures),
+                          momentum_buffer=copies(state.momentum_buffer))
 
 
-def _nbytes(a) -> int:
-    xp = _xp.array_namespace(a)
-    if xp.isdtype(a.dtype, "real floating"):
-        bits = xp.finfo(a.dtype).bits
-    else:
-        bits = xp.iinfo(a.dtype).bits
-    return math.prod(a.shape) * bits // 8
+def _nbytes(arrays) -> int:
+    total = 0
+    for a in arrays or ():
+        if a is None:
+            continue
+        xp = _xp.array_namespace(a)
+        info = xp.finfo if xp.isdtype(a.dtype, "real floating") else xp.iinfo
+        total += math.prod(a.shape) * info(a.dtype).bits // 8
+    return total
 
 
 def state_bytes(state: ShampooState) -> dict:
@@ -554,13 +481,15 @@ def state_bytes(state: ShampooState) -> dict:
     Returns
     -------
     dict
-        ``moments``, ``factors``, ``roots``, ``counters``, ``total`` (bytes) and
-        ``per_parameter`` (total bytes / number of parameter elements).
+        ``moments`` (both moments and the momentum buffer), ``factors``, ``roots``,
+        ``counters``, ``total`` (bytes) and ``per_parameter`` (total bytes / number of
+        parameter elements).
     """
-    moments = sum(_nbytes(a) for a in state.exp_avg + state.exp_avg_sq)
-    factors = sum(_nbytes(a) for a in state.factors)
-    roots = sum(_nbytes(a) for a in state.roots)
-    counters = sum(_nbytes(a) for a in state.root_failures)
+    moments = _nbytes(state.exp_avg) + _nbytes(state.exp_avg_sq) + \
+        _nbytes(state.momentum_buffer)
+    factors = _nbytes(state.factors)
+    roots = _nbytes(state.roots)
+    counters = _nbytes(state.root_failures)
     total = moments + factors + roots + counters
     elements = sum(math.prod(p.shape) for p in state.plan.params)
     return {"moments": moments, "factors": factors, "roots": roots, "counters": counters,

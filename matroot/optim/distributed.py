@@ -7,9 +7,11 @@ rank would compute the same factors, inverse roots and preconditioned blocks.
 for its own blocks only (the core runs on the rank's
 :func:`~matroot.optim.sharding.local_plan`), computes their updates, and one
 all-gather per block shape (:func:`~matroot.optim.sharding.gather_buckets`)
-copies every block's update from its owner to all ranks. The elementwise
-(AdamW) parameters and the Adam moments stay replicated: they are cheap and
-every rank needs the moments of all blocks it might graft.
+copies every block's update from its owner to all ranks, at every step. A rank
+keeps the moments of the parameters it owns a block of (owners take contiguous
+runs of each group, so most parameters have one owner) and of the elementwise
+(AdamW) parameters, which stay replicated; a parameter whose blocks all belong to
+other ranks costs this rank nothing but its transient update.
 
 Every rank enters the same collectives in the same order at every step,
 whatever happens locally: the buckets and their sizes depend on the plan alone,
@@ -26,7 +28,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .blocking import ELEMENTWISE, BlockPlan, plan_blocks
+from .blocking import ELEMENTWISE, BlockPlan, FactorPolicy, plan_blocks
+from .checkpoint import plan_from_layout
+from .preconditioner import empty_stack
 from .sharding import ShardPlan, gather_buckets, local_plan, shard_plan
 
 __all__ = [
@@ -146,12 +150,6 @@ def agree_on_gradients(grads, group, device):
     return [flags[count + i] > 0 for i in range(count)]
 
 
-def _block_index(block):
-    if block.cols is None:
-        return (slice(*block.rows),)
-    return (slice(*block.rows), slice(*block.cols))
-
-
 class BlockSharding:
     """One parameter family's blocks split over the ranks of a process group.
 
@@ -228,7 +226,7 @@ class BlockSharding:
             send = torch.zeros((bucket.padded, *bucket.shape), dtype=dtype, device=device)
             for j, block in enumerate(self._bucket_blocks(bucket, self.rank)):
                 if views[block.param] is not None:
-                    send[j] = views[block.param][_block_index(block)]
+                    send[j] = views[block.param][block.index]
             recv = torch.empty((self.world_size * bucket.padded, *bucket.shape), dtype=dtype,
                                device=device)
             _all_gather(recv, send, self.group)
@@ -239,7 +237,7 @@ class BlockSharding:
                     continue
                 for j, block in enumerate(self._bucket_blocks(bucket, rank)):
                     if views[block.param] is not None:
-                        views[block.param][_block_index(block)] = recv[rank, j]
+                        views[block.param][block.index] = recv[rank, j]
         return gathered
 
     def record(self) -> dict:
@@ -286,7 +284,11 @@ def check_shard(saved, sharding) -> None:
 
 
 def _plan_of_family(state_dict: dict, entry: dict) -> BlockPlan:
-    """Rebuild a family's full plan from a state dict: moments give shapes and dtypes."""
+    """Rebuild a family's full plan from a state dict: its layout, or (first format) the
+    moments' shapes and dtypes with the group's settings."""
+    if "layout" in entry:
+        return plan_from_layout(entry["layout"], block_size=entry["block_size"],
+                                stacked=entry["stacked"])
     groups = {i: g for g in state_dict["param_groups"] for i in g["params"]}
     members = entry["params"]
     config = groups[members[0]]
@@ -296,7 +298,7 @@ def _plan_of_family(state_dict: dict, entry: dict) -> BlockPlan:
         shapes.append(tuple(moment.shape))
         dtypes.append("float64" if moment.dtype == torch.float64 else "float32")
     return plan_blocks(shapes, dtypes, block_size=int(config["block_size"]),
-                       precondition_1d=bool(config["precondition_1d"]),
+                       policy=FactorPolicy(precondition_1d=bool(config["precondition_1d"])),
                        stacked=bool(config["stacked"]))
 
 
@@ -314,20 +316,21 @@ def slot_map(plan: BlockPlan, split: ShardPlan, rank: int) -> list:
     out = []
     for lgroup, (g, start, stop) in zip(local.groups, owned):
         full = plan.groups[g]
-        sides: list[tuple] = [(lgroup.left, full.left)]
-        if full.right is not None:
-            sides.append((lgroup.right, full.right))
-        for (ls, lf), (fs, ff) in sides:
+        for (ls, lf), (fs, ff) in zip(lgroup.factor_slots, full.factor_slots):
             out.append((ls, slice(lf, lf + stop - start), fs, slice(ff + start, ff + stop)))
     return out
 
 
-def _empty_stacks(specs, name: str) -> list:
-    """CPU stacks for ``specs`` to copy the slots of ``name`` into."""
+def _empty_stacks(specs, name: str, like) -> list:
+    """CPU stacks for ``specs`` to copy the slots of ``name`` into, as a fresh state has
+    them (zero factors, identity roots), packed if the saved stacks ``like`` are."""
     if name == "root_failures":
         return [torch.zeros((spec.count,), dtype=torch.int32) for spec in specs]
-    return [torch.zeros((spec.count, spec.size, spec.size), dtype=getattr(torch, spec.dtype))
-            for spec in specs]
+    present = [a for a in like if a is not None]
+    packed = bool(present) and present[0].ndim == 2
+    dtype = present[0].dtype if present else None
+    return [empty_stack(spec, torch, "cpu", packed=packed,
+                        root_dtype=dtype)[0 if name == "factors" else 1] for spec in specs]
 
 
 def _family_entries(state_dict) -> list:
@@ -363,6 +366,7 @@ def consolidate_state_dicts(state_dicts) -> dict:
         raise ValueError("no state dicts given")
     first = state_dicts[0]
     out = {k: v for k, v in first.items() if k != "shampoo_families"}
+    out["state"] = dict(first.get("state", {}))
     families = []
     for f, entry in enumerate(_family_entries(first)):
         shard = entry.get("shard")
@@ -371,12 +375,14 @@ def consolidate_state_dicts(state_dicts) -> dict:
             continue
         world = int(shard["world_size"])
         by_rank: dict[int, dict] = {}
+        dicts: dict[int, dict] = {}
         for sd in state_dicts:
             e = _family_entries(sd)[f]
             if e.get("shard") is None or e["shard"]["split"] != shard["split"] \
                     or e["params"] != entry["params"]:
                 raise ValueError(f"family {f}: the state dicts come from different runs")
             by_rank.setdefault(int(e["shard"]["rank"]), e)
+            dicts.setdefault(int(e["shard"]["rank"]), sd)
         if sorted(by_rank) != list(range(world)) or len(state_dicts) != world:
             raise ValueError(f"family {f}: need one state dict from each of {world} ranks, "
                              f"got ranks {sorted(by_rank)} in {len(state_dicts)} dicts")
@@ -386,14 +392,44 @@ def consolidate_state_dicts(state_dicts) -> dict:
                   ("shard", "factors", "roots", "root_failures")}
         merged["root_refreshes"] = max(int(e["root_refreshes"]) for e in by_rank.values())
         for name in ("factors", "roots", "root_failures"):
-            stacks = _empty_stacks(plan.stacks, name)
+            stacks = _empty_stacks(plan.stacks, name,
+                                   [a for e in by_rank.values() for a in e[name]])
             for rank, e in by_rank.items():
                 for ls, lslots, fs, fslots in slot_map(plan, split, rank):
-                    stacks[fs][fslots] = e[name][ls][lslots].cpu()
+                    if e[name][ls] is not None:     # None: never had a gradient (lazy)
+                        stacks[fs][fslots] = e[name][ls][lslots].cpu()
             merged[name] = stacks
+        out["state"].update(_merge_param_state(entry["params"], plan, split, dicts))
         families.append(merged)
     out["shampoo_families"] = families
     return out
+
+
+def _merge_param_state(numbers, plan: BlockPlan, split: ShardPlan, dicts: dict) -> dict:
+    """One family's per-parameter state from every rank's state dict.
+
+    Moments come from any rank that keeps them (every such rank computed them from the
+    same gradients); a momentum buffer follows its parameter's updates, right on each
+    block's owner only, so it is put together block by block.
+    """
+    merged: dict = {}
+    for rank, sd in sorted(dicts.items()):
+        local, owned = local_plan(plan, split, rank)
+        for i, number in enumerate(numbers):
+            entry = sd.get("state", {}).get(number)
+            if entry is None or i in local.remote_params:
+                continue
+            if number not in merged:
+                merged[number] = {k: (v.clone() if torch.is_tensor(v) else v)
+                                  for k, v in entry.items()}
+            if "momentum_buffer" in entry and plan.params[i].kind != ELEMENTWISE:
+                target = merged[number]["momentum_buffer"].view(plan.params[i].view)
+                source = entry["momentum_buffer"].view(plan.params[i].view)
+                for g, start, stop in owned:
+                    for block in plan.groups[g].blocks[start:stop]:
+                        if block.param == i:
+                            target[block.index] = source[block.index]
+    return merged
 
 
 def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
@@ -412,6 +448,7 @@ def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
     dict
     """
     out = {k: v for k, v in state_dict.items() if k != "shampoo_families"}
+    out["state"] = dict(state_dict.get("state", {}))
     families = []
     for entry in _family_entries(state_dict):
         if entry.get("shard") is not None:
@@ -422,12 +459,15 @@ def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
         plan = _plan_of_family(state_dict, entry)
         split = shard_plan(plan, world_size)
         local, _ = local_plan(plan, split, rank)
+        for i in local.remote_params:          # moments this rank does not keep
+            out["state"].pop(entry["params"][i], None)
         sharded = {k: v for k, v in entry.items() if k not in ("factors", "roots",
                                                                  "root_failures")}
         for name in ("factors", "roots", "root_failures"):
-            stacks = _empty_stacks(local.stacks, name)
+            stacks = _empty_stacks(local.stacks, name, entry[name])
             for ls, lslots, fs, fslots in slot_map(plan, split, rank):
-                stacks[ls][lslots] = entry[name][fs][fslots].cpu()
+                if entry[name][fs] is not None:
+                    stacks[ls][lslots] = entry[name][fs][fslots].cpu()
             sharded[name] = stacks
         sharded["shard"] = {"world_size": world_size, "rank": rank, "split": split.to_dict()}
         families.append(sharded)

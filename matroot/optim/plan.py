@@ -21,8 +21,15 @@ from typing import Any
 import json
 import math
 
-from .blocking import ELEMENTWISE, plan_blocks
-from .sharding import DTYPE_BYTES, best_balance, block_cost, gather_buckets, shard_plan
+from .blocking import ELEMENTWISE, FactorPolicy, plan_blocks
+from .sharding import (
+    DTYPE_BYTES,
+    best_balance,
+    block_cost,
+    gather_buckets,
+    local_plan,
+    shard_plan,
+)
 
 __all__ = [
     "MODELS",
@@ -163,7 +170,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         world size the blocks per rank (min, max), ``balance`` (max/mean cost),
         ``best_balance`` (a lower bound for any split), memory per rank in bytes
         (``preconditioner`` — sharded factors and roots, the largest rank —
-        ``moments`` — the replicated Adam moments — and their sum ``total``),
+        ``moments`` — the Adam moments of the parameters a rank owns blocks of and of
+        the elementwise ones, the largest rank — and ``total``, the largest rank's sum),
         ``allgather_bytes`` (output of the per-step all-gathers on each rank,
         padding included), ``padding_bytes`` and ``collectives`` per step.
 
@@ -181,7 +189,7 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     names = [n for n, _ in shapes]
     dims = [tuple(s) for _, s in shapes]
     plan = plan_blocks(dims, [dtype] * len(dims), block_size=block_size,
-                       precondition_1d=precondition_1d)
+                       policy=FactorPolicy(precondition_1d=precondition_1d))
     nbytes = DTYPE_BYTES[dtype]
     elements = sum(math.prod(s) for s in dims)
     left_out = [i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE]
@@ -199,6 +207,11 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         per_rank_blocks = [sum(c[r] for c in split.counts) for r in range(w)]
         precond = [sum(split.counts[g][r] * _factor_bytes(group, nbytes)
                        for g, group in enumerate(plan.groups)) for r in range(w)]
+        # A rank keeps the moments of the parameters it owns a block of, and of the
+        # elementwise ones (every rank).
+        moments = [2 * nbytes * (elements - sum(math.prod(dims[i]) for i in
+                                                local_plan(plan, split, r)[0].remote_params))
+                   for r in range(w)]
         gathered = padding = collectives = 0
         if w > 1:
             for bucket in gather_buckets(plan, split):
@@ -212,8 +225,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
             "balance": split.balance,
             "best_balance": best_balance(plan, w),
             "preconditioner": max(precond),
-            "moments": 2 * elements * nbytes,
-            "total": max(precond) + 2 * elements * nbytes,
+            "moments": max(moments),
+            "total": max(p + m for p, m in zip(precond, moments)),
             "allgather_bytes": gathered,
             "padding_bytes": padding,
             "collectives": collectives,
@@ -278,7 +291,7 @@ def format_summary(summary: dict, title: str) -> str:
     lines.append("  cost: r^3 + c^3 (inverse roots) + r*c*(r + c) (factor update) per r x c "
                  "block; best: a lower bound on max/mean for any split")
     lines.append("  precond: factors + inverse roots, sharded (largest rank); moments: Adam "
-                 "m and v of every parameter, kept on every rank")
+                 "m and v of the parameters a rank owns blocks of, and of the elementwise ones")
     lines.append("  all-gather/step: output of the per-step all-gathers on each rank, one per "
                  "block shape")
     return "\n".join(lines)

@@ -19,12 +19,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from .. import _xp
 from ..roots import inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
     "FactorStacks",
+    "factor_shape",
+    "empty_stack",
+    "pack",
+    "unpack",
     "init_stacks",
     "gather_blocks",
     "scatter_blocks",
@@ -49,23 +55,39 @@ class FactorStacks(NamedTuple):
     failures: list
 
 
-def init_stacks(plan: BlockPlan, xp, device) -> FactorStacks:
-    """Zero factors, identity roots and zero failure counts for every stack of ``plan``."""
-    factors, roots, failures = [], [], []
-    for spec in plan.stacks:
-        dtype = getattr(xp, spec.dtype)
-        shape = (spec.count, spec.size, spec.size)
-        factors.append(xp.zeros(shape, dtype=dtype, device=device))
-        eye = _xp.identity_stack(xp, spec.size, dtype, device)
-        roots.append(xp.zeros(shape, dtype=dtype, device=device) + eye)
-        failures.append(xp.zeros((spec.count,), dtype=xp.int32, device=device))
-    return FactorStacks(factors, roots, failures)
+def factor_shape(spec: StackSpec, packed: bool) -> tuple[int, ...]:
+    """Shape of a factor or root stack: ``(count, n, n)``, or ``(count, n(n+1)/2)`` packed."""
+    if packed:
+        return (spec.count, spec.size * (spec.size + 1) // 2)
+    return (spec.count, spec.size, spec.size)
 
 
-def _block_index(block):
-    if block.cols is None:
-        return (slice(*block.rows),)
-    return (slice(*block.rows), slice(*block.cols))
+def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None, packed=False) -> tuple:
+    """Zero factors, identity roots (in ``root_dtype``, default the factors') and zero
+    failure counts for one stack; factors and roots as packed upper triangles when
+    ``packed``."""
+    dtype = getattr(xp, spec.dtype)
+    root_dtype = dtype if root_dtype is None else root_dtype
+    factors = xp.zeros(factor_shape(spec, packed), dtype=dtype, device=device)
+    roots = xp.zeros((spec.count, spec.size, spec.size), dtype=root_dtype, device=device) + \
+        _xp.identity_stack(xp, spec.size, root_dtype, device)
+    if packed:
+        roots = pack(roots)
+    return factors, roots, xp.zeros((spec.count,), dtype=xp.int32, device=device)
+
+
+def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
+                root_dtypes=None, packed: bool = False) -> FactorStacks:
+    """Every stack of ``plan`` from :func:`empty_stack`, or None for each when ``lazy``."""
+    stacks = FactorStacks([], [], [])
+    root_dtypes = root_dtypes or [None] * len(plan.stacks)
+    for spec, root_dtype in zip(plan.stacks, root_dtypes):
+        arrays = (None, None, None) if lazy else empty_stack(spec, xp, device,
+                                                              root_dtype=root_dtype,
+                                                              packed=packed)
+        for store, array in zip(stacks, arrays):
+            store.append(array)
+    return stacks
 
 
 def gather_blocks(group: BlockGroup, views, xp):
@@ -79,17 +101,72 @@ def gather_blocks(group: BlockGroup, views, xp):
         parameter number.
     xp : namespace
     """
-    return xp.stack([views[b.param][_block_index(b)] for b in group.blocks])
+    return xp.stack([views[b.param][b.index] for b in group.blocks])
 
 
 def scatter_blocks(group: BlockGroup, blocks, outputs) -> None:
     """Write ``blocks[j]`` into ``outputs[group.blocks[j].param]`` at its block's place."""
     for j, b in enumerate(group.blocks):
-        outputs[b.param][_block_index(b)] = blocks[j, ...]
+        outputs[b.param][b.index] = blocks[j, ...]
+
+
+_INDEX_CACHE: dict = {}
+
+
+def _packing_index(xp, n: int, device, unpack: bool):
+    """Flat indices that pack an ``n×n`` matrix's upper triangle (row by row) or unpack it.
+
+    Made once per size and device, so no index is copied to the device per step.
+    """
+    key = (xp.__name__, n, str(device), unpack)
+    if key not in _INDEX_CACHE:
+        rows, cols = np.triu_indices(n)
+        if unpack:
+            position = np.empty((n, n), dtype=np.int64)
+            position[rows, cols] = np.arange(rows.size)
+            position[cols, rows] = np.arange(rows.size)
+            index = position.reshape(-1)
+        else:
+            index = rows * n + cols
+        _INDEX_CACHE[key] = xp.asarray(index, device=device)
+    return _INDEX_CACHE[key]
+
+
+def pack(matrices):
+    """The upper triangles of a ``(k, n, n)`` stack as ``(k, n(n+1)/2)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> pack(np.arange(4.0).reshape(1, 2, 2))
+    array([[0., 1., 3.]])
+    """
+    xp = _xp.array_namespace(matrices)
+    k, n = matrices.shape[0], matrices.shape[-1]
+    index = _packing_index(xp, n, _xp.device_of(matrices), unpack=False)
+    return xp.take(xp.reshape(matrices, (k, n * n)), index, axis=1)
+
+
+def unpack(packed, n: int):
+    """The symmetric ``(k, n, n)`` stack whose upper triangles :func:`pack` gave.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> unpack(np.array([[0.0, 1.0, 3.0]]), 2)[0]
+    array([[0., 1.],
+           [1., 3.]])
+    """
+    xp = _xp.array_namespace(packed)
+    index = _packing_index(xp, n, _xp.device_of(packed), unpack=True)
+    return xp.reshape(xp.take(packed, index, axis=1), (packed.shape[0], n, n))
 
 
 def _accumulate(stack, first: int, statistic, beta2: float) -> None:
-    # Only the group's own slots are rewritten: no copy of the whole stack.
+    # Only the group's own slots are rewritten: no copy of the whole stack. A packed
+    # stack takes the statistic's upper triangle: the same arithmetic per entry.
+    if stack.ndim == 2:
+        statistic = pack(statistic)
     slots = slice(first, first + statistic.shape[0])
     if beta2 == 1.0:
         stack[slots, ...] = stack[slots, ...] + statistic
@@ -113,13 +190,16 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> Non
     beta2 : float
     """
     xp = _xp.array_namespace(grad_blocks)
-    if group.right is None:
-        _accumulate(factors[group.left[0]], group.left[1],
+    if grad_blocks.ndim == 2:
+        stack, first = group.factor_slots[0]
+        _accumulate(factors[stack], first,
                     grad_blocks[:, :, None] * grad_blocks[:, None, :], beta2)
         return
     transposed = xp.matrix_transpose(grad_blocks)
-    _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
-    _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
+    if group.left is not None:
+        _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
+    if group.right is not None:
+        _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
 
 
 def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: str,
@@ -134,7 +214,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
     ----------
     spec : StackSpec
         The stack's size and root order.
-    factors, roots : array, shape (count, n, n)
+    factors, roots : array, shape (count, n, n) or packed (count, n(n+1)/2)
     failures : array of int32, shape (count,)
     method : str
         Any :func:`matroot.inv_root` method.
@@ -151,15 +231,23 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
         The solver's diagnostics, for logging.
     """
     xp = _xp.array_namespace(factors)
+    if factors.ndim == 2:
+        factors = unpack(factors, spec.size)
     result = inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
                            **options)
     ok = usable_roots(result, options.get("tol"))
-    new_roots = _xp.batched_where(ok, result.root, roots)
+    root = xp.astype(result.root, roots.dtype, copy=False)
+    if roots.ndim == 2:
+        new_roots = xp.where(ok[:, None], pack(root), roots)
+    else:
+        new_roots = _xp.batched_where(ok, root, roots)
     return new_roots, failures + xp.astype(~ok, xp.int32), result
 
 
 def precondition_blocks(group: BlockGroup, blocks, roots):
     """The Shampoo directions ``L^(-1/4) M R^(-1/4)`` of all blocks of a group.
+
+    One-sided blocks get ``L^(-1/2) M`` or ``M R^(-1/2)``, vector blocks ``L^(-1/2) m``.
 
     Parameters
     ----------
@@ -173,14 +261,23 @@ def precondition_blocks(group: BlockGroup, blocks, roots):
     -------
     array, shape (k, *group.shape)
     """
+    xp = _xp.array_namespace(blocks)
     k = blocks.shape[0]
-    stack, first = group.left
-    left = roots[stack][first:first + k, ...]
-    if group.right is None:
-        return (left @ blocks[:, :, None])[:, :, 0]
-    stack, first = group.right
-    right = roots[stack][first:first + k, ...]
-    return (left @ blocks) @ right
+
+    def root_slots(side):
+        stack, first = side
+        slots = roots[stack][first:first + k, ...]
+        if slots.ndim == 2:
+            slots = unpack(slots, blocks.shape[1 if side is group.left else -1])
+        return xp.astype(slots, blocks.dtype, copy=False)
+
+    if blocks.ndim == 2:
+        return (root_slots(group.left) @ blocks[:, :, None])[:, :, 0]
+    if group.left is not None:
+        blocks = root_slots(group.left) @ blocks
+    if group.right is not None:
+        blocks = blocks @ root_slots(group.right)
+    return blocks
 
 
 def block_norms(blocks):

@@ -224,9 +224,12 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
         start, stop = split.ranges(g)[rank]
         if start == stop:
             continue
-        sides = [group.left] + ([group.right] if group.right is not None else [])
-        firsts = []
-        for stack, _ in sides:
+        firsts: list[tuple[int, int] | None] = []
+        for side in (group.left, group.right):
+            if side is None:
+                firsts.append(None)
+                continue
+            stack = side[0]
             firsts.append((stack, stack_counts.get(stack, 0)))
             stack_counts[stack] = stack_counts.get(stack, 0) + stop - start
         claims.append((group, start, stop, firsts))
@@ -238,8 +241,8 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
                              stack_counts[s]) for s in kept)
     groups = []
     for group, start, stop, firsts in claims:
-        left = (renumber[firsts[0][0]], firsts[0][1])
-        right = (renumber[firsts[1][0]], firsts[1][1]) if len(firsts) == 2 else None
+        left, right = (None if first is None else (renumber[first[0]], first[1])
+                       for first in firsts)
         groups.append(BlockGroup(group.shape, group.dtype, group.blocks[start:stop],
                                  left, right))
     local = BlockPlan(plan.params, tuple(groups), stacks, plan.block_size)

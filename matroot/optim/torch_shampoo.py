@@ -1,32 +1,56 @@
 """``matroot.optim.Shampoo``: a ``torch.optim.Optimizer`` around the functional core.
 
 The shell maps torch's parameter groups onto the core: parameters whose groups
-agree on every hyperparameter except ``lr`` and ``weight_decay`` share one set
-of factor stacks (a *family*), so the whole model's equal-size factors are
-solved by one ``inv_root`` call per size; ``lr`` and ``weight_decay`` are read
-per group at every step, so LR schedulers work. A group added after training
-started gets a family of its own (its own step count and stacks).
+agree on every hyperparameter except the per-parameter ones
+(:data:`~matroot.optim.config.PER_PARAMETER`: ``lr``, ``weight_decay`` and the
+per-dimension policy) share one set of factor stacks (a *family*), so the whole
+model's equal-size factors are solved by one ``inv_root`` call per size; ``lr``
+and ``weight_decay`` are read per group at every step, so LR schedulers work.
+Trainable parameters get a family at the first step (frozen ones none), so a
+group added after training started, or a parameter unfrozen later, gets a
+family of its own (its own step count and stacks).
 
-Per-parameter state (``step``, ``exp_avg``, ``exp_avg_sq``) lives in
-``optimizer.state[p]`` as in torch's own optimizers; the factor and root
-stacks live with their family and travel in ``state_dict()["shampoo_families"]``.
+Per-parameter state (``step``, ``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``)
+lives in ``optimizer.state[p]`` as in torch's own optimizers, made at the
+parameter's first gradient; the factor and root stacks live with their family
+and travel in ``state_dict()["shampoo_families"]`` with a per-parameter index of
+their slots (:mod:`matroot.optim.checkpoint`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from itertools import chain
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from . import core
-from .distributed import BlockSharding, agree_on_gradients, check_shard, resolve_process_group
+from .checkpoint import FORMAT, plan_from_layout, plan_layout
+from .config import PER_PARAMETER
+from .distributed import (
+    BlockSharding,
+    agree_on_gradients,
+    check_shard,
+    resolve_process_group,
+)
+from .preconditioner import factor_shape
 
 __all__ = ["Shampoo"]
 
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig))
-#: Hyperparameters that may differ between groups sharing a family.
-_PER_GROUP = ("lr", "weight_decay")
+_DEFAULTS = core.ShampooConfig()
+_STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
+
+
+def _is_dtensor(tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return isinstance(tensor, DTensor)
 
 
 class _Family:
@@ -39,36 +63,29 @@ class _Family:
 
 
 class Shampoo(torch.optim.Optimizer):
-    """Stacked-block Shampoo with Adam grafting, as a ``torch.optim.Optimizer``.
+    """Stacked-block Shampoo with grafting, as a ``torch.optim.Optimizer``.
 
     Weights are cut into blocks of at most ``block_size``; the Kronecker factors
     of all blocks of the model are kept in one ``(b, n, n)`` stack per size and
     their inverse roots computed by one :func:`matroot.inv_root` call per stack.
-    Each block's Shampoo direction is rescaled to the norm of its Adam direction;
-    before ``start_preconditioning_step``, and for vectors and scalars (unless
-    ``precondition_1d``), the update is AdamW's. See
-    :class:`matroot.optim.ShampooConfig` for every hyperparameter.
+    Each block's Shampoo direction is rescaled to the norm of its grafting (Adam
+    by default) direction; before ``start_preconditioning_step``, and for
+    parameters without factors, the update is the grafting one (AdamW's).
 
     Parameters
     ----------
     params : iterable of tensors or dicts
         Parameters or parameter groups; any hyperparameter may be set per group.
-    lr : float
-        Learning rate.
-    betas : (float, float)
-        ``β₁`` for momentum; ``β₂`` for the factors and the Adam second moment.
-    eps : float
-        Adam epsilon (added to ``√v̂``).
-    weight_decay : float
-        Decoupled weight decay (AdamW's).
-    nesterov, bias_correction, grafting_beta2, block_size, precondition_frequency,
-    start_preconditioning_step, root_method, matrix_eps, root_options,
-    precondition_1d, stacked, nonfinite_grads
-        As in :class:`matroot.optim.ShampooConfig`.
     distributed : "auto", None or ProcessGroup
         ``"auto"``: when ``torch.distributed`` is initialised with more than one
         rank, split the blocks over its ranks (see :mod:`matroot.optim.distributed`
         and docs/distributed.rst); None: never.
+    graft_only : callable, optional
+        ``graft_only(param) -> bool``: True keeps that parameter on the grafting
+        update with no factors (per parameter; per group, set ``precondition=False``).
+    **hyperparameters
+        Any :class:`matroot.optim.ShampooConfig` field (``lr``, ``betas``,
+        ``weight_decay``, ``block_size``, ...), its defaults and validation.
 
     Notes
     -----
@@ -92,22 +109,15 @@ class Shampoo(torch.optim.Optimizer):
     2
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-                 nesterov=False, bias_correction=True, grafting_beta2=None, block_size=1024,
-                 precondition_frequency=10, start_preconditioning_step=None, root_method="auto",
-                 matrix_eps=1e-8, root_options=None, precondition_1d=False, stacked=True,
-                 nonfinite_grads="raise", distributed="auto"):
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        nesterov=nesterov, bias_correction=bias_correction,
-                        grafting_beta2=grafting_beta2, block_size=block_size,
-                        precondition_frequency=precondition_frequency,
-                        start_preconditioning_step=start_preconditioning_step,
-                        root_method=root_method, matrix_eps=matrix_eps,
-                        root_options=dict(root_options or {}), precondition_1d=precondition_1d,
-                        stacked=stacked, nonfinite_grads=nonfinite_grads)
-        core.ShampooConfig(**defaults)
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *,
+                 distributed: str | dist.ProcessGroup | None = "auto",
+                 graft_only: Callable[[torch.Tensor], bool] | None = None,
+                 **hyperparameters: Any) -> None:
+        config = core.ShampooConfig(**hyperparameters)
+        defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
         self._families: list[_Family] = []
         self._process_group = resolve_process_group(distributed)
+        self._graft_only = graft_only
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -117,11 +127,22 @@ class Shampoo(torch.optim.Optimizer):
         for p in group["params"]:
             if not p.is_floating_point():
                 raise TypeError(f"Shampoo optimizes floating parameters, got dtype {p.dtype}")
+            if _is_dtensor(p):
+                raise TypeError(
+                    "Shampoo does not take DTensor (FSDP2 / fully_shard, tensor-parallel) "
+                    "parameters: its blocks are cut from whole parameters. Supported: one "
+                    "process, or DDP (replicated parameters; blocks are sharded over ranks "
+                    "with distributed='auto'). See docs/distributed.rst")
         self._group_config(group)
 
     @staticmethod
     def _group_config(group) -> core.ShampooConfig:
         return core.ShampooConfig(**{name: group[name] for name in _CONFIG_FIELDS})
+
+    @staticmethod
+    def _shared(config: core.ShampooConfig) -> core.ShampooConfig:
+        """The part of a config that parameters sharing factor stacks must agree on."""
+        return dataclasses.replace(config, **{f: getattr(_DEFAULTS, f) for f in PER_PARAMETER})
 
     def _all_params(self):
         return list(chain.from_iterable(g["params"] for g in self.param_groups))
@@ -132,50 +153,69 @@ class Shampoo(torch.optim.Optimizer):
     def _family_config(self, family, group_of) -> core.ShampooConfig:
         groups = {id(group_of[id(p)]): group_of[id(p)] for p in family.params}
         configs = [self._group_config(g) for g in groups.values()]
-        shared = dataclasses.replace(configs[0], lr=0.0, weight_decay=0.0)
+        shared = self._shared(configs[0])
         for config in configs[1:]:
-            if dataclasses.replace(config, lr=0.0, weight_decay=0.0) != shared:
+            if self._shared(config) != shared:
                 raise ValueError(
                     "parameter groups that share Shampoo factor stacks must keep equal "
-                    "hyperparameters other than lr and weight_decay; changed after the "
-                    f"first step: {shared} vs {config}")
+                    f"hyperparameters other than {', '.join(PER_PARAMETER)}; changed after "
+                    f"the first step: {shared} vs {config}")
         return configs[0]
 
+    def _policy(self, p, group):
+        policy = self._group_config(group).factor_policy
+        if self._graft_only is not None and self._graft_only(p):
+            policy = dataclasses.replace(policy, precondition=False)
+        return policy
+
     def _form_families(self):
-        """Give every parameter not yet in a family one, grouping by shared settings."""
+        """Give every trainable parameter without a family one, grouping by shared settings.
+
+        Frozen parameters (``requires_grad=False``) get none; their state arrays, like
+        everyone's, are only made by the first step with a gradient (a lazy core state).
+        """
         owned = {id(p) for f in self._families for p in f.params}
-        pending: list[tuple[core.ShampooConfig, torch.device, list]] = []
+        pending: list[tuple[core.ShampooConfig, torch.device, list, list]] = []
         for group in self.param_groups:
-            shared = dataclasses.replace(self._group_config(group), lr=0.0, weight_decay=0.0)
+            shared = self._shared(self._group_config(group))
             for p in group["params"]:
-                if id(p) in owned:
+                if id(p) in owned or not p.requires_grad:
                     continue
-                for config, device, members in pending:
+                for config, device, members, policies in pending:
                     if config == shared and device == p.device:
                         members.append(p)
+                        policies.append(self._policy(p, group))
                         break
                 else:
-                    pending.append((shared, p.device, [p]))
-        for config, _, members in pending:
-            self._families.append(self._new_family(members, config))
-            state = self._families[-1].state
-            for p, m, v in zip(members, state.exp_avg, state.exp_avg_sq):
-                self.state[p] = {"step": 0, "exp_avg": m, "exp_avg_sq": v}
+                    pending.append((shared, p.device, [p], [self._policy(p, group)]))
+        for config, _, members, policies in pending:
+            plan = core.make_plan([p.detach() for p in members], config, policies=policies)
+            self._families.append(self._new_family(members, config, plan))
 
-    def _new_family(self, members, config) -> _Family:
+    def _new_family(self, members, config, plan) -> _Family:
         detached = [p.detach() for p in members]
         if self._process_group is None:
-            return _Family(members, core.init(detached, config))
-        sharding = BlockSharding(core.make_plan(detached, config), self._process_group)
-        return _Family(members, core.init(detached, config, plan=sharding.local), sharding)
+            return _Family(members, core.init(detached, config, plan=plan, lazy=True))
+        sharding = BlockSharding(plan, self._process_group)
+        return _Family(members, core.init(detached, config, plan=sharding.local, lazy=True),
+                       sharding)
 
     def _sync_family_state(self, family):
         """The family's core state with the per-parameter entries of ``self.state``."""
-        per_param = [self.state[p] for p in family.params]
+        per_param = [self.state.get(p, {}) for p in family.params]
         family.state = family.state._replace(
-            param_steps=tuple(int(s["step"]) for s in per_param),
-            exp_avg=[s["exp_avg"] for s in per_param],
-            exp_avg_sq=[s["exp_avg_sq"] for s in per_param])
+            param_steps=tuple(int(s.get("step", 0)) for s in per_param),
+            **{key: [s.get(key) for s in per_param] for key in _STATE_KEYS})
+
+    def _publish_family_state(self, family):
+        """Per-parameter entries of ``self.state`` from the family's core state."""
+        st = family.state
+        buffers = st.momentum_buffer or [None] * len(family.params)
+        for p, t, *arrays in zip(family.params, st.param_steps, st.exp_avg, st.exp_avg_sq,
+                                 buffers):
+            if arrays[0] is not None:
+                self.state[p] = {"step": t, **{k: a for k, a in zip(_STATE_KEYS, arrays)
+                                               if a is not None}}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -184,16 +224,13 @@ class Shampoo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for p in self._all_params():
+            if p.grad is not None and p.grad.is_sparse:
+                raise TypeError("Shampoo does not support sparse gradients")
         self._form_families()
         group_of = self._group_of()
-        grads = []
-        for family in self._families:
-            fam_grads = []
-            for p in family.params:
-                if p.grad is not None and p.grad.is_sparse:
-                    raise TypeError("Shampoo does not support sparse gradients")
-                fam_grads.append(None if p.grad is None else p.grad.detach())
-            grads.append(fam_grads)
+        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
+                 for family in self._families]
         bad = self._nonfinite_params(grads)
         if bad:
             params = self._all_params()
@@ -216,11 +253,10 @@ class Shampoo(torch.optim.Optimizer):
                 fam_grads, family.state, [p.detach() for p in family.params], config,
                 lr=[g["lr"] for g in groups], weight_decay=[g["weight_decay"] for g in groups],
                 check_grads=False)
-            if family.sharding is not None and \
-                    family.state.step >= config.first_preconditioned_step:
+            self._publish_family_state(family)
+            if family.sharding is not None:
                 family.sharding.share_updates(updates)
-            for p, u, t in zip(family.params, updates, family.state.param_steps):
-                self.state[p]["step"] = t
+            for p, u in zip(family.params, updates):
                 if u is None:
                     continue
                 if u.dtype == p.dtype:
@@ -233,13 +269,12 @@ class Shampoo(torch.optim.Optimizer):
         """state_dict numbers of parameters with NaN/Inf gradients (on any rank when sharded)."""
         members = [p for f in self._families for p in f.params]
         flat = list(chain.from_iterable(grads))
+        if not members:
+            return []
         if self._process_group is not None:
             flags = agree_on_gradients(flat, self._process_group, members[0].device)
         else:
-            present = [g for g in flat if g is not None]
-            if not present or bool(torch.stack([torch.isfinite(g).all() for g in present]).all()):
-                return []
-            flags = [g is not None and not bool(torch.isfinite(g).all()) for g in flat]
+            flags = core.nonfinite_flags(flat)
         index = {id(p): i for i, p in enumerate(self._all_params())}
         return sorted(index[id(p)] for p, bad in zip(members, flags) if bad)
 
@@ -251,7 +286,8 @@ class Shampoo(torch.optim.Optimizer):
         dict
             ``steps`` (of the first family), ``root_refreshes``, ``root_failures``
             (rejected roots, all refreshes), ``skipped_steps``, ``stacks``,
-            ``blocks``, ``state_bytes`` and ``state_bytes_per_parameter``.
+            ``blocks``, ``state_bytes`` and ``state_bytes_per_parameter`` (over
+            the parameters that have state).
         """
         out: dict[str, float] = {
             "steps": 0, "root_refreshes": 0, "root_failures": 0, "skipped_steps": 0,
@@ -262,7 +298,7 @@ class Shampoo(torch.optim.Optimizer):
             if i == 0:
                 out["steps"] = st.step
             out["root_refreshes"] += st.root_refreshes
-            out["root_failures"] += sum(int(f.sum()) for f in st.root_failures)
+            out["root_failures"] += sum(int(f.sum()) for f in st.root_failures if f is not None)
             out["skipped_steps"] += st.skipped_steps
             out["stacks"] += len(st.plan.stacks)
             out["blocks"] += st.plan.num_blocks
@@ -273,64 +309,88 @@ class Shampoo(torch.optim.Optimizer):
         return out
 
     def state_dict(self):
-        """torch's state dict plus ``"shampoo_families"``: each family's stacks and counters."""
+        """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
+        the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
         sd = super().state_dict()
         index = {id(p): i for i, p in enumerate(self._all_params())}
-        sd["shampoo_families"] = [
-            {"params": [index[id(p)] for p in f.params], "step": f.state.step,
-             "root_refreshes": f.state.root_refreshes, "skipped_steps": f.state.skipped_steps,
-             "factors": list(f.state.factors), "roots": list(f.state.roots),
-             "root_failures": list(f.state.root_failures)}
-            for f in self._families]
-        for record, f in zip(sd["shampoo_families"], self._families):
+        sd["shampoo_families"] = []
+        for f in self._families:
+            numbers = [index[id(p)] for p in f.params]
+            plan = f.state.plan if f.sharding is None else f.sharding.plan
+            record = {"format": FORMAT, "params": numbers, "step": f.state.step,
+                      "root_refreshes": f.state.root_refreshes,
+                      "skipped_steps": f.state.skipped_steps,
+                      "block_size": plan.block_size, "stacked": self._stacked(f),
+                      "layout": plan_layout(plan, numbers),
+                      "factors": list(f.state.factors), "roots": list(f.state.roots),
+                      "root_failures": list(f.state.root_failures)}
             if f.sharding is not None:
                 record["shard"] = f.sharding.record()
+            sd["shampoo_families"].append(record)
         return sd
+
+    def _stacked(self, family) -> bool:
+        return bool(self._group_of()[id(family.params[0])]["stacked"])
 
     def load_state_dict(self, state_dict):
         """Restore a state dict exactly, keeping float32 state of 16-bit parameters float32.
 
         torch's loader casts floating state to each parameter's dtype; the saved
         tensors are put back with their own dtype afterwards, so continuing after
-        a reload is bit-identical to continuing without one.
+        a reload is bit-identical to continuing without one. State dicts of the
+        first format (no ``"layout"``; hyperparameters added since then take this
+        optimizer's values) load too.
         """
         state_dict = dict(state_dict)
         families = state_dict.pop("shampoo_families", [])
         saved = state_dict.get("state", {})
+        state_dict["param_groups"] = [{**{k: v for k, v in current.items() if k != "params"},
+                                       **group}
+                                      for current, group in zip(self.param_groups,
+                                                                state_dict["param_groups"])]
         super().load_state_dict(state_dict)
         params = self._all_params()
+        self.state.clear()
         for index, entries in saved.items():
             p = params[int(index)]
             self.state[p] = {k: (v.detach().to(device=p.device, copy=True)
                                  if torch.is_tensor(v) else v) for k, v in entries.items()}
-        group_of = self._group_of()
-        self._families = []
-        for record in families:
-            members = [params[i] for i in record["params"]]
-            config = self._group_config(group_of[id(members[0])])
+        self._families = [self._restore_family(record, params) for record in families]
+
+    def _restore_family(self, record, params) -> _Family:
+        members = [params[i] for i in record["params"]]
+        group = self._group_of()[id(members[0])]
+        config = self._group_config(group)
+        if "layout" in record:
+            plan = plan_from_layout(record["layout"], block_size=record["block_size"],
+                                    stacked=record["stacked"])
+            if [layout.shape for layout in plan.params] != [tuple(p.shape) for p in members]:
+                raise ValueError("the state dict's layout does not fit the parameters' shapes")
+        else:
             plan = core.make_plan([p.detach() for p in members], config)
-            sharding = None if self._process_group is None else \
-                BlockSharding(plan, self._process_group)
-            check_shard(record.get("shard"), sharding)
-            plan = plan if sharding is None else sharding.local
-            device = members[0].device
-            expected = [(s.count, s.size, s.size) for s in plan.stacks]
+        sharding = None if self._process_group is None else \
+            BlockSharding(plan, self._process_group)
+        check_shard(record.get("shard"), sharding)
+        plan = plan if sharding is None else sharding.local
+        device = members[0].device
+        stacks = [factor_shape(s, config.symmetric_packing) for s in plan.stacks]
 
-            def restore(name, shapes, record=record, device=device):
-                arrays = record[name]
-                if [tuple(a.shape) for a in arrays] != shapes:
-                    raise ValueError(
-                        f"state dict {name} stacks {[tuple(a.shape) for a in arrays]} do not "
-                        f"fit the parameters' block plan {shapes}")
-                return [a.detach().to(device=device, copy=True) for a in arrays]
+        def restore(name, shapes):
+            arrays = record[name]
+            found = [None if a is None else tuple(a.shape) for a in arrays]
+            if any(f is not None and f != s for f, s in zip(found, shapes)) or \
+                    len(found) != len(shapes):
+                raise ValueError(f"state dict {name} stacks {found} do not fit the "
+                                 f"parameters' block plan {shapes}")
+            return [None if a is None else a.detach().to(device=device, copy=True)
+                    for a in arrays]
 
-            state = core.ShampooState(
-                step=int(record["step"]), param_steps=(0,) * len(members), exp_avg=[],
-                exp_avg_sq=[], factors=restore("factors", expected),
-                roots=restore("roots", expected),
-                root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
-                root_refreshes=int(record["root_refreshes"]),
-                skipped_steps=int(record["skipped_steps"]), plan=plan)
-            family = _Family(members, state, sharding)
-            self._sync_family_state(family)
-            self._families.append(family)
+        state = core.ShampooState(
+            step=int(record["step"]), param_steps=(0,) * len(members), exp_avg=[],
+            exp_avg_sq=[], factors=restore("factors", stacks), roots=restore("roots", stacks),
+            root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
+            root_refreshes=int(record["root_refreshes"]),
+            skipped_steps=int(record["skipped_steps"]), plan=plan)
+        family = _Family(members, state, sharding)
+        self._sync_family_state(family)
+        return family

@@ -1,0 +1,252 @@
+"""Shampoo's hyperparameters: one frozen, validated :class:`ShampooConfig`.
+
+Every default is stated here once; the torch shell (:class:`matroot.optim.Shampoo`)
+and the functional core (:func:`matroot.optim.init` / :func:`~matroot.optim.update`)
+read them from this class.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+from ..solvers.registry import check_method
+from .blocking import FactorPolicy, check_block_size
+
+__all__ = [
+    "ShampooConfig",
+    "NonFiniteGradientError",
+    "ROOT_OPTIONS",
+    "NONFINITE_POLICIES",
+    "GRAFTING",
+    "WEIGHT_DECAY_TYPES",
+    "ROOT_STORAGE_DTYPES",
+    "PER_PARAMETER",
+]
+
+#: The :func:`matroot.inv_root` keywords that ``root_options`` may set.
+ROOT_OPTIONS = ("tol", "max_iter", "scaling", "matmul_dtype", "compute_dtype")
+#: What ``update`` does with a NaN or Inf gradient.
+NONFINITE_POLICIES = ("raise", "skip")
+#: Elementwise directions whose per-block norm the Shampoo direction takes.
+GRAFTING = ("adam", "adagrad", "rmsprop", "sgd")
+#: Decoupled (AdamW's) or L2 (added to the gradient, Adam's) weight decay.
+WEIGHT_DECAY_TYPES = ("decoupled", "l2")
+#: dtypes the inverse roots may be stored in (computed and applied in float32/64).
+ROOT_STORAGE_DTYPES = (None, "float32", "bfloat16", "float16")
+#: Fields that may differ between parameters sharing factor stacks: read per parameter.
+PER_PARAMETER = ("lr", "weight_decay", "precondition", "precondition_1d",
+                 "max_preconditioned_dim", "skip_dims")
+
+
+class NonFiniteGradientError(ValueError):
+    """A gradient holds NaN or Inf and ``nonfinite_grads="raise"``."""
+
+
+def _real(value, name, low=None, high=None, *, low_open=False, high_open=False):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    value = float(value)
+    if low is not None and (value < low or (low_open and value == low)):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
+    if high is not None and (value > high or (high_open and value == high)):
+        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
+    return value
+
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _one_of(value, name, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not one of " + ", ".join(map(repr, allowed)))
+
+
+@dataclass(frozen=True)
+class ShampooConfig:
+    """Hyperparameters of :func:`init` / :func:`update` and :class:`~matroot.optim.Shampoo`.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate.
+    betas : (float, float)
+        ``β₁`` for the first moment; ``β₂`` for the factors L, R (1 = running sum)
+        and, unless ``grafting_beta2`` is given, for the grafting second moment.
+    eps : float
+        Grafting epsilon, added to ``√v̂``.
+    weight_decay : float
+        Weight decay coefficient.
+    weight_decay_type : {"decoupled", "l2"}
+        "decoupled" (AdamW): ``−lr·weight_decay·param`` is added to the update;
+        "l2" (Adam, SGD): ``weight_decay·param`` is added to the gradient first.
+    nesterov : bool
+        Use ``β₁m + (1−β₁)g`` in place of ``m`` (Nesterov momentum).
+    bias_correction : bool
+        Divide the moments by ``1−β₁ᵗ``, ``1−β₂'ᵗ`` (the latter for "adam" only).
+    grafting : {"adam", "adagrad", "rmsprop", "sgd"}
+        The elementwise direction each Shampoo block is rescaled to the norm of, and
+        the update of parameters without factors: ``m̂/(√v̂ + eps)`` (adam),
+        ``m̂/(√v + eps)`` with ``v`` a running sum of ``g²`` (adagrad) or its EMA
+        (rmsprop, no bias correction, as ``torch.optim.RMSprop``), or ``m̂`` (sgd;
+        keeps no second moment).
+    grafting_beta2 : float, optional
+        ``β₂'`` of the grafting second moment (adam, rmsprop). Default ``β₂``.
+    momentum : float
+        Heavy-ball momentum on the final (grafted) direction, ``u ← μu + d``,
+        applied as ``−lr·u`` (Distributed Shampoo's ``momentum``); 0 keeps no buffer.
+    maximize : bool
+        Maximize the objective (the gradients are negated first).
+    block_size : int or math.inf
+        Largest block side (Distributed Shampoo's ``max_preconditioner_dim``);
+        ``math.inf`` preconditions each parameter whole.
+    precondition_frequency : int
+        Steps between inverse-root refreshes.
+    start_preconditioning_step : int, optional
+        First step with Shampoo directions (and the first refresh). Default:
+        ``precondition_frequency``.
+    root_method : str
+        Any :func:`matroot.inv_root` method: "auto" or a registered solver
+        ("evd", "newton_db", "coupled_newton", "chebyshev", "minimax").
+    matrix_eps : float
+        Ridge of the factors: roots of ``L + matrix_eps·I``.
+    root_options : dict, optional
+        Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``,
+        ``scaling``, ``matmul_dtype``, ``compute_dtype``).
+    root_storage_dtype : {None, "float32", "bfloat16", "float16"}
+        dtype the inverse roots are kept in between refreshes (None: the factors'
+        dtype). Factors and all arithmetic stay float32 (float64 for float64
+        parameters); a 16-bit root halves the roots' memory.
+    symmetric_packing : bool
+        Keep factors and inverse roots as packed upper triangles, ``n(n+1)/2`` numbers
+        each instead of ``n²`` (Distributed Shampoo's ``use_symmetric_packing``). The
+        factors hold the same values (accumulation is entrywise); a refresh unpacks one
+        stack for the solver, a step unpacks one block group's roots at a time.
+    precondition : bool
+        False keeps the parameters on the grafting update with no factors at all.
+    precondition_1d : bool
+        Precondition vectors with one factor and root 2 (``L^(-1/2) g``) instead of
+        the grafting update. Scalars always get the grafting update.
+    max_preconditioned_dim : int or math.inf
+        A dimension of a parameter's matrix view longer than this gets no factor,
+        e.g. 4096 leaves a 50000×64 embedding one-sided: ``G R^(-1/2)`` with a
+        64×64 ``R`` (Distributed Shampoo's ``inverse_exponent_override`` of 0 for
+        that dimension). A dimension without a factor is not cut into blocks.
+    skip_dims : tuple of int
+        Dimensions of the matrix view (0: rows, 1: columns) that get no factor.
+    stacked : bool
+        Solve all equal-size factors in one call (True) or one call per factor
+        (False, Distributed Shampoo's structure, for comparisons).
+    nonfinite_grads : {"raise", "skip"}
+        On a NaN/Inf gradient raise :class:`NonFiniteGradientError`, or skip the
+        step (state untouched except ``skipped_steps``, zero updates).
+
+    Examples
+    --------
+    >>> import math
+    >>> ShampooConfig(block_size=math.inf, grafting="sgd").second_moment_beta is None
+    True
+    >>> ShampooConfig(grafting="momentum")
+    Traceback (most recent call last):
+    ...
+    ValueError: grafting='momentum' is not one of 'adam', 'adagrad', 'rmsprop', 'sgd'
+    """
+
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 1e-2
+    weight_decay_type: str = "decoupled"
+    nesterov: bool = False
+    bias_correction: bool = True
+    grafting: str = "adam"
+    grafting_beta2: float | None = None
+    momentum: float = 0.0
+    maximize: bool = False
+    block_size: int | float = 1024
+    precondition_frequency: int = 10
+    start_preconditioning_step: int | None = None
+    root_method: str = "auto"
+    matrix_eps: float = 1e-8
+    root_options: dict = field(default_factory=dict)
+    root_storage_dtype: str | None = None
+    symmetric_packing: bool = False
+    precondition: bool = True
+    precondition_1d: bool = False
+    max_preconditioned_dim: int | float = math.inf
+    skip_dims: tuple = ()
+    stacked: bool = True
+    nonfinite_grads: str = "raise"
+
+    def __post_init__(self):
+        _real(self.lr, "lr", 0.0)
+        betas = tuple(self.betas)
+        if len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
+        _real(betas[0], "betas[0]", 0.0, 1.0, high_open=True)
+        _real(betas[1], "betas[1]", 0.0, 1.0)
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        _real(self.eps, "eps", 0.0)
+        _real(self.weight_decay, "weight_decay", 0.0)
+        _one_of(self.weight_decay_type, "weight_decay_type", WEIGHT_DECAY_TYPES)
+        _one_of(self.grafting, "grafting", GRAFTING)
+        if self.grafting_beta2 is not None:
+            _real(self.grafting_beta2, "grafting_beta2", 0.0, 1.0)
+        _real(self.momentum, "momentum", 0.0, 1.0, high_open=True)
+        check_block_size(self.block_size)
+        _positive_int(self.precondition_frequency, "precondition_frequency")
+        start = self.start_preconditioning_step
+        if start is not None and (isinstance(start, bool) or not isinstance(start, numbers.Integral)
+                                  or start < 1):
+            raise ValueError("start_preconditioning_step must be a positive integer or None, "
+                             f"got {start!r}")
+        check_method(self.root_method, "root_method")
+        _real(self.matrix_eps, "matrix_eps", 0.0)
+        options = dict(self.root_options or {})
+        unknown = sorted(set(options) - set(ROOT_OPTIONS))
+        if unknown:
+            raise ValueError(f"root_options keys {unknown} are not inv_root options; allowed: "
+                             + ", ".join(ROOT_OPTIONS))
+        object.__setattr__(self, "root_options", options)
+        _one_of(self.root_storage_dtype, "root_storage_dtype", ROOT_STORAGE_DTYPES)
+        if self.max_preconditioned_dim != math.inf:
+            _positive_int(self.max_preconditioned_dim, "max_preconditioned_dim")
+        skip = tuple(self.skip_dims)
+        if not set(skip) <= {0, 1}:
+            raise ValueError(f"skip_dims must hold matrix-view dimensions 0 and/or 1, "
+                             f"got {self.skip_dims!r}")
+        object.__setattr__(self, "skip_dims", skip)
+        _one_of(self.nonfinite_grads, "nonfinite_grads", NONFINITE_POLICIES)
+
+    @property
+    def first_preconditioned_step(self) -> int:
+        """The step at which Shampoo directions (and root refreshes) start."""
+        if self.start_preconditioning_step is None:
+            return self.precondition_frequency
+        return int(self.start_preconditioning_step)
+
+    @property
+    def second_moment_beta(self) -> float | None:
+        """``β₂'`` of the grafting second moment (1: running sum; None: none kept)."""
+        if self.grafting == "sgd":
+            return None
+        if self.grafting == "adagrad":
+            return 1.0
+        return self.betas[1] if self.grafting_beta2 is None else float(self.grafting_beta2)
+
+    @property
+    def factor_policy(self) -> FactorPolicy:
+        """Which dimensions of a parameter get factors, from the per-dimension fields."""
+        return FactorPolicy(precondition=bool(self.precondition),
+                            precondition_1d=bool(self.precondition_1d),
+                            max_preconditioned_dim=self.max_preconditioned_dim,
+                            skip_dims=self.skip_dims)
+
+    def refreshes_roots_at(self, step: int) -> bool:
+        """Whether the inverse roots are recomputed at (1-based) ``step``."""
+        start = self.first_preconditioned_step
+        return step >= start and (step - start) % self.precondition_frequency == 0

@@ -1,0 +1,81 @@
+"""The elementwise half of a Shampoo step: moments, grafting directions, the final update.
+
+Each function works on one parameter's arrays through the array API. The
+definitions (``t`` is the parameter's step, ``m``/``v`` its moments):
+
+- gradient: ``g ← −g`` when maximizing, then ``g ← g + wd·param`` for L2 weight decay;
+- first moment ``m ← β₁m + (1−β₁)g``; ``m̂ = m/(1−β₁ᵗ)`` (``β₁m + (1−β₁)g`` in place of
+  ``m`` with Nesterov);
+- grafting direction: ``m̂/(√v̂ + eps)`` with ``v ← β₂'v + (1−β₂')g²`` and
+  ``v̂ = v/(1−β₂'ᵗ)`` (adam), ``m̂/(√v + eps)`` with ``v ← v + g²`` (adagrad) or the EMA
+  without bias correction (rmsprop), or ``m̂`` itself (sgd);
+- final update: ``u ← μu + d`` when ``momentum = μ > 0``, then ``−lr·(d + wd·param)``
+  (decoupled weight decay) or ``−lr·d`` (L2).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import ShampooConfig
+
+__all__ = ["effective_gradient", "grafting_direction", "final_update"]
+
+
+def effective_gradient(xp, grad, param, weight_decay: float, config: ShampooConfig):
+    """The gradient the moments and factors see: sign for ``maximize``, L2 term added."""
+    if config.maximize:
+        grad = -grad
+    if config.weight_decay_type == "l2" and weight_decay:
+        grad = grad + weight_decay * xp.astype(param, grad.dtype, copy=False)
+    return grad
+
+
+def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step: int, config: ShampooConfig):
+    """Advance the moments in place; return ``m̂`` and the grafting direction.
+
+    Parameters
+    ----------
+    xp : namespace
+    grad : array
+        From :func:`effective_gradient`, in the moments' dtype.
+    exp_avg : array
+    exp_avg_sq : array or None
+        None exactly when ``config.grafting == "sgd"``.
+    step : int
+        The parameter's 1-based step (for bias correction).
+    config : ShampooConfig
+
+    Returns
+    -------
+    m_hat, direction : arrays
+    """
+    beta1 = config.betas[0]
+    exp_avg += (1.0 - beta1) * (grad - exp_avg)
+    corr1 = 1.0 - beta1 ** step if config.bias_correction else 1.0
+    first = beta1 * exp_avg + (1.0 - beta1) * grad if config.nesterov else exp_avg
+    m_hat = first / corr1
+    beta2 = config.second_moment_beta
+    if beta2 is None:
+        return m_hat, m_hat
+    if beta2 == 1.0:
+        exp_avg_sq += grad * grad
+    else:
+        exp_avg_sq *= beta2
+        exp_avg_sq += (1.0 - beta2) * (grad * grad)
+    corrected = config.grafting == "adam" and config.bias_correction and beta2 < 1.0
+    corr2 = 1.0 - beta2 ** step if corrected else 1.0
+    return m_hat, m_hat / (xp.sqrt(exp_avg_sq) / math.sqrt(corr2) + config.eps)
+
+
+def final_update(xp, direction, momentum_buffer, param, lr: float, weight_decay: float,
+                 config: ShampooConfig):
+    """``−lr·(u + wd·param)``; ``momentum_buffer`` (None without momentum) advances in place."""
+    if momentum_buffer is not None:
+        momentum_buffer *= config.momentum
+        momentum_buffer += direction
+        direction = momentum_buffer
+    update = -lr * direction
+    if config.weight_decay_type == "decoupled" and weight_decay:
+        update = update - (lr * weight_decay) * xp.astype(param, direction.dtype, copy=False)
+    return update

@@ -1,0 +1,422 @@
+"""Shampoo's controls: lazy state, per-dimension policies, grafting/update variants, storage,
+and the state dict's per-parameter index."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import matroot  # noqa: E402
+from matroot.optim import Shampoo, ShampooConfig, core, init, update  # noqa: E402
+
+NEVER = 10**9
+
+
+def _linear_problem(seed, rows=24, cols=6, batch=32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, cols, generator=g), torch.randn(batch, rows, generator=g),
+            torch.nn.Parameter(torch.randn(rows, cols, generator=g) / 3),
+            torch.nn.Parameter(torch.randn(rows, generator=g) / 3))
+
+
+def _steps(params, opt, x, y, steps):
+    w, b = params
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(x @ w.T + b, y).backward()
+        opt.step()
+
+
+# --- lazy state -----------------------------------------------------------------------------
+
+def test_frozen_and_unused_parameters_hold_no_state():
+    x, y, w, b = _linear_problem(0)
+    frozen = torch.nn.Parameter(torch.randn(500, 64), requires_grad=False)
+    unused = torch.nn.Parameter(torch.randn(40, 40))
+    opt = Shampoo([w, b, frozen, unused], block_size=64, precondition_frequency=2)
+    _steps((w, b), opt, x, y, 5)
+    assert frozen not in opt.state and unused not in opt.state
+    assert set(opt.state) == {w, b}
+    plan = opt._families[0].state.plan
+    assert len(plan.params) == 3                      # the frozen one is not even planned
+    # The 40x40 parameter's stack (size 40) was never allocated: no gradient reached it.
+    sizes = {s.size: f for s, f in zip(plan.stacks, opt._families[0].state.factors)}
+    assert sizes[40] is None and sizes[6] is not None
+    assert opt.diagnostics()["state_bytes"] == core.state_bytes(opt._families[0].state)["total"]
+
+
+def test_lazy_core_state_allocates_at_the_first_gradient_and_matches_eager():
+    rng = np.random.default_rng(1)
+    params = [rng.standard_normal((12, 5)), rng.standard_normal(5)]
+    config = ShampooConfig(lr=0.05, precondition_frequency=2, block_size=8)
+    lazy, eager = init(params, config, lazy=True), init(params, config)
+    assert lazy.exp_avg == [None, None] and all(f is None for f in lazy.factors)
+    assert core.state_bytes(lazy)["total"] == 0
+    for _ in range(4):
+        grads = [rng.standard_normal(p.shape) for p in params]
+        u_lazy, lazy = update(grads, lazy, params, config)
+        u_eager, eager = update(grads, eager, params, config)
+        for a, b in zip(u_lazy, u_eager):
+            np.testing.assert_array_equal(a, b)
+    assert core.state_bytes(lazy) == core.state_bytes(eager)
+
+
+def test_a_group_that_never_preconditions_allocates_no_factors():
+    x, y, w, b = _linear_problem(2)
+    opt = Shampoo([{"params": [w, b], "precondition": False}], lr=1e-2)
+    ref = torch.optim.AdamW([p.detach().clone().requires_grad_() for p in (w, b)], lr=1e-2)
+    _steps((w, b), opt, x, y, 12)
+    _steps(ref.param_groups[0]["params"], ref, x, y, 12)
+    family = opt._families[0]
+    assert family.state.plan.stacks == () and opt.diagnostics()["stacks"] == 0
+    for p, q in zip((w, b), ref.param_groups[0]["params"]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+# --- per-dimension control ------------------------------------------------------------------
+
+def _one_sided_reference(grad, beta2, eps, matrix_eps):
+    """Step 1 of one-sided (columns) Shampoo with Adam grafting, float64, from definitions."""
+    g = grad.double()
+    factor = (1 - beta2) * g.T @ g + matrix_eps * torch.eye(g.shape[1], dtype=torch.float64)
+    vals, vecs = torch.linalg.eigh(factor)
+    direction = g @ (vecs * vals ** -0.5) @ vecs.T
+    adam = g / (g.abs() + eps)
+    return direction * (adam.norm() / direction.norm())
+
+
+@pytest.mark.parametrize("policy", [dict(max_preconditioned_dim=100), dict(skip_dims=(0,))])
+def test_one_sided_embedding_gets_only_its_small_side_and_follows_the_definition(policy):
+    gen = torch.Generator().manual_seed(3)
+    emb = torch.nn.Parameter(torch.randn(300, 8, generator=gen, dtype=torch.float64))
+    opt = Shampoo([emb], lr=0.1, weight_decay=0.0, block_size=64, precondition_frequency=1,
+                  root_method="evd", matrix_eps=1e-6, **policy)
+    grad = torch.randn(300, 8, generator=gen, dtype=torch.float64)
+    emb.grad = grad.clone()
+    before = emb.detach().clone()
+    opt.step()
+    stacks = opt._families[0].state.plan.stacks
+    assert [(s.size, s.root, s.count) for s in stacks] == [(8, 2, 1)]   # rows not cut
+    expected = -0.1 * _one_sided_reference(grad, 0.999, 1e-8, 1e-6)
+    torch.testing.assert_close(emb.detach() - before, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_one_sided_embedding_state_is_within_1_2x_of_adamw():
+    emb = torch.nn.Parameter(torch.zeros(50000, 64))
+    opt = Shampoo([emb], max_preconditioned_dim=4096, precondition_frequency=1)
+    emb.grad = torch.randn(50000, 64) * 1e-2
+    opt.step()
+    adamw_bytes = 2 * emb.numel() * 4
+    assert opt.diagnostics()["state_bytes"] <= 1.2 * adamw_bytes
+
+
+def test_infinite_block_size_preconditions_each_parameter_whole():
+    x, y, w, b = _linear_problem(4, rows=70, cols=9)
+    opt = Shampoo([w, b], block_size=math.inf, precondition_frequency=2)
+    _steps((w, b), opt, x, y, 3)
+    plan = opt._families[0].state.plan
+    assert [len(g.blocks) for g in plan.groups] == [1]
+    assert sorted(s.size for s in plan.stacks) == [9, 70]
+
+
+def test_graft_only_parameters_follow_adamw_and_policies_share_one_call_per_size(monkeypatch):
+    calls = []
+    solve = matroot.optim.preconditioner.inv_root_info
+
+    def counting(a, p, **kwargs):
+        calls.append((tuple(a.shape), p))
+        return solve(a, p, **kwargs)
+
+    monkeypatch.setattr(matroot.optim.preconditioner, "inv_root_info", counting)
+    gen = torch.Generator().manual_seed(5)
+    kept = torch.nn.Parameter(torch.randn(16, 16, generator=gen))
+    one_sided = torch.nn.Parameter(torch.randn(400, 16, generator=gen))
+    adam_only = torch.nn.Parameter(torch.randn(16, 16, generator=gen))
+    twin = adam_only.detach().clone().requires_grad_()
+    opt = Shampoo([{"params": [kept, adam_only]},
+                   {"params": [one_sided], "max_preconditioned_dim": 64, "lr": 5e-3}],
+                  lr=1e-2, precondition_frequency=1, graft_only=lambda p: p is adam_only)
+    ref = torch.optim.AdamW([twin], lr=1e-2)
+    for _ in range(3):
+        for p in (kept, one_sided, adam_only):
+            p.grad = torch.randn(p.shape, generator=gen)
+        twin.grad = adam_only.grad.clone()
+        opt.step()
+        ref.step()
+    assert len(opt._families) == 1                  # per-parameter policies share stacks
+    assert sorted(calls) == sorted([((2, 16, 16), 4), ((1, 16, 16), 2)] * 3)
+    torch.testing.assert_close(adam_only, twin, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_policies_are_rejected():
+    with pytest.raises(ValueError, match="skip_dims"):
+        ShampooConfig(skip_dims=(2,))
+    with pytest.raises(ValueError, match="max_preconditioned_dim"):
+        ShampooConfig(max_preconditioned_dim=0)
+    with pytest.raises(ValueError, match="block_size"):
+        ShampooConfig(block_size=-math.inf)
+
+
+# --- grafting and update options against their elementwise definitions ---------------------
+
+def _pure(**options):
+    """Shampoo reduced to its grafting update (no factors), and an equal twin parameter."""
+    gen = torch.Generator().manual_seed(6)
+    p = torch.nn.Parameter(torch.randn(7, 5, generator=gen))
+    return p, p.detach().clone().requires_grad_(), gen, dict(precondition=False, **options)
+
+
+@pytest.mark.parametrize("options, reference", [
+    (dict(grafting="sgd", betas=(0.0, 0.999), momentum=0.9, weight_decay=0.1,
+          weight_decay_type="l2"),
+     lambda q: torch.optim.SGD([q], lr=0.05, momentum=0.9, weight_decay=0.1)),
+    (dict(grafting="rmsprop", betas=(0.0, 0.999), grafting_beta2=0.9, weight_decay=0.0),
+     lambda q: torch.optim.RMSprop([q], lr=0.05, alpha=0.9, eps=1e-8)),
+    (dict(grafting="adagrad", betas=(0.0, 0.999), weight_decay=0.0),
+     lambda q: torch.optim.Adagrad([q], lr=0.05, eps=1e-8)),
+    (dict(weight_decay=0.1, weight_decay_type="l2"),
+     lambda q: torch.optim.Adam([q], lr=0.05, weight_decay=0.1)),
+    (dict(maximize=True, weight_decay=0.1),
+     lambda q: torch.optim.AdamW([q], lr=0.05, weight_decay=0.1, maximize=True)),
+])
+def test_update_options_match_torch_optimizers(options, reference):
+    p, q, gen, options = _pure(**options)
+    opt, ref = Shampoo([p], lr=0.05, **options), reference(q)
+    for _ in range(6):
+        p.grad = torch.randn(p.shape, generator=gen)
+        q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    if "grafting" in options:
+        assert ("exp_avg_sq" in opt.state[p]) == (options["grafting"] != "sgd")
+
+
+def test_momentum_and_maximize_apply_to_the_preconditioned_update():
+    rng = np.random.default_rng(7)
+    w = [rng.standard_normal((6, 4))]
+    plain_cfg = ShampooConfig(lr=0.1, precondition_frequency=1, weight_decay=0.0)
+    mom_cfg = ShampooConfig(lr=0.1, precondition_frequency=1, weight_decay=0.0, momentum=0.5)
+    max_cfg = ShampooConfig(lr=0.1, precondition_frequency=1, weight_decay=0.0, maximize=True)
+    plain, mom, maxi = init(w, plain_cfg), init(w, mom_cfg), init(w, max_cfg)
+    previous = 0.0
+    for _ in range(3):
+        g = rng.standard_normal((6, 4))
+        (u,), plain = update([g], plain, w, plain_cfg)
+        (um,), mom = update([g], mom, w, mom_cfg)
+        (ux,), maxi = update([-g], maxi, w, max_cfg)
+        previous = 0.5 * previous + u      # u = -lr·d, so the buffer's update is linear
+        np.testing.assert_allclose(um, previous, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(ux, u)
+
+
+# --- storage ------------------------------------------------------------------------------
+
+def _stored(dtype, steps=8):
+    x, y, w, b = _linear_problem(8, rows=40, cols=12)
+    opt = Shampoo([w, b], lr=1e-2, block_size=32, precondition_frequency=2,
+                  root_storage_dtype=dtype)
+    _steps((w, b), opt, x, y, steps)
+    return opt, (w, b), (x, y)
+
+
+def test_bfloat16_root_storage_halves_root_bytes_and_stays_close_to_float32():
+    half, (w16, _), _ = _stored("bfloat16")
+    full, (w32, _), _ = _stored(None)
+    assert {r.dtype for r in half._families[0].state.roots} == {torch.bfloat16}
+    assert core.state_bytes(half._families[0].state)["roots"] * 2 == \
+        core.state_bytes(full._families[0].state)["roots"]
+    # 8 steps at lr 1e-2: the parameters move by ~8e-2; 16-bit roots change that by < 2 %.
+    moved = (w32 - _linear_problem(8, rows=40, cols=12)[2]).norm()
+    assert (w16 - w32).norm() < 0.02 * moved
+
+
+def test_bfloat16_root_storage_resumes_bit_identically():
+    opt, params, (x, y) = _stored("bfloat16", steps=5)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    twins = [p.detach().clone().requires_grad_() for p in params]
+    resumed = Shampoo(twins, lr=1e-2, block_size=32, precondition_frequency=2,
+                      root_storage_dtype="bfloat16")
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    _steps(params, opt, x, y, 4)
+    _steps(twins, resumed, x, y, 4)
+    for p, q in zip(params, twins):
+        assert torch.equal(p, q)
+
+
+# --- state dict -----------------------------------------------------------------------------
+
+def test_state_dict_layout_says_where_each_blocks_factors_are():
+    gen = torch.Generator().manual_seed(9)
+    a = torch.nn.Parameter(torch.randn(20, 12, generator=gen))
+    c = torch.nn.Parameter(torch.randn(9, generator=gen))
+    opt = Shampoo([a, c], block_size=8, betas=(0.9, 0.5), precondition_1d=True)
+    grads = [torch.randn(p.shape, generator=gen) for p in (a, c)]
+    for p, g in zip((a, c), grads):
+        p.grad = g
+    opt.step()
+    record = opt.state_dict()["shampoo_families"][0]
+    seen = 0
+    for entry, grad in zip(record["layout"], grads):
+        for block in entry["blocks"]:
+            index = (slice(*block["rows"]),) + (() if block["cols"] is None
+                                                 else (slice(*block["cols"]),))
+            g = grad[index]
+            g = g[:, None] if g.ndim == 1 else g
+            for side, stat in (("left", g @ g.T), ("right", g.T @ g)):
+                if block[side] is not None:
+                    stack, slot = block[side]
+                    torch.testing.assert_close(record["factors"][stack][slot], 0.5 * stat)
+                    seen += 1
+    assert seen == 2 * 6 + 2            # 3x2 blocks of a (two factors each), 2 of c
+
+
+def test_first_format_checkpoints_still_load():
+    x, y, w, b = _linear_problem(10)
+    opt = Shampoo([w, b], lr=1e-2, block_size=16, precondition_frequency=2)
+    _steps((w, b), opt, x, y, 3)
+    sd = opt.state_dict()
+    for record in sd["shampoo_families"]:
+        for key in ("format", "layout", "block_size", "stacked"):
+            del record[key]
+    for group in sd["param_groups"]:
+        for key in ("grafting", "momentum", "maximize", "weight_decay_type",
+                    "root_storage_dtype", "precondition", "max_preconditioned_dim", "skip_dims"):
+            del group[key]
+    twins = [p.detach().clone().requires_grad_() for p in (w, b)]
+    resumed = Shampoo(twins, lr=1e-2, block_size=16, precondition_frequency=2)
+    resumed.load_state_dict(sd)
+    _steps((w, b), opt, x, y, 3)
+    _steps(twins, resumed, x, y, 3)
+    assert all(torch.equal(p, q) for p, q in zip((w, b), twins))
+
+
+def test_packed_factors_and_roots_hold_the_same_values_in_about_half_the_bytes():
+    full, (w, b), (x, y) = _stored(None, steps=6)
+    opt = Shampoo(twins := [p.detach().clone().requires_grad_() for p in _linear_problem(
+        8, rows=40, cols=12)[2:]], lr=1e-2, block_size=32, precondition_frequency=2,
+        symmetric_packing=True)
+    _steps(twins, opt, x, y, 6)
+    packed_state, full_state = opt._families[0].state, full._families[0].state
+    for spec, *stacks in zip(packed_state.plan.stacks, packed_state.factors,
+                             full_state.factors, packed_state.roots, full_state.roots):
+        rows, cols = torch.triu_indices(spec.size, spec.size)
+        for packed, full in (stacks[:2], stacks[2:]):
+            assert packed.shape == (spec.count, spec.size * (spec.size + 1) // 2)
+            torch.testing.assert_close(packed, full[:, rows, cols], rtol=1e-4, atol=1e-5)
+    for kind in ("factors", "roots"):
+        ratio = core.state_bytes(packed_state)[kind] / core.state_bytes(full_state)[kind]
+        assert ratio < 0.6
+    for p, q in zip(twins, (w, b)):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    again = [p.detach().clone().requires_grad_() for p in twins]
+    resumed = Shampoo(again, lr=1e-2, block_size=32, precondition_frequency=2,
+                      symmetric_packing=True)
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    _steps(twins, opt, x, y, 3)
+    _steps(again, resumed, x, y, 3)
+    assert all(torch.equal(p, q) for p, q in zip(twins, again))
+
+
+def test_packed_lazy_state_dicts_shard_and_consolidate():
+    from matroot.optim.distributed import consolidate_state_dicts, shard_state_dict
+
+    gen = torch.Generator().manual_seed(11)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(20, 12), (9, 17)]]
+    idle = torch.nn.Parameter(torch.randn(5, 7, generator=gen))      # never gets a gradient
+    opt = Shampoo(params + [idle], distributed=None, block_size=8, precondition_frequency=2,
+                  symmetric_packing=True, root_storage_dtype="bfloat16")
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    sd = opt.state_dict()
+    record = sd["shampoo_families"][0]
+    assert any(f is None for f in record["factors"])                 # the idle one's stacks
+    back = consolidate_state_dicts([shard_state_dict(sd, 2, r) for r in (1, 0)])
+    merged = back["shampoo_families"][0]
+    for name in ("factors", "roots"):
+        for saved, again in zip(record[name], merged[name]):
+            if saved is not None:
+                assert torch.equal(saved, again)
+            else:                   # a fresh stack: zero factors, identity roots, packed
+                assert again.ndim == 2 and again.dtype == (
+                    torch.float32 if name == "factors" else torch.bfloat16)
+                n = (math.isqrt(8 * again.shape[1] + 1) - 1) // 2
+                fresh = torch.zeros if name == "factors" else torch.eye
+                expected = fresh(n, n)[tuple(torch.triu_indices(n, n))]
+                assert torch.equal(again.float(), expected.expand_as(again))
+
+
+def test_dtensor_parameters_are_refused_with_the_supported_setups(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from matroot.optim import Shampoo
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+try:
+    weight = torch.nn.Parameter(distribute_tensor(torch.randn(8, 4),
+                                                  init_device_mesh("cpu", (1,)), [Shard(0)]))
+    try:
+        Shampoo([weight])
+    except TypeError as err:
+        print(err)
+finally:
+    dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=False, timeout=120)
+    assert "DTensor" in out.stdout and "DDP" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_keeps_moments_only_where_it_owns_blocks_and_its_blocks_match_one_process(
+        world):
+    from matroot.optim import apply_updates, state_bytes
+    from matroot.optim.sharding import local_plan, shard_plan
+
+    rng = np.random.default_rng(12)
+    shapes = [(16, 16)] * 6 + [(16, 8), (8,)]
+    params = [rng.standard_normal(s) for s in shapes]
+    config = ShampooConfig(lr=0.05, block_size=16, precondition_frequency=2, momentum=0.5,
+                           root_method="evd", matrix_eps=1e-6)
+    plan = core.make_plan(params, config)
+    split = shard_plan(plan, world)
+    parts = [local_plan(plan, split, r) for r in range(world)]
+    single = init(params, config, lazy=True)
+    ranks = [init(params, config, plan=local, lazy=True) for local, _ in parts]
+    for _ in range(5):
+        grads = [rng.standard_normal(s) for s in shapes]
+        expected, single = update(grads, single, params, config)
+        per_rank = []
+        for r in range(world):
+            updates, ranks[r] = update(grads, ranks[r], params, config)
+            per_rank.append(updates)
+        # What the all-gather does: every block from its owner (the elementwise vector
+        # is computed by every rank alike).
+        assembled = [u.copy() for u in per_rank[0]]
+        for r, (_, owned) in enumerate(parts):
+            for g, start, stop in owned:
+                for block in plan.groups[g].blocks[start:stop]:
+                    view = plan.params[block.param].view
+                    assembled[block.param].reshape(view)[block.index] = \
+                        per_rank[r][block.param].reshape(view)[block.index]
+        for got, want in zip(assembled, expected):
+            np.testing.assert_array_equal(got, want)
+        params = apply_updates(params, expected)
+    whole = state_bytes(single)["total"]
+    replicated = 3 * 8 * 8                  # the vector's two moments and momentum, float64
+    for state in ranks:
+        assert state_bytes(state)["total"] <= 1.2 * (whole - replicated) / world + replicated
