@@ -11,6 +11,7 @@ METHODS = ("auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax")
 SCALINGS = ("power", "frobenius")
 MATMUL_DTYPES = (None, "float16", "bfloat16")
 COMPUTE_DTYPES = (None, "float32", "float64")
+FALLBACKS = (None, "evd")
 
 
 def check_stack(a, name: str = "a"):
