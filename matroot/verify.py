@@ -153,7 +153,8 @@ def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
     if not (isinstance(p, int) and p % 2 == 1):
         positive = positive & _xp.cholesky_succeeds(safe)
         cost += 1 / 6
-    estimate = xp.where(positive, estimate, xp.full_like(estimate, float("inf")))
+    trusted = positive & xp.isfinite(estimate)
+    estimate = xp.where(trusted, estimate, xp.full_like(estimate, float("inf")))
     return RootCheck(xp.where(finite, residual, nan), estimate, positive, kappa, cost)
 
 

@@ -49,3 +49,47 @@ def spd_stacks(draw, *, max_n=16, max_log_kappa=4.0, batch_shapes=None):
     q = random_orthogonal(rng, batch, n)
     a = (q * lam[..., None, :]) @ np.swapaxes(q, -1, -2)
     return SPDCase((a + np.swapaxes(a, -1, -2)) / 2, q, lam)
+
+
+#: The spectra on which a λmax estimate or a coupled residual is most easily fooled.
+ADVERSARIAL_KINDS = ("isolated_top", "clustered", "gram_ridge")
+
+
+@st.composite
+def adversarial_spd_stacks(draw, *, sizes=(8, 32, 96), kinds=ADVERSARIAL_KINDS):
+    """Draw ``(case, eps)``: a PSD stack of 2 matrices and a ridge, from an adversarial family.
+
+    - ``isolated_top``: λmax = 1 over a bulk repeated at 0.5–0.95 (power iteration
+      falls short most here), plus a tail down to 10**-log_kappa;
+    - ``clustered``: 2–4 tight clusters spread over up to 1e6;
+    - ``gram_ridge``: a Shampoo factor, the Gram matrix of a rank-k gradient
+      block (k < n), with a ridge eps = λmax·10**-log_kappa.
+    """
+    n = draw(st.sampled_from(sizes))
+    kind = draw(st.sampled_from(kinds))
+    log_kappa = draw(st.floats(1.0, 6.0))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    q = random_orthogonal(rng, (2,), n)
+    eps = 0.0
+    if kind == "isolated_top":
+        bulk = draw(st.floats(0.5, 0.95))
+        lam = np.full((2, n), bulk)
+        tail = max(1, n // 8)
+        lam[:, :tail] = np.geomspace(10.0 ** -log_kappa, bulk, tail)
+        lam[:, -1] = 1.0
+    elif kind == "clustered":
+        centres = 10.0 ** -rng.uniform(0.0, log_kappa, draw(st.integers(2, 4)))
+        centres[0] = 1.0
+        picks = rng.integers(0, centres.size, (2, n))
+        lam = centres[picks] * (1 + 1e-3 * rng.standard_normal((2, n)))
+        lam[:, 0] = 1.0
+    else:
+        k = draw(st.integers(1, max(1, n - 1)))
+        g = rng.standard_normal((2, n, k))
+        gram = g @ np.swapaxes(g, -1, -2)
+        lam, q = np.linalg.eigh((gram + np.swapaxes(gram, -1, -2)) / 2)
+        lam = np.maximum(lam, 0.0)
+        eps = float(lam.max()) * 10.0 ** -log_kappa
+    lam = np.sort(lam, axis=-1)
+    a = (q * lam[..., None, :]) @ np.swapaxes(q, -1, -2)
+    return SPDCase((a + np.swapaxes(a, -1, -2)) / 2, q, lam), eps
