@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -12,7 +13,6 @@ from . import _xp
 from ._checks import (
     COMPUTE_DTYPES,
     FALLBACKS,
-    METHODS,
     SCALINGS,
     check_choice,
     check_matmul_dtype,
@@ -21,13 +21,15 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import certified_lambda_max, lambda_max_bound, lambda_min_estimate
-from .solvers import SOLVERS
+from .scaling import certified_lambda_max, lambda_max_bound_core, lambda_min_estimate_core
+from .solvers import get_solver
 from .solvers.auto import choose_method
+from .solvers.registry import check_method, require_dtypes, require_support
+from ._typing import Array
 from .verify import accuracy_target, check_root
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
-           "default_tol", "default_max_iter"]
+           "default_tol", "default_max_iter", "usable_roots"]
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -71,34 +73,16 @@ class InvRootResult(NamedTuple):
         equivalents (a Cholesky counts 1/6, a matrix-vector product 1/n).
     """
 
-    root: object
-    residual: object
-    iterations: object
-    converged: object
-    lambda_max: object
-    matmuls: object
+    root: Array
+    residual: Array
+    iterations: Array
+    converged: Array
+    lambda_max: Array
+    matmuls: Array
     method: str
-    error_estimate: object
-    repaired: object
-    check_matmuls: object
-
-
-#: Per (method, dtype) residual targets; chosen so the default call meets the
-#: accuracy table in the README (measured in tests/test_accuracy.py).
-_DEFAULT_TOL = {
-    ("newton_db", "float32"): 1e-5,
-    ("newton_db", "float64"): 1e-12,
-    ("coupled_newton", "float32"): 1e-5,
-    ("coupled_newton", "float64"): 1e-12,
-    ("chebyshev", "float32"): 1e-4,
-    ("chebyshev", "float64"): 1e-8,
-    ("minimax", "float32"): 1e-5,
-    ("minimax", "float64"): 1e-12,
-    ("evd", "float32"): 0.0,
-    ("evd", "float64"): 0.0,
-}
-_DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "minimax": 30,
-                     "evd": 1}
+    error_estimate: Array
+    repaired: Array
+    check_matmuls: Array
 
 
 def default_tol(method: str, compute_dtype: str) -> float:
@@ -106,8 +90,8 @@ def default_tol(method: str, compute_dtype: str) -> float:
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
     compute_dtype : {"float32", "float64"}
         The dtype the solver computes in.
 
@@ -121,7 +105,9 @@ def default_tol(method: str, compute_dtype: str) -> float:
     >>> matroot.default_tol("newton_db", "float32")
     1e-05
     """
-    return _DEFAULT_TOL[(method, compute_dtype)]
+    spec = get_solver(method)
+    check_choice(compute_dtype, "compute_dtype", spec.compute_dtypes)
+    return spec.default_tol[compute_dtype]
 
 
 def default_max_iter(method: str) -> int:
@@ -129,8 +115,8 @@ def default_max_iter(method: str) -> int:
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
 
     Returns
     -------
@@ -142,97 +128,26 @@ def default_max_iter(method: str) -> int:
     >>> matroot.default_max_iter("coupled_newton")
     60
     """
-    return _DEFAULT_MAX_ITER[method]
+    return get_solver(method).default_max_iter
 
 
-def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-             max_iter=None, matmul_dtype=None, check_finite=True, compute_dtype=None,
-             fallback=None):
-    """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
+def _with_signature_of(source):
+    """Show ``source``'s parameters for the decorated ``f(a, /, p, **options)`` (in
+    ``help()``, ``inspect`` and Sphinx), so both are declared and validated once."""
+    def decorate(func):
+        own = inspect.signature(func)
+        func.__signature__ = inspect.signature(source).replace(
+            return_annotation=own.return_annotation)
+        return func
 
-    Parameters
-    ----------
-    a : array, shape (..., n, n)
-        Symmetric positive (semi)definite matrices of any supported backend
-        (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
-        ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
-    p : float
-        Root order. Any real ``p > 0`` for ``"evd"``; a positive integer for
-        ``"coupled_newton"`` and ``"chebyshev"``; a power of two (or 1) for
-        ``"newton_db"`` and ``"minimax"``.
-    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax"}
-        The solver; ``"auto"`` picks by backend, device, size and dtype
-        (:func:`matroot.choose_method`).
-    eps : float
-        Ridge added to the diagonal before the root is taken, ``>= 0``.
-    scaling : {"power", "frobenius"}
-        How λmax is estimated to scale the spectrum into the solver's basin.
-    tol : float, optional
-        Per-matrix residual at which an iterative solver stops (chebyshev: the
-        target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
-        exactly k steps. Default: :func:`matroot.default_tol`.
-    max_iter : int, optional
-        Cap on iterations (on the degree for chebyshev).
-    matmul_dtype : {None, "float16", "bfloat16"}
-        Round matmul operands to 16 bits with float32 accumulation.
-    check_finite : bool
-        Raise ValueError on NaN/Inf input. With False, affected matrices come back
-        NaN with ``converged=False`` and the others are unaffected.
-    compute_dtype : {None, "float32", "float64"}
-        Dtype of the computation. Default: float64 for ``"evd"`` and for float64
-        input, else float32 (16-bit inputs are computed in float32).
-    fallback : {None, "evd"}
-        Re-solve the matrices whose a-posteriori check failed with this method in
-        float64 (``InvRootResult.repaired`` says which). Default None: nothing is
-        re-solved, failures are reported (``converged=False``, a warning). Its
-        cost is one float64 eigh per failed matrix, and nothing when all pass.
-
-    Returns
-    -------
-    array, shape (..., n, n)
-        Same namespace, device, shape and dtype as ``a``.
-
-    Raises
-    ------
-    ValueError
-        Bad shape, p, eps, option, or non-finite input with ``check_finite``.
-    TypeError
-        Integer, boolean or complex input.
-
-    Warns
-    -----
-    ConvergenceWarning
-        When matrices did not converge or came back non-finite; call
-        :func:`inv_root_info` to see which.
-
-    Examples
-    --------
-    >>> import numpy as np, matroot
-    >>> a = np.diag([16.0, 81.0])
-    >>> np.round(matroot.inv_root(a, 4, method="newton_db"), 6)
-    array([[0.5     , 0.      ],
-           [0.      , 0.333333]])
-    """
-    result = inv_root_info(a, p, method=method, eps=eps, scaling=scaling, tol=tol,
-                           max_iter=max_iter, matmul_dtype=matmul_dtype,
-                           check_finite=check_finite, compute_dtype=compute_dtype,
-                           fallback=fallback)
-    xp = _xp.array_namespace(result.root)
-    failed = ~result.converged
-    if tol == 0 and result.method != "evd":
-        failed = ~xp.isfinite(result.residual)
-    count = int(xp.sum(xp.astype(failed, xp.int32)))
-    if count:
-        warnings.warn(
-            f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "
-            "matrices did not converge or are not positive definite; "
-            "inv_root_info tells which", ConvergenceWarning, stacklevel=2)
-    return result.root
+    return decorate
 
 
-def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-                  max_iter=None, matmul_dtype=None, check_finite=True,
-                  compute_dtype=None, fallback=None):
+def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
+                  scaling: str = "power", tol: float | None = None,
+                  max_iter: int | None = None, matmul_dtype: str | None = None,
+                  check_finite: bool = True, compute_dtype: str | None = None,
+                  fallback: str | None = None) -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -253,8 +168,9 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     ([True, True], (2,))
     """
     xp = check_stack(a)
-    check_choice(method, "method", METHODS)
-    p = check_p(p, method)
+    check_method(method)
+    p = check_p(p)
+    require_support(method, p)
     eps = check_nonnegative(eps, "eps")
     check_choice(scaling, "scaling", SCALINGS)
     check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
@@ -266,14 +182,10 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
-    if method == "chebyshev" and matmul_dtype is not None:
-        raise ValueError(f"method='chebyshev' cannot use matmul_dtype={matmul_dtype!r} "
-                         "(its Clenshaw sums lose the fit's accuracy in 16 bits); use "
-                         "minimax or coupled_newton for 16-bit matmuls")
-    if method == "evd" and compute_dtype is None:
-        # float32 eigh loses κ·u in the small eigenvalues (6e-2 at κ = 1e6 with MKL);
-        # NumPy already computes eigh in float64 internally, so do so everywhere.
-        work_name = "float64"
+    spec = get_solver(method)
+    if compute_dtype is None and spec.default_compute_dtype is not None:
+        work_name = spec.default_compute_dtype
+    require_dtypes(spec, work_name, matmul_dtype)
     if tol is None:
         tol = default_tol(method, work_name)
     if max_iter is None:
@@ -302,7 +214,7 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
         certified = certified_lambda_max(stack)
         lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     else:
-        lam_max = lambda_max_bound(stack, scaling=scaling)
+        lam_max = lambda_max_bound_core(stack, scaling=scaling)
         certify_cost = xp.zeros_like(lam_max)
     nonzero = lam_max > 0
     scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
@@ -312,14 +224,14 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
-    if method in ("chebyshev", "minimax"):
+    if spec.needs_lower_bound:
         solver_kwargs["lower"] = _lower_bound(scaled, eps / scale,
-                                              from_spectrum=method == "chebyshev")
-    out = SOLVERS[method](scaled, p, **solver_kwargs)
+                                              from_spectrum=spec.lower_from_spectrum)
+    out = spec.solve(scaled, p, **solver_kwargs)
 
     unit = float(xp.finfo(work_dtype).eps) / 2
     check = check_root(scaled, out.root, p, unit_roundoff=unit)
-    precision = work_name if method == "evd" or matmul_dtype is None else matmul_dtype
+    precision = work_name if not spec.forms_matmuls or matmul_dtype is None else matmul_dtype
     target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
     root = out.root * (scale ** (-1.0 / p))[:, None, None]
@@ -410,6 +322,110 @@ def _repair(stack, result, usable, p, eps, fallback):
         repaired=mask)
 
 
+@_with_signature_of(inv_root_info)
+def inv_root(a: Array, /, p: float, **options: Any) -> Array:
+    """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
+
+    Parameters
+    ----------
+    a : array, shape (..., n, n)
+        Symmetric positive (semi)definite matrices of any supported backend
+        (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
+        ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
+    p : float
+        Root order, ``> 0``. Each method states the p it takes in its registry
+        entry (the built-in ones: any real p for ``"evd"``, integers for
+        ``"coupled_newton"`` and ``"chebyshev"``, powers of two for
+        ``"newton_db"`` and ``"minimax"``); another p is a ValueError that names
+        the methods that take it.
+    method : str
+        ``"auto"`` or a registered solver (built in: ``"evd"``, ``"newton_db"``,
+        ``"coupled_newton"``, ``"chebyshev"``, ``"minimax"``; see
+        :mod:`matroot.solvers.registry`). ``"auto"`` picks by backend, device
+        and p (:func:`matroot.choose_method`).
+    eps : float
+        Ridge added to the diagonal before the root is taken, ``>= 0``.
+    scaling : {"power", "frobenius"}
+        How λmax is estimated to scale the spectrum into the solver's basin.
+    tol : float, optional
+        Per-matrix residual at which an iterative solver stops (chebyshev: the
+        target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
+        exactly k steps. Default: :func:`matroot.default_tol`.
+    max_iter : int, optional
+        Cap on iterations (on the degree for chebyshev).
+    matmul_dtype : {None, "float16", "bfloat16"}
+        Round matmul operands to 16 bits with float32 accumulation.
+    check_finite : bool
+        Raise ValueError on NaN/Inf input. With False, affected matrices come back
+        NaN with ``converged=False`` and the others are unaffected.
+    compute_dtype : {None, "float32", "float64"}
+        Dtype of the computation. Default: float64 for ``"evd"`` and for float64
+        input, else float32 (16-bit inputs are computed in float32).
+    fallback : {None, "evd"}
+        Re-solve the matrices whose a-posteriori check failed with this method in
+        float64 (``InvRootResult.repaired`` says which). Default None: nothing is
+        re-solved, failures are reported (``converged=False``, a warning). Its
+        cost is one float64 eigh per failed matrix, and nothing when all pass.
+
+    Returns
+    -------
+    array, shape (..., n, n)
+        Same namespace, device, shape and dtype as ``a``.
+
+    Raises
+    ------
+    ValueError
+        Bad shape, p, eps, option, or non-finite input with ``check_finite``.
+    TypeError
+        Integer, boolean or complex input.
+
+    Warns
+    -----
+    ConvergenceWarning
+        When matrices did not converge or came back non-finite; call
+        :func:`inv_root_info` to see which.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> a = np.diag([16.0, 81.0])
+    >>> np.round(matroot.inv_root(a, 4, method="newton_db"), 6)
+    array([[0.5     , 0.      ],
+           [0.      , 0.333333]])
+    """
+    result = inv_root_info(a, p, **options)
+    xp = _xp.array_namespace(result.root)
+    failed = ~usable_roots(result, options.get("tol"))
+    count = int(xp.sum(xp.astype(failed, xp.int32)))
+    if count:
+        warnings.warn(
+            f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "
+            "matrices did not converge or are not positive definite; "
+            "inv_root_info tells which", ConvergenceWarning, stacklevel=2)
+    return result.root
+
+
+def usable_roots(result: InvRootResult, tol: float | None) -> Array:
+    """Per-matrix mask of the roots in ``result`` that are fit to use.
+
+    A root is usable when it converged; with ``tol=0`` for an iterative method
+    (a fixed step count, which never reports convergence) when its residual
+    and entries are finite.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> res = matroot.inv_root_info(np.eye(2)[None], 2, method="newton_db", tol=0,
+    ...                             max_iter=3)
+    >>> res.converged.tolist(), matroot.usable_roots(res, 0).tolist()
+    ([False], [True])
+    """
+    xp = _xp.array_namespace(result.root)
+    if tol == 0 and get_solver(result.method).iterative:
+        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
+    return result.converged
+
+
 def _lower_bound(scaled, eps_scaled, *, from_spectrum=False):
     """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
     else the Lanczos estimate (its Ritz value errs high, hence its safety factor).
@@ -421,7 +437,7 @@ def _lower_bound(scaled, eps_scaled, *, from_spectrum=False):
     xp = _xp.array_namespace(scaled)
     if bool(xp.all(eps_scaled > 0)) and not from_spectrum:
         return eps_scaled
-    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled))
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
     if from_spectrum:
         return xp.maximum(estimate, eps_scaled)
     return xp.where(eps_scaled > 0, eps_scaled, estimate)

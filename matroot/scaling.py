@@ -18,7 +18,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _xp
-from ._checks import SCALINGS, check_choice, check_stack
+from ._checks import SCALINGS, check_choice, check_nonnegative, check_stack
+from ._typing import Array
 
 __all__ = ["power_iteration", "lambda_max_bound", "certified_lambda_max", "verified_upper",
            "CertifiedBound", "lambda_min_estimate",
@@ -35,13 +36,25 @@ LANCZOS_STEPS = 64
 LANCZOS_SAFETY = 4.0
 
 
+#: Start vectors kept on their devices, keyed by (backend, device, dtype, n, k)
+#: as strings (not every backend's device object is hashable); oldest dropped first.
+_START_VECTORS: dict = {}
+_START_VECTORS_KEPT = 64
+
+
 def _start_vectors(xp, n: int, k: int, dtype, device):
     # A fixed-seed host draw: reproducible, never touches the global RNG, and the
-    # same start on every backend so results agree across them.
-    rng = np.random.default_rng(_START_SEED + 7919 * n + k)
-    v = rng.standard_normal((n, k))
-    v /= np.linalg.norm(v, axis=0, keepdims=True)
-    return _xp.from_numpy(xp, v, dtype=dtype, device=device)
+    # same start on every backend so results agree across them. Kept, so the host
+    # draw and its copy to the device happen once per size; callers only read it.
+    key = (_xp.backend_name(xp), str(device), str(dtype), n, k)
+    if key not in _START_VECTORS:
+        rng = np.random.default_rng(_START_SEED + 7919 * n + k)
+        v = rng.standard_normal((n, k))
+        v /= np.linalg.norm(v, axis=0, keepdims=True)
+        if len(_START_VECTORS) >= _START_VECTORS_KEPT:
+            del _START_VECTORS[next(iter(_START_VECTORS))]
+        _START_VECTORS[key] = _xp.from_numpy(xp, v, dtype=dtype, device=device)
+    return _START_VECTORS[key]
 
 
 def _entry_scale(xp, a):
@@ -56,7 +69,8 @@ _POWER_STEPS = 12
 POWER_MATVECS = _POWER_VECTORS * _POWER_STEPS
 
 
-def power_iteration(a, /, *, num_vectors: int = _POWER_VECTORS, num_iter: int = _POWER_STEPS):
+def power_iteration(a: Array, /, *, num_vectors: int = _POWER_VECTORS,
+                    num_iter: int = _POWER_STEPS) -> Array:
     """Batched multi-vector power iteration estimate of λmax for symmetric PSD stacks.
 
     Every matrix of the stack is iterated at once with ``num_vectors`` start
@@ -84,7 +98,14 @@ def power_iteration(a, /, *, num_vectors: int = _POWER_VECTORS, num_iter: int = 
     >>> float(matroot.power_iteration(a))  # doctest: +ELLIPSIS
     4.99...
     """
-    xp = check_stack(a)
+    check_stack(a)
+    return power_iteration_core(a, num_vectors=num_vectors, num_iter=num_iter)
+
+
+def power_iteration_core(a: Array, *, num_vectors: int = _POWER_VECTORS,
+                         num_iter: int = _POWER_STEPS) -> Array:
+    """:func:`power_iteration` without input validation, for callers that checked ``a``."""
+    xp = _xp.array_namespace(a)
     n = a.shape[-1]
     batch = a.shape[:-2]
     if n == 0 or 0 in batch:
@@ -113,8 +134,8 @@ CERTIFY_FACTORS = (1.0, 1.3, 3.0)
 class CertifiedBound(NamedTuple):
     """A certified λmax upper bound and what it cost (see :func:`certified_lambda_max`)."""
 
-    bound: object
-    matmul_equivalents: object
+    bound: Array
+    matmul_equivalents: Array
 
 
 def _guaranteed_bound(xp, b):
@@ -126,7 +147,7 @@ def _guaranteed_bound(xp, b):
     return xp.minimum(frob, inf_norm) * (1 + 2 * (n + 2) * u)
 
 
-def verified_upper(a, bound):
+def verified_upper(a: Array, bound: Array) -> Array:
     """Per matrix: is ``λmax(a) < bound`` proved by a floating-point Cholesky test?
 
     ``bound·I − a`` is positive definite exactly when ``λmax(a) < bound``. By
@@ -145,7 +166,7 @@ def verified_upper(a, bound):
     return _xp.cholesky_succeeds(_xp.add_scaled_identity(shifted, -margin))
 
 
-def certified_lambda_max(a, /, *, safety: float = POWER_SAFETY) -> CertifiedBound:
+def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY) -> CertifiedBound:
     """A proven upper bound on λmax of each symmetric matrix of a ``(b, n, n)`` stack.
 
     Power iteration (:func:`power_iteration`) gives a *lower* bound θ ≤ λmax: a
@@ -181,7 +202,7 @@ def certified_lambda_max(a, /, *, safety: float = POWER_SAFETY) -> CertifiedBoun
     scale = _entry_scale(xp, a)
     b = a / scale[..., None, None]
     guaranteed = _guaranteed_bound(xp, b)
-    estimate = power_iteration(b) * safety
+    estimate = power_iteration_core(b) * safety
     bound = guaranteed
     open_ = xp.ones(guaranteed.shape, dtype=xp.bool, device=_xp.device_of(a))
     cost = xp.zeros_like(guaranteed) + POWER_MATVECS / n
@@ -197,7 +218,8 @@ def certified_lambda_max(a, /, *, safety: float = POWER_SAFETY) -> CertifiedBoun
     return CertifiedBound(bound * scale, cost)
 
 
-def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFETY):
+def lambda_max_bound(a: Array, /, *, scaling: str = "power",
+                     safety: float = POWER_SAFETY) -> Array:
     """A proven upper bound on λmax, used to scale the spectrum into (0, 1].
 
     Parameters
@@ -223,8 +245,15 @@ def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFE
     >>> float(matroot.lambda_max_bound(a, scaling="frobenius"))  # doctest: +ELLIPSIS
     5.47...
     """
-    xp = check_stack(a)
+    check_stack(a)
     check_choice(scaling, "scaling", SCALINGS)
+    return lambda_max_bound_core(a, scaling=scaling, safety=safety)
+
+
+def lambda_max_bound_core(a: Array, *, scaling: str = "power",
+                          safety: float = POWER_SAFETY) -> Array:
+    """:func:`lambda_max_bound` without input validation, for callers that checked it."""
+    xp = _xp.array_namespace(a)
     if scaling == "frobenius":
         scale = _entry_scale(xp, a)
         return _xp.frobenius_norm(a / scale[..., None, None]) * scale
@@ -290,7 +319,8 @@ def _lanczos(a, num_steps: int):
     return tri, last_beta, packed[:, -1]
 
 
-def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
+def lanczos_ritz_extremes(a: Array, /, *,
+                          num_steps: int = LANCZOS_STEPS) -> tuple[np.ndarray, np.ndarray]:
     """Smallest and largest Ritz values of a batched Lanczos run, for every matrix.
 
     ``num_steps`` products ``A v`` per matrix (matrix-vector, not matrix-matrix,
@@ -322,6 +352,12 @@ def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
     (1.0, 5.0)
     """
     check_stack(a)
+    return lanczos_ritz_extremes_core(a, num_steps=num_steps)
+
+
+def lanczos_ritz_extremes_core(a: Array, *, num_steps: int = LANCZOS_STEPS
+                               ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`lanczos_ritz_extremes` without input validation, for callers that checked ``a``."""
     batch = tuple(a.shape[:-2])
     if a.shape[-1] == 0 or 0 in batch:
         return np.zeros(batch), np.zeros(batch)
@@ -330,8 +366,8 @@ def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
     return (ritz[:, 0] * scale).reshape(batch), (ritz[:, -1] * scale).reshape(batch)
 
 
-def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
-                        safety: float = LANCZOS_SAFETY):
+def lambda_min_estimate(a: Array, /, lambda_max: Array, *, num_iter: int = LANCZOS_STEPS,
+                        safety: float = LANCZOS_SAFETY) -> Array:
     """A λmin estimate meant as a lower bound, from a batched Lanczos run.
 
     The smallest Ritz value θ is an *upper* bound on λmin. Where its Ritz pair
@@ -371,7 +407,15 @@ def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
     >>> bool(est < 1e-2)
     True
     """
-    xp = check_stack(a)
+    check_stack(a)
+    return lambda_min_estimate_core(a, lambda_max, num_iter=num_iter, safety=safety)
+
+
+def lambda_min_estimate_core(a: Array, lambda_max: Array, *,
+                             num_iter: int = LANCZOS_STEPS,
+                             safety: float = LANCZOS_SAFETY) -> Array:
+    """:func:`lambda_min_estimate` without input validation, for callers that checked ``a``."""
+    xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
     if a.shape[-1] == 0 or 0 in batch:
         return xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
@@ -391,11 +435,12 @@ def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
 class SpectralBounds(NamedTuple):
     """Per-matrix spectral interval estimate ``[lambda_min, lambda_max]``."""
 
-    lambda_min: object
-    lambda_max: object
+    lambda_min: Array
+    lambda_max: Array
 
 
-def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
+def spectral_bounds(a: Array, /, *, scaling: str = "power",
+                    eps: float = 0.0) -> SpectralBounds:
     """Estimate the spectral interval of ``A + eps·I`` for every matrix of a stack.
 
     Parameters
@@ -420,8 +465,10 @@ def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
     (2.0, 5.0)
     """
     xp = check_stack(a)
+    check_choice(scaling, "scaling", SCALINGS)
+    eps = check_nonnegative(eps, "eps")
     reg = _xp.add_scaled_identity(a, xp.full(a.shape[:-2], eps, dtype=a.dtype,
                                              device=_xp.device_of(a)))
-    upper = lambda_max_bound(reg, scaling=scaling)
-    lower = xp.maximum(lambda_min_estimate(reg, upper), xp.full_like(upper, eps))
+    upper = lambda_max_bound_core(reg, scaling=scaling)
+    lower = xp.maximum(lambda_min_estimate_core(reg, upper), xp.full_like(upper, eps))
     return SpectralBounds(lower, upper)

@@ -9,20 +9,14 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import _xp
+from ._lower_grid import quantize_lower
 from ._result import SolverOutput
+from .registry import INTEGER_P, SolverSpec
 
-#: Lower ends are rounded down to this many steps per decade, so nearby
-#: intervals share one fit (a wider interval is still a valid one).
-STEPS_PER_DECADE = 8
 #: Smallest lower end fitted; a matrix whose bound is below it (singular with
 #: eps = 0) gets this interval and is reported as not converged.
 SMALLEST_LOWER = 1e-12
 _GRID = 4000
-
-
-def _quantize_lower(lower: float) -> float:
-    lower = min(max(lower, SMALLEST_LOWER), 0.5)
-    return 10.0 ** (math.floor(math.log10(lower) * STEPS_PER_DECADE) / STEPS_PER_DECADE)
 
 
 def chebyshev_coefficients(p: int, lower: float, degree: int) -> np.ndarray:
@@ -151,7 +145,7 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
-    lowers = tuple(_quantize_lower(float(v)) for v in _xp.to_numpy(lower))
+    lowers = tuple(quantize_lower(v, SMALLEST_LOWER) for v in _xp.to_numpy(lower))
     coeffs, degrees, errors = _device_coefficients(xp, lowers, p, float(tol),
                                                    int(max_iter), a.dtype, dev)
     lo = _xp.from_numpy(xp, np.array(lowers), dtype=a.dtype, device=dev)
@@ -166,3 +160,28 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
         converged = xp.zeros(degrees.shape, dtype=xp.bool, device=dev)
     matmuls = xp.maximum(iterations - 1, xp.zeros_like(iterations))
     return SolverOutput(root, fit, iterations, converged, matmuls)
+
+
+#: The degree needed is about √κ·ln(2/tol)/2 (43 measured at κ = 1e2, tol = 1e-4).
+_COST_TOL = 1e-4
+
+
+def _cost(p, kappa) -> float:
+    degree = math.sqrt(kappa) * math.log(2 / _COST_TOL) / 2
+    return degree - 1
+
+
+SPEC = SolverSpec(
+    name="chebyshev",
+    solve=chebyshev,
+    summary="well-conditioned stacks (a large ridge), κ ≲ 1e3",
+    root_orders=INTEGER_P,
+    default_tol={"float32": 1e-4, "float64": 1e-8},
+    default_max_iter=400,
+    cost=_cost,
+    cost_summary="degree − 1 (degree ∝ √κ·ln(1/tol))",
+    needs_lower_bound=True,
+    lower_from_spectrum=True,
+    matmul_dtypes=(None,),
+    accuracy_row="chebyshev",
+)
