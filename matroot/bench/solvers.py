@@ -53,6 +53,7 @@ from matroot.solvers.registry import solvers_supporting
 from matroot.solvers import SOLVERS
 
 from .backends import BACKEND_NAMES, discover_backends
+from .certification import certification_call
 from .problems import Oracle, relative_errors, spd_stack
 from .report import write_summaries
 from .timing import interleaved_times, matmul_block, timed_call
@@ -196,6 +197,7 @@ def _summarise_result(backend, result, exact):
         return dict(
             err_max=_finite_max(errors), err_median=_finite_median(errors),
             matmuls=int(matmuls.max()), matmuls_mean=float(matmuls.mean()),
+            check_matmuls=float(backend.to_host(result.check_matmuls).max()),
             iterations=int(backend.to_host(result.iterations).max()),
             residual=_finite_max(residual),
             converged=float(backend.to_host(result.converged).mean()),
@@ -303,6 +305,7 @@ def _sweep_config(config, backend, host, exact, n, batch, predict, progress, ski
     mm_first = t_block / k
     label = f"{backend.name} n={n} b={batch}"
     entries = {}
+    checks = {}  # (method, p) -> its certification alone, timed alongside
     for p in config.ps:
         for method in _methods(config, p) + _baselines(config):
             seen = predict.get((method, p))
@@ -321,13 +324,19 @@ def _sweep_config(config, backend, host, exact, n, batch, predict, progress, ski
             fn = _call(backend, a, method, p)
             first, result = timed_call(fn, backend.synchronize)
             numbers = _summarise_result(backend, result, exact[p])
+            if method not in BASELINES:
+                check = certification_call(a, p, result)
+                checks[(method, p)] = (check, timed_call(check, backend.synchronize)[0])
             del result
             predict[(method, p)] = (first, mm_first)
             entries[(method, p)] = (fn, first, numbers)
             progress.step(f"{label} p={p} {method}: first call {first:.3g} s, "
-                          f"err {_fmt(numbers['err_max'])}, {numbers['matmuls']} matmuls")
+                          f"err {_fmt(numbers['err_max'])}, {numbers['matmuls']} matmuls"
+                          + (f" + {numbers['check_matmuls']:.1f} to certify"
+                             if "check_matmuls" in numbers else ""))
     calls = {key: (fn, first) for key, (fn, first, _) in entries.items()}
     calls["matmul"] = (block, t_block)
+    calls.update({("check", *key): value for key, value in checks.items()})
     times = interleaved_times(calls, backend.synchronize, repeats=config.repeats,
                               budget_s=config.entry_budget_s,
                               reuse_first_above_s=config.reuse_first_above_s)
@@ -345,6 +354,8 @@ def _sweep_config(config, backend, host, exact, n, batch, predict, progress, ski
             matmul_equivalents=median / t_mm,
             efficiency=(median / (numbers["matmuls"] * t_mm)
                         if numbers["matmuls"] else None),
+            check_time_ratio=(statistics.median(times[("check", method, p)]) / median
+                              if ("check", method, p) in times else None),
             **numbers))
     for record in records:
         for baseline in BASELINES:
