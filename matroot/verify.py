@@ -184,6 +184,7 @@ def accuracy_target(method: str, precision: str, p, kappa):
                                      KAPPA_BUCKETS)
 
     xp = _xp.array_namespace(kappa)
+    row: tuple[float | None, ...]
     if precision in LOW_PRECISION_ROWS:
         row = LOW_PRECISION_ROWS[precision]
     else:

@@ -137,7 +137,7 @@ def test_chebyshev_wishart_with_tiny_ridge():
 
 
 def test_chebyshev_rejects_matmul_dtype():
-    with pytest.raises(ValueError, match="chebyshev.*matmul_dtype"):
+    with pytest.raises(ValueError, match=r"chebyshev.*matmul_dtype"):
         matroot.inv_root(np.eye(3, dtype=np.float32), 2, method="chebyshev",
                          matmul_dtype="float16")
 
