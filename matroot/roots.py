@@ -237,14 +237,16 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     root = out.root * (scale ** (-1.0 / p))[:, None, None]
     root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
     returned = xp.astype(root, a.dtype)
-    cast_error, cast_ok = _cast_back_error(returned, root, usable)
+    # Only roots finite in the compute dtype can be spoilt by the cast itself.
+    computed = usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+    cast_error, cast_ok = _cast_back_error(returned, root, computed)
     error_estimate = check.error_estimate + cast_error
     converged = (out.converged & usable & check.positive & cast_ok
                  & (check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))))
     nan_b = xp.full_like(lam_max, float("nan"))
     residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
                         nan_b)
-    if not bool(xp.all(cast_ok | ~usable)):
+    if not bool(xp.all(cast_ok | ~computed)):
         warnings.warn(
             f"inv_root_info: some roots overflow or lose their precision when cast back "
             f"from {work_name} to {a.dtype} (entries beyond its range); they are "
@@ -264,7 +266,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
         check_matmuls=certify_cost + check.matmul_equivalents,
     )
     if fallback is not None:
-        result = _repair(xp.reshape(a, (b, n, n)), result, usable, p, eps, fallback)
+        result = _repair(xp.reshape(a, (b, n, n)), result, usable, p, eps, fallback, tol)
     return _reshaped(xp, result, batch)
 
 
@@ -276,15 +278,15 @@ def _reshaped(xp, result, batch):
                            **fields)
 
 
-def _cast_back_error(returned, root, usable):
+def _cast_back_error(returned, root, computed):
     """Relative Frobenius change of each root by the cast to the output dtype, and
     whether it is at most one unit roundoff of that dtype (finite, within range)."""
     xp = _xp.array_namespace(root)
     if returned.dtype == root.dtype:
         zero = xp.zeros(root.shape[:1], dtype=root.dtype, device=_xp.device_of(root))
         return zero, xp.ones(root.shape[:1], dtype=xp.bool, device=_xp.device_of(root))
-    safe = _xp.batched_where(usable, root, xp.ones_like(root))
-    back = _xp.batched_where(usable, xp.astype(returned, root.dtype), safe)
+    safe = _xp.batched_where(computed, root, xp.ones_like(root))
+    back = _xp.batched_where(computed, xp.astype(returned, root.dtype), safe)
     entry = xp.max(xp.abs(safe), axis=(-2, -1))
     entry = xp.where(entry > 0, entry, xp.ones_like(entry))[:, None, None]
     change = _xp.frobenius_norm((back - safe) / entry) / _xp.frobenius_norm(safe / entry)
@@ -292,10 +294,11 @@ def _cast_back_error(returned, root, usable):
     return change, change <= float(xp.finfo(returned.dtype).eps) / 2
 
 
-def _repair(stack, result, usable, p, eps, fallback):
-    """Re-solve the matrices that failed their check with ``fallback`` in float64."""
+def _repair(stack, result, usable, p, eps, fallback, tol):
+    """Re-solve the matrices that failed their check with ``fallback`` in float64
+    (with ``tol=0``, a fixed step count, those whose root is not finite)."""
     xp = _xp.array_namespace(stack)
-    failed = _xp.to_numpy(~result.converged & usable)
+    failed = _xp.to_numpy(~usable_roots(result, tol) & usable)
     where = np.nonzero(failed)[0]
     if where.size == 0:
         return result
