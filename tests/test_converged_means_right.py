@@ -186,6 +186,17 @@ def test_bfloat16_matmuls_with_loose_tol_keep_the_promise():
         assert np.all(err[converged] <= 1e-1)
 
 
+def test_bfloat16_newton_db_stops_at_its_floor_and_converges_when_right():
+    """It used to run all 60 steps at the default tol even at κ = 10 (error 4.5e-3)."""
+    torch = pytest.importorskip("torch")
+    q = random_orthogonal(np.random.default_rng(4), (4,), 128)
+    a = ((q * np.geomspace(0.1, 1, 128)[None, None, :]) @ np.swapaxes(q, -1, -2))
+    x = torch.asarray(a.astype(np.float32))
+    res = matroot.inv_root_info(x, 2, method="newton_db", matmul_dtype="bfloat16")
+    err, converged = _assert_promise(res, x, 2, "newton_db", "bfloat16")
+    assert converged.all() and int(res.iterations.max()) < 15
+
+
 # --- 4: overflow after the cast back -----------------------------------------------------
 
 @pytest.mark.parametrize("a,p,method,eps", [
