@@ -10,6 +10,7 @@ from ._xp import array_namespace, backend_name
 SCALINGS = ("power", "frobenius")
 MATMUL_DTYPES = (None, "float16", "bfloat16")
 COMPUTE_DTYPES = (None, "float32", "float64")
+FALLBACKS = (None, "evd")
 
 
 def check_stack(a, name: str = "a"):

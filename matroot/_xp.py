@@ -36,6 +36,7 @@ __all__ = [
     "batched_where",
     "frobenius_norm",
     "symmetric_part",
+    "cholesky_succeeds",
     "Matmul",
 ]
 
@@ -105,6 +106,9 @@ def to_numpy(x) -> np.ndarray:
 def from_numpy(xp, arr: np.ndarray, *, dtype=None, device=None):
     """Move a host NumPy array into namespace ``xp`` on ``device``."""
     arr = np.ascontiguousarray(arr)
+    if not arr.flags.writeable:
+        # torch warns on read-only NumPy memory (cached coefficient tables are).
+        arr = arr.copy()
     if dtype is None:
         return xp.asarray(arr, device=device)
     return xp.astype(xp.asarray(arr, device=device), dtype)
@@ -146,6 +150,28 @@ def symmetric_part(a):
     """Return ``(a + aᵀ) / 2`` computed without overflow near the dtype's maximum."""
     xp = array_namespace(a)
     return a / 2 + xp.matrix_transpose(a) / 2
+
+
+def cholesky_succeeds(a):
+    """Per matrix of a ``(b, n, n)`` symmetric stack: does its Cholesky factorisation succeed?
+
+    torch reports failures per matrix (``cholesky_ex``); JAX and CuPy return NaN
+    factors; NumPy and array-api-strict raise for the whole stack, so on a raise
+    the matrices are retried one by one (failures are rare: a certificate that
+    failed, or a wrong-branch root).
+    """
+    xp = array_namespace(a)
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch.linalg.cholesky_ex(a).info == 0
+    try:
+        factor = xp.linalg.cholesky(a)
+    except Exception:  # LinAlgError differs per backend
+        if a.shape[0] == 1:
+            return xp.zeros((1,), dtype=xp.bool, device=device_of(a))
+        return xp.concat([cholesky_succeeds(a[i:i + 1, ...]) for i in range(a.shape[0])])
+    return xp.all(xp.isfinite(factor), axis=(-2, -1))
 
 
 class Matmul:

@@ -7,9 +7,12 @@ import math
 import warnings
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from . import _xp
 from ._checks import (
     COMPUTE_DTYPES,
+    FALLBACKS,
     SCALINGS,
     check_choice,
     check_matmul_dtype,
@@ -18,11 +21,12 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import lambda_max_bound_core, lambda_min_estimate_core
+from .scaling import certified_lambda_max, lambda_max_bound_core, lambda_min_estimate_core
 from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
 from ._typing import Array
+from .verify import accuracy_target, check_root
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
            "default_tol", "default_max_iter", "usable_roots"]
@@ -40,20 +44,33 @@ class InvRootResult(NamedTuple):
     root : array, shape (..., n, n)
         ``(A + eps·I)^(-1/p)`` in the input's namespace, device and dtype.
     residual : array, shape (...)
-        The method's final residual: ``‖I − ZY‖_F/√n`` (newton_db, worst stage;
-        minimax, worst stage divided by the factor its error shrinks by in the
-        root), ``‖I − M‖_F/√n`` (coupled_newton), the fit's relative error bound
-        (chebyshev), the relative negative-eigenvalue deficit (evd).
+        The true residual of the returned root, ``‖X^p·(A + eps·I) − I‖_F/√n``
+        (scale-free, computed from X in the compute dtype; see
+        :mod:`matroot.verify`). For a non-integer p (evd) the relative
+        negative-eigenvalue deficit of A + eps·I.
     iterations : array, shape (...)
         Steps taken per matrix (polynomial degree for chebyshev, 0 for evd).
     converged : array of bool, shape (...)
-        True where the residual met ``tol`` with a finite result.
+        True where the method stopped on ``tol`` (or its rounding floor), the
+        root is finite in the output dtype, positive definite, and its
+        ``error_estimate`` is within ``max(tol, target)``, the README accuracy
+        table's target for its estimated κ (:func:`matroot.verify.accuracy_target`).
     lambda_max : array, shape (...)
-        The λmax upper estimate of ``A + eps·I`` used to scale it.
+        The certified upper bound on λmax of ``A + eps·I`` used to scale it.
     matmuls : array, shape (...)
-        n×n matrix products spent on each matrix (0 for evd).
+        n×n matrix products the solver spent on each matrix (0 for evd).
     method : str
         The solver that ran (what ``"auto"`` resolved to).
+    error_estimate : array, shape (...)
+        Estimated relative forward error ``‖X̃ − X‖_F/‖X‖_F`` of the returned
+        root (derivation in :mod:`matroot.verify`; measured within 0.7–6× of
+        the float64-oracle error), plus the rounding of the cast back to the
+        input dtype; ``inf`` for a root that is not positive definite.
+    repaired : array of bool, shape (...)
+        Matrices whose check failed and that ``fallback`` re-solved.
+    check_matmuls : array, shape (...)
+        Cost of certifying λmax and checking the root, in n×n matmul
+        equivalents (a Cholesky counts 1/6, a matrix-vector product 1/n).
     """
 
     root: Array
@@ -63,6 +80,9 @@ class InvRootResult(NamedTuple):
     lambda_max: Array
     matmuls: Array
     method: str
+    error_estimate: Array
+    repaired: Array
+    check_matmuls: Array
 
     def __repr__(self) -> str:
         """One line: the root's dtype and shape, how many converged, the worst residual.
@@ -146,8 +166,8 @@ def _with_signature_of(source):
 def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
                   scaling: str = "power", tol: float | None = None,
                   max_iter: int | None = None, matmul_dtype: str | None = None,
-                  check_finite: bool = True,
-                  compute_dtype: str | None = None) -> InvRootResult:
+                  check_finite: bool = True, compute_dtype: str | None = None,
+                  fallback: str | None = None) -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -174,6 +194,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     eps = check_nonnegative(eps, "eps")
     check_choice(scaling, "scaling", SCALINGS)
     check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
+    check_choice(fallback, "fallback", FALLBACKS)
     max_iter = check_max_iter(max_iter)
     if tol is not None:
         tol = check_nonnegative(tol, "tol")
@@ -209,7 +230,12 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     if eps > 0:
         stack = stack + eps * eye
 
-    lam_max = lambda_max_bound_core(stack, scaling=scaling)
+    if scaling == "power":
+        certified = certified_lambda_max(stack)
+        lam_max, certify_cost = certified.bound, certified.matmul_equivalents
+    else:
+        lam_max = lambda_max_bound_core(stack, scaling=scaling)
+        certify_cost = xp.zeros_like(lam_max)
     nonzero = lam_max > 0
     scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
     scaled = stack / scale[:, None, None]
@@ -219,26 +245,104 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if spec.needs_lower_bound:
-        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
+        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale,
+                                              from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
 
-    root = out.root * (scale ** (-1.0 / p))[:, None, None]
+    unit = float(xp.finfo(work_dtype).eps) / 2
+    check = check_root(scaled, out.root, p, unit_roundoff=unit)
+    precision = work_name if not spec.forms_matmuls or matmul_dtype is None else matmul_dtype
+    target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
+    root = out.root * (scale ** (-1.0 / p))[:, None, None]
     root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
-    nan_b = xp.full_like(out.residual, float("nan"))
-    residual = xp.where(usable, out.residual, nan_b)
-    converged = out.converged & usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+    returned = xp.astype(root, a.dtype)
+    # Only roots finite in the compute dtype can be spoilt by the cast itself.
+    computed = usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+    cast_error, cast_ok = _cast_back_error(returned, root, computed)
+    error_estimate = check.error_estimate + cast_error
+    converged = (out.converged & usable & check.positive & cast_ok
+                 & (check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))))
+    nan_b = xp.full_like(lam_max, float("nan"))
+    residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
+                        nan_b)
+    if not bool(xp.all(cast_ok | ~computed)):
+        warnings.warn(
+            f"inv_root_info: some roots overflow or lose their precision when cast back "
+            f"from {work_name} to {a.dtype} (entries beyond its range); they are "
+            "converged=False. Pass a wider input dtype or a larger eps",
+            ConvergenceWarning, stacklevel=2)
 
-    root = xp.reshape(xp.astype(root, a.dtype), (*batch, n, n))
-    return InvRootResult(
-        root=root,
-        residual=xp.reshape(residual, batch),
-        iterations=xp.reshape(out.iterations, batch),
-        converged=xp.reshape(converged, batch),
-        lambda_max=xp.reshape(xp.where(finite, lam_max, nan_b), batch),
-        matmuls=xp.reshape(out.matmuls, batch),
+    result = InvRootResult(
+        root=returned,
+        residual=residual,
+        iterations=out.iterations,
+        converged=converged,
+        lambda_max=xp.where(finite, lam_max, nan_b),
+        matmuls=out.matmuls,
         method=method,
+        error_estimate=xp.where(usable, error_estimate, nan_b),
+        repaired=xp.zeros_like(converged),
+        check_matmuls=certify_cost + check.matmul_equivalents,
     )
+    if fallback is not None:
+        result = _repair(xp.reshape(a, (b, n, n)), result, usable, p, eps, fallback, tol)
+    return _reshaped(xp, result, batch)
+
+
+def _reshaped(xp, result, batch):
+    """The flat ``(b, ...)`` fields of a result in the input's batch shape."""
+    fields = {name: xp.reshape(value, batch) for name, value in result._asdict().items()
+              if name not in ("root", "method")}
+    return result._replace(root=xp.reshape(result.root, (*batch, *result.root.shape[-2:])),
+                           **fields)
+
+
+def _cast_back_error(returned, root, computed):
+    """Relative Frobenius change of each root by the cast to the output dtype, and
+    whether it is at most one unit roundoff of that dtype (finite, within range)."""
+    xp = _xp.array_namespace(root)
+    if returned.dtype == root.dtype:
+        zero = xp.zeros(root.shape[:1], dtype=root.dtype, device=_xp.device_of(root))
+        return zero, xp.ones(root.shape[:1], dtype=xp.bool, device=_xp.device_of(root))
+    safe = _xp.batched_where(computed, root, xp.ones_like(root))
+    back = _xp.batched_where(computed, xp.astype(returned, root.dtype), safe)
+    entry = xp.max(xp.abs(safe), axis=(-2, -1))
+    entry = xp.where(entry > 0, entry, xp.ones_like(entry))[:, None, None]
+    change = _xp.frobenius_norm((back - safe) / entry) / _xp.frobenius_norm(safe / entry)
+    change = xp.where(xp.isfinite(change), change, xp.full_like(change, float("inf")))
+    return change, change <= float(xp.finfo(returned.dtype).eps) / 2
+
+
+def _repair(stack, result, usable, p, eps, fallback, tol):
+    """Re-solve the matrices that failed their check with ``fallback`` in float64
+    (with ``tol=0``, a fixed step count, those whose root is not finite)."""
+    xp = _xp.array_namespace(stack)
+    failed = _xp.to_numpy(~usable_roots(result, tol) & usable)
+    where = np.nonzero(failed)[0]
+    if where.size == 0:
+        return result
+    index = _xp.from_numpy(xp, where, dtype=xp.int64, device=_xp.device_of(stack))
+    fix = inv_root_info(xp.take(stack, index, axis=0), p, method=fallback, eps=eps,
+                        compute_dtype="float64", check_finite=False)
+    position = np.zeros(failed.shape, dtype=np.int64)
+    position[where] = np.arange(where.size)
+    gather = _xp.from_numpy(xp, position, dtype=xp.int64, device=_xp.device_of(stack))
+    mask = _xp.from_numpy(xp, failed, device=_xp.device_of(stack))
+
+    def merged(new, old):
+        taken = xp.take(new, gather, axis=0)
+        if taken.ndim == 3:
+            return _xp.batched_where(mask, taken, old)
+        return xp.where(mask, xp.astype(taken, old.dtype), old)
+
+    return result._replace(
+        root=merged(fix.root, result.root), residual=merged(fix.residual, result.residual),
+        converged=merged(fix.converged, result.converged),
+        error_estimate=merged(fix.error_estimate, result.error_estimate),
+        lambda_max=merged(fix.lambda_max, result.lambda_max),
+        check_matmuls=merged(fix.check_matmuls, result.check_matmuls),
+        repaired=mask)
 
 
 @_with_signature_of(inv_root_info)
@@ -280,6 +384,11 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     compute_dtype : {None, "float32", "float64"}
         Dtype of the computation. Default: float64 for ``"evd"`` and for float64
         input, else float32 (16-bit inputs are computed in float32).
+    fallback : {None, "evd"}
+        Re-solve the matrices whose a-posteriori check failed with this method in
+        float64 (``InvRootResult.repaired`` says which). Default None: nothing is
+        re-solved, failures are reported (``converged=False``, a warning). Its
+        cost is one float64 eigh per failed matrix, and nothing when all pass.
 
     Returns
     -------
@@ -340,13 +449,20 @@ def usable_roots(result: InvRootResult, tol: float | None) -> Array:
     return result.converged
 
 
-def _lower_bound(scaled, eps_scaled):
+def _lower_bound(scaled, eps_scaled, *, from_spectrum=False):
     """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
-    else the Lanczos estimate (its Ritz value errs high, hence its safety factor)."""
+    else the Lanczos estimate (its Ritz value errs high, hence its safety factor).
+
+    ``from_spectrum``: the Lanczos estimate, never below the ridge, even with one
+    (chebyshev's degree grows with the interval, and a ridge far below the
+    spectrum would push it to its cap; a bound that is too high is caught by the
+    a-posteriori check)."""
     xp = _xp.array_namespace(scaled)
-    if bool(xp.all(eps_scaled > 0)):
+    if bool(xp.all(eps_scaled > 0)) and not from_spectrum:
         return eps_scaled
     estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
+    if from_spectrum:
+        return xp.maximum(estimate, eps_scaled)
     return xp.where(eps_scaled > 0, eps_scaled, estimate)
 
 
@@ -355,4 +471,5 @@ def _empty_result(xp, a, batch, method):
     real = xp.zeros(batch, dtype=a.dtype, device=dev)
     count = xp.zeros(batch, dtype=xp.int32, device=dev)
     return InvRootResult(xp.zeros(a.shape, dtype=a.dtype, device=dev), real, count,
-                         xp.ones(batch, dtype=xp.bool, device=dev), real, count, method)
+                         xp.ones(batch, dtype=xp.bool, device=dev), real, count, method,
+                         real, xp.zeros(batch, dtype=xp.bool, device=dev), real)

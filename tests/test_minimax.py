@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import matroot
+from matroot.verify import accuracy_target
 from matroot import _xp
 from matroot.solvers import SOLVERS
 from matroot.solvers._lower_grid import quantize_lower
@@ -339,12 +340,20 @@ def test_16bit_matmuls_torch(method, p, kappa, matmul_dtype):
     x = torch.from_numpy(a.astype(np.float32))
     res = matroot.inv_root_info(x, p, method=method, eps=eps, matmul_dtype=matmul_dtype)
     assert res.root.dtype == torch.float32
-    assert bool(res.converged.all())
     err = relative_error(res.root.numpy(), oracle_inv_root(x.numpy(), p, eps))
     limit = LOW_PRECISION_LIMITS[(matmul_dtype, kappa)]
     if method == "coupled_newton":
         limit *= 1.5  # more steps, each X·N rounded (measured 1.3-2× minimax)
     assert err.max() <= limit, f"{err.max():.1e}"
+    # 16-bit rounding leaves errors that do not commute with A, which the
+    # a-posteriori estimate overstates (measured up to 50× at κ = 1e4, p = 4), so
+    # there converged=True is not always given; where it is, the target holds.
+    converged = res.converged.numpy()
+    target = accuracy_target(method, matmul_dtype, p, np.full(2, kappa))
+    assert np.all(err[converged] <= target[converged])
+    assert np.all(res.error_estimate.numpy() >= err / 2)
+    if kappa == 1e2:
+        assert converged.all()
 
 
 def test_16bit_keeps_the_ill_conditioned_product_in_float32():

@@ -12,6 +12,11 @@ from ._stages import StageOutcome, square_root_stages, stage_count
 from .registry import POWER_OF_TWO_P, SolverSpec
 
 MATMULS_PER_STEP = 3
+#: With 16-bit operands the residual bottoms out at a few units of their roundoff
+#: u (bfloat16: ~1e-2, far above any float32 tol): a step that fails to halve it
+#: below this many u is a stall. The stop is only a stop; whether the root is
+#: right is decided afterwards by :mod:`matroot.verify`.
+LOW_PRECISION_STALL = 8.0
 
 
 def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
@@ -42,8 +47,12 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
         return _xp.frobenius_norm(eye - matmul(z, y)) / root_n
 
     z0 = xp.broadcast_to(eye, a.shape)
+    stall_level = None
+    if matmul.operand_dtype is not None and tol > 0:
+        u = float(xp.finfo(matmul.operand_dtype).eps) / 2
+        stall_level = max(tol ** 0.5, LOW_PRECISION_STALL * u)
     return iterate_frozen((a, z0), step, residual_of, tol=tol, max_iter=max_iter,
-                          check_every=check_every)
+                          check_every=check_every, stall_level=stall_level)
 
 
 def newton_db(a, p: int, *, tol, max_iter, check_every, matmul, scaling="power", **_):

@@ -80,6 +80,10 @@ class SolverSpec:
     needs_lower_bound : bool
         Whether ``solve`` takes ``lower``, a per-matrix lower bound on the
         scaled spectrum (``eps/scale`` or an estimate).
+    lower_from_spectrum : bool
+        Whether ``lower`` is estimated from the spectrum (never below the ridge)
+        even when a ridge gives a bound: for a method whose cost grows with the
+        interval (a polynomial fit), a ridge far below the spectrum is wasted work.
     iterative : bool
         Whether ``tol=0`` means "exactly ``max_iter`` steps, never converged";
         false for a direct method, whose ``converged`` holds for any ``tol``.
@@ -105,6 +109,7 @@ class SolverSpec:
     cost: Callable[[int | float, float], float]
     cost_summary: str
     needs_lower_bound: bool = False
+    lower_from_spectrum: bool = False
     iterative: bool = True
     matmul_dtypes: tuple = (None, "float16", "bfloat16")
     forms_matmuls: bool = True
