@@ -36,6 +36,8 @@ __all__ = [
     "batched_where",
     "frobenius_norm",
     "symmetric_part",
+    "finite_matrices",
+    "eigh_runs_in_float64",
     "Matmul",
 ]
 
@@ -146,6 +148,23 @@ def symmetric_part(a):
     """Return ``(a + aᵀ) / 2`` computed without overflow near the dtype's maximum."""
     xp = array_namespace(a)
     return a / 2 + xp.matrix_transpose(a) / 2
+
+
+def finite_matrices(a):
+    """Per matrix of a stack: whether every entry is finite.
+
+    ``0·x`` is 0 for finite x and NaN for ±Inf or NaN, so the sum is 0 exactly when
+    all entries are finite; on torch CPU this is ~5× faster than ``isfinite``.
+    """
+    xp = array_namespace(a)
+    return xp.sum(a * 0, axis=(-2, -1)) == 0
+
+
+def eigh_runs_in_float64(xp) -> bool:
+    """True when ``xp.linalg.eigh`` of float32 input computes in float64 (NumPy's
+    LAPACK wrappers do, and array-api-strict wraps NumPy), so its float32 results
+    are float64-accurate eigenpairs rounded to float32."""
+    return is_numpy_namespace(xp) or array_api_compat.is_array_api_strict_namespace(xp)
 
 
 class Matmul:

@@ -158,8 +158,9 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
         Raise ValueError on NaN/Inf input. With False, affected matrices come back
         NaN with ``converged=False`` and the others are unaffected.
     compute_dtype : {None, "float32", "float64"}
-        Dtype of the computation. Default: float64 for ``"evd"`` and for float64
-        input, else float32 (16-bit inputs are computed in float32).
+        Dtype of the computation. Default: float64 for float64 input, else float32
+        (16-bit inputs are computed in float32; ``"evd"`` then solves the matrices
+        that float32 cannot take to the accuracy table again in float64).
 
     Returns
     -------
@@ -238,10 +239,6 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
-    if method == "evd" and compute_dtype is None:
-        # float32 eigh loses κ·u in the small eigenvalues (6e-2 at κ = 1e6 with MKL);
-        # NumPy already computes eigh in float64 internally, so do so everywhere.
-        work_name = "float64"
     if tol is None:
         tol = default_tol(method, work_name)
     if max_iter is None:
@@ -250,26 +247,33 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     dev = _xp.device_of(a)
-    if check_finite and not bool(xp.all(xp.isfinite(a))):
-        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
-                         "roots for those matrices instead)")
     b = math.prod(batch)
     if b == 0 or n == 0:
+        if check_finite and not bool(xp.all(xp.isfinite(a))):
+            raise ValueError(_NON_FINITE)
         return _empty_result(xp, a, batch, method)
 
     work_dtype = getattr(xp, work_name)
-    stack = xp.reshape(xp.astype(a, work_dtype), (b, n, n))
-    finite = xp.all(xp.isfinite(stack), axis=(-2, -1))
+    given = xp.reshape(a, (b, n, n))
+    finite = _xp.finite_matrices(given)
+    if check_finite and not bool(xp.all(finite)):
+        raise ValueError(_NON_FINITE)
+    stack = xp.astype(given, work_dtype)
+    if work_dtype != a.dtype:
+        finite = finite & _xp.finite_matrices(stack)  # a narrowing cast may overflow
     eye = _xp.identity_stack(xp, n, work_dtype, dev)
     # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
     stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
     if eps > 0:
         stack = stack + eps * eye
 
-    lam_max = lambda_max_bound(stack, scaling=scaling)
-    nonzero = lam_max > 0
-    scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
-    scaled = stack / scale[:, None, None]
+    if method == "evd":
+        # eigh needs no scaling (and evd reports the exact λmax instead of a bound).
+        scale, scaled = None, stack
+    else:
+        lam_max = lambda_max_bound(stack, scaling=scaling)
+        scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
+        scaled = stack / scale[:, None, None]
 
     solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
@@ -279,12 +283,15 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
         solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
     out = SOLVERS[method](scaled, p, **solver_kwargs)
 
-    root = out.root * (scale ** (-1.0 / p))[:, None, None]
-    usable = finite & nonzero
+    if scale is None:
+        lam_max, root = out.lambda_max, out.root
+    else:
+        root = out.root * (scale ** (-1.0 / p))[:, None, None]
+    usable = finite & (lam_max > 0)
     root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
     nan_b = xp.full_like(out.residual, float("nan"))
     residual = xp.where(usable, out.residual, nan_b)
-    converged = out.converged & usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+    converged = out.converged & usable & _xp.finite_matrices(root)
 
     root = xp.reshape(xp.astype(root, a.dtype), (*batch, n, n))
     return InvRootResult(
@@ -296,6 +303,10 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
         matmuls=xp.reshape(out.matmuls, batch),
         method=method,
     )
+
+
+_NON_FINITE = ("a contains NaN or Inf (pass check_finite=False to get NaN roots for "
+               "those matrices instead)")
 
 
 def _lower_bound(scaled, eps_scaled):

@@ -11,6 +11,8 @@ class SolverOutput(NamedTuple):
     ``root`` is the inverse root of the *scaled* stack the solver was given;
     the other fields are per-matrix arrays of shape ``(b,)``. ``matmuls`` counts
     the n×n products each matrix needed (work skipped after it froze excluded).
+    ``lambda_max`` is the largest eigenvalue of the given stack where the solver
+    computed it (evd), else None.
     """
 
     root: object
@@ -18,3 +20,4 @@ class SolverOutput(NamedTuple):
     iterations: object
     converged: object
     matmuls: object
+    lambda_max: object = None
