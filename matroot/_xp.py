@@ -77,11 +77,13 @@ def add_scaled_identity(a, c):
     return a + c[..., None, None] * eye
 
 
-def shifted_product(c: float, alpha: float, a, b, eye):
+def shifted_product(c, alpha: float, a, b, eye):
     """Return ``c * I + alpha * (a @ b)`` for ``(b, n, n)`` stacks.
 
-    torch fuses this into one ``baddbmm`` call; other backends use the generic
-    expression. Both paths are compared in the tests.
+    ``c`` is a float or a per-matrix ``(b, 1, 1)`` array (the same arithmetic per
+    matrix either way, so a matrix's result does not depend on whether its
+    neighbours share its ``c``). torch fuses this into one ``baddbmm`` call; other
+    backends use the generic expression. Both paths are compared in the tests.
     """
     xp = array_namespace(a)
     if is_torch_namespace(xp) and a.ndim == 3 and a.dtype == b.dtype:
@@ -139,9 +141,12 @@ def batched_where(mask, new, old):
 
 
 def frobenius_norm(a):
-    """Frobenius norm over the last two axes; the caller keeps entries O(1)."""
+    """Frobenius norm over the last two axes; the caller keeps entries O(1).
+
+    One pass (``vector_norm``), not the three of ``sqrt(sum(a * a))``.
+    """
     xp = array_namespace(a)
-    return xp.sqrt(xp.sum(a * a, axis=(-2, -1)))
+    return xp.linalg.vector_norm(a, axis=(-2, -1))
 
 
 def symmetric_part(a):
@@ -201,9 +206,9 @@ class Matmul:
         self.count += 1
         return a @ b
 
-    def shifted(self, c: float, alpha: float, a, b, eye):
-        """``c * I + alpha * (a @ b)`` under this policy."""
-        if self.operand_dtype is None:
+    def shifted(self, c, alpha: float, a, b, eye, *, full: bool = False):
+        """``c * I + alpha * (a @ b)`` under this policy (``full``: as :meth:`full`)."""
+        if self.operand_dtype is None or full:
             self.count += 1
             return shifted_product(c, alpha, a, b, eye)
         return c * eye + alpha * self(a, b)

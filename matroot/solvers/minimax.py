@@ -97,14 +97,15 @@ def unit_roundoff(xp, dtype) -> float:
     return float(xp.finfo(dtype).eps) / 2
 
 
-def _coefficient_table(xp, lowers, margin, steps, dtype, device):
-    """(steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end :data:`TAIL`."""
+def _coefficient_table(lowers, margin, steps):
+    """Host (steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end
+    :data:`TAIL`."""
     table = np.empty((max(steps, 1), len(lowers), 3))
     table[:] = TAIL
     for i, lower in enumerate(lowers):
         rows = schedule(lower, margin).coefficients[:steps]
         table[: len(rows), i] = rows
-    return _xp.from_numpy(xp, table, dtype=dtype, device=device)
+    return table
 
 
 def z_norm_bounds(lowers, margin, steps):
@@ -124,10 +125,15 @@ def z_norm_bounds(lowers, margin, steps):
     return bounds
 
 
-def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye):
+def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye,
+                 x_shifted=None):
     """One coupled step ``X = ZY``, ``q = a + bX + cX²``, ``Y ← Y·q``, ``Z ← q·Z``.
 
-    ``coeff`` holds per-matrix rows ``(a, b, c)``, shape (b, 3). ``first`` marks
+    ``coeff`` holds per-matrix rows ``(a, b, c)``, shape (b, 3), or one row of
+    Python floats shared by the stack (the same arithmetic per matrix). Given
+    ``x_shifted(c, alpha, A, B)`` (``c·I + alpha·A@B``, fused on torch),
+    ``q = (cX + bI)·X + aI`` costs one elementwise pass besides the product
+    instead of four. ``first`` marks
     the step from ``Z = I`` (``X = Y``, ``q·Z = q``: 2 matmuls instead of 4).
     The three callables form the products, so that a 16-bit policy can differ
     per product: ``z_product`` for ``ZY`` and ``q·Z``, ``x_product`` for ``X²``,
@@ -142,8 +148,12 @@ def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye):
         The incoming ``X`` (for the residual) and the next iterates.
     """
     x = y if first else z_product(z, y)
-    c0, c1, c2 = (coeff[:, j][:, None, None] for j in range(3))
-    q = c0 * eye + c1 * x + c2 * x_product(x, x)
+    shared = isinstance(coeff, tuple)
+    c0, c1, c2 = coeff if shared else (coeff[:, j][:, None, None] for j in range(3))
+    if x_shifted is not None:
+        q = x_shifted(c0, 1.0, c2 * x + c1 * eye, x)
+    else:
+        q = c0 * eye + c1 * x + c2 * x_product(x, x)
     return x, (y_product(y, q), q if first else z_product(q, z))
 
 
@@ -206,9 +216,11 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged).
         longest = max(len(schedule(v, margin).errors) for v in lowers)
         steps = min(max_iter - 1, longest + LOW_PRECISION_EXTRA_STEPS)
-    table = _coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
-    tail = _xp.from_numpy(xp, np.broadcast_to(np.array(TAIL), (b, 3)), dtype=a.dtype,
-                          device=dev)
+    host_table = _coefficient_table(lowers, margin, steps)
+    shared_rows = np.all(host_table == host_table[:, :1], axis=(1, 2))
+    # Per-matrix rows travel with the iterates (as (b, steps, 3)), so that the
+    # loop's compaction to the active matrices keeps them aligned.
+    table = _xp.from_numpy(xp, np.transpose(host_table, (1, 0, 2)), dtype=a.dtype, device=dev)
 
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
@@ -221,23 +233,30 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         def step(state):
             k = counter[0]
             counter[0] += 1
+            y, z, rows = state
             x, new_state = minimax_step(
-                *state, coefficients(k), first=k == 0 and coefficients is scheduled,
+                y, z, coefficients(k, rows), first=k == 0 and coefficients is scheduled,
                 z_product=matmul if sixteen_bit and z_rounding[k] else matmul.full,
                 x_product=matmul if sixteen_bit else matmul.full,
-                y_product=matmul.full, eye=eye)
-            return _xp.frobenius_norm(eye - x) / root_n, new_state
+                y_product=matmul.full, eye=eye,
+                x_shifted=None if sixteen_bit else full_shifted)
+            return _xp.frobenius_norm(eye - x) / root_n, (*new_state, rows)
 
         return iterate_frozen(state, step, residual_of, tol=tol, max_iter=max_iter,
                               check_every=check_every, stall_level=stall_level)
 
-    def scheduled(k):
-        return table[k, ...]
+    def full_shifted(c, alpha, left, right):
+        return matmul.shifted(c, alpha, left, right, eye, full=True)
 
-    def tail_only(k):
-        return tail
+    def scheduled(k, rows):
+        if shared_rows[k]:
+            return tuple(float(v) for v in host_table[k, 0])
+        return rows[:, k, :]
 
-    start = (a, xp.broadcast_to(eye, a.shape))
+    def tail_only(k, rows):
+        return TAIL
+
+    start = (a, xp.broadcast_to(eye, a.shape), table)
     zero = xp.zeros((b,), dtype=xp.int32, device=dev)
     if steps > 0:
         tol_main = max(tol, LOW_PRECISION_FLOOR * u) if low and tol > 0 else tol
@@ -250,12 +269,13 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         outcome = IterationOutcome(start, None, zero, None)
         matmuls = zero
     if not low:
-        return outcome, matmuls
+        return outcome._replace(state=outcome.state[:2]), matmuls
     polish = run(outcome.state, tail_only, sixteen_bit=False, tol=tol,
                  max_iter=max(max_iter - steps, 1) if tol > 0 else 1)
     # Each polish step re-forms its incoming ZY; one more ZY checks the result.
     matmuls = matmuls + STEP_MATMULS * polish.iterations + 1
-    return polish._replace(iterations=outcome.iterations + polish.iterations), matmuls
+    return polish._replace(state=polish.state[:2],
+                           iterations=outcome.iterations + polish.iterations), matmuls
 
 
 def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
