@@ -12,6 +12,7 @@ from .roots import (
     default_tol,
     inv_root,
     inv_root_info,
+    usable_roots,
 )
 from .scaling import (
     SpectralBounds,
@@ -31,6 +32,7 @@ __all__ = [
     "ConvergenceWarning",
     "default_tol",
     "default_max_iter",
+    "usable_roots",
     "choose_method",
     "power_iteration",
     "lambda_max_bound",

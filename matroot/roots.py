@@ -9,7 +9,6 @@ from typing import NamedTuple
 from . import _xp
 from ._checks import (
     COMPUTE_DTYPES,
-    METHODS,
     SCALINGS,
     check_choice,
     check_matmul_dtype,
@@ -19,11 +18,12 @@ from ._checks import (
     check_stack,
 )
 from .scaling import lambda_max_bound, lambda_min_estimate
-from .solvers import SOLVERS
+from .solvers import get_solver
 from .solvers.auto import choose_method
+from .solvers.registry import check_method, require_dtypes, require_support
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
-           "default_tol", "default_max_iter"]
+           "default_tol", "default_max_iter", "usable_roots"]
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -63,31 +63,13 @@ class InvRootResult(NamedTuple):
     method: str
 
 
-#: Per (method, dtype) residual targets; chosen so the default call meets the
-#: accuracy table in the README (measured in tests/test_accuracy.py).
-_DEFAULT_TOL = {
-    ("newton_db", "float32"): 1e-5,
-    ("newton_db", "float64"): 1e-12,
-    ("coupled_newton", "float32"): 1e-5,
-    ("coupled_newton", "float64"): 1e-12,
-    ("chebyshev", "float32"): 1e-4,
-    ("chebyshev", "float64"): 1e-8,
-    ("minimax", "float32"): 1e-5,
-    ("minimax", "float64"): 1e-12,
-    ("evd", "float32"): 0.0,
-    ("evd", "float64"): 0.0,
-}
-_DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "minimax": 30,
-                     "evd": 1}
-
-
 def default_tol(method: str, compute_dtype: str) -> float:
     """The ``tol`` that ``method`` uses when none is given, for float32 or float64.
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
     compute_dtype : {"float32", "float64"}
         The dtype the solver computes in.
 
@@ -101,7 +83,9 @@ def default_tol(method: str, compute_dtype: str) -> float:
     >>> matroot.default_tol("newton_db", "float32")
     1e-05
     """
-    return _DEFAULT_TOL[(method, compute_dtype)]
+    spec = get_solver(method)
+    check_choice(compute_dtype, "compute_dtype", spec.compute_dtypes)
+    return spec.default_tol[compute_dtype]
 
 
 def default_max_iter(method: str) -> int:
@@ -109,8 +93,8 @@ def default_max_iter(method: str) -> int:
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
 
     Returns
     -------
@@ -122,7 +106,7 @@ def default_max_iter(method: str) -> int:
     >>> matroot.default_max_iter("coupled_newton")
     60
     """
-    return _DEFAULT_MAX_ITER[method]
+    return get_solver(method).default_max_iter
 
 
 def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
@@ -192,9 +176,7 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                            max_iter=max_iter, matmul_dtype=matmul_dtype,
                            check_finite=check_finite, compute_dtype=compute_dtype)
     xp = _xp.array_namespace(result.root)
-    failed = ~result.converged
-    if tol == 0 and result.method != "evd":
-        failed = ~xp.isfinite(result.residual)
+    failed = ~usable_roots(result, tol)
     count = int(xp.sum(xp.astype(failed, xp.int32)))
     if count:
         warnings.warn(
@@ -227,8 +209,9 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     ([True, True], (2,))
     """
     xp = check_stack(a)
-    check_choice(method, "method", METHODS)
-    p = check_p(p, method)
+    check_method(method)
+    p = check_p(p)
+    require_support(method, p)
     eps = check_nonnegative(eps, "eps")
     check_choice(scaling, "scaling", SCALINGS)
     check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
@@ -239,6 +222,10 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
+    spec = get_solver(method)
+    if compute_dtype is None and spec.default_compute_dtype is not None:
+        work_name = spec.default_compute_dtype
+    require_dtypes(spec, work_name, matmul_dtype)
     if tol is None:
         tol = default_tol(method, work_name)
     if max_iter is None:
@@ -267,8 +254,7 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     if eps > 0:
         stack = stack + eps * eye
 
-    if method == "evd":
-        # eigh needs no scaling (and evd reports the exact λmax instead of a bound).
+    if not spec.needs_scaling:
         scale, scaled = None, stack
     else:
         lam_max = lambda_max_bound(stack, scaling=scaling)
@@ -279,9 +265,9 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
-    if method in ("chebyshev", "minimax"):
+    if spec.needs_lower_bound:
         solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
-    out = SOLVERS[method](scaled, p, **solver_kwargs)
+    out = spec.solve(scaled, p, **solver_kwargs)
 
     if scale is None:
         lam_max, root = out.lambda_max, out.root
@@ -303,6 +289,27 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
         matmuls=xp.reshape(out.matmuls, batch),
         method=method,
     )
+
+
+def usable_roots(result: InvRootResult, tol: float | None):
+    """Per-matrix mask of the roots in ``result`` that are fit to use.
+
+    A root is usable when it converged; with ``tol=0`` for an iterative method
+    (a fixed step count, which never reports convergence) when its residual
+    and entries are finite.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> res = matroot.inv_root_info(np.eye(2)[None], 2, method="newton_db", tol=0,
+    ...                             max_iter=3)
+    >>> res.converged.tolist(), matroot.usable_roots(res, 0).tolist()
+    ([False], [True])
+    """
+    xp = _xp.array_namespace(result.root)
+    if tol == 0 and get_solver(result.method).iterative:
+        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
+    return result.converged
 
 
 _NON_FINITE = ("a contains NaN or Inf (pass check_finite=False to get NaN roots for "

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot._checks import methods_supporting
+from matroot.solvers.registry import SOLVERS, solvers_supporting
 
 from conftest import to_numpy
 from oracle import oracle_inv_root, relative_error, spd_stack
@@ -44,8 +44,8 @@ def target(method, dtype, kappa, p):
 CASES = [
     (method, p)
     for p in (1, 2, 3, 4, 8)
-    for method in ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
-    if method in methods_supporting(p)
+    for method in SOLVERS
+    if method in solvers_supporting(p)
 ]
 
 
@@ -100,7 +100,7 @@ def test_accuracy_eps_placement(method, with_eps):
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 200])
-@pytest.mark.parametrize("method", ["evd", "newton_db", "coupled_newton", "minimax", "chebyshev"])
+@pytest.mark.parametrize("method", list(SOLVERS))
 def test_accuracy_over_sizes(method, n):
     a, eps = _problem(1e2, n, with_eps=method == "chebyshev", seed=n)
     x = a.astype(np.float32)

@@ -7,21 +7,22 @@ import pytest
 from hypothesis import given, strategies as st
 
 import matroot
-from matroot._checks import methods_supporting
+from matroot.solvers.registry import SOLVERS, solvers_supporting
 
 from conftest import to_numpy
 from oracle import random_orthogonal, relative_error
 from strategies import spd_stacks
 
 ITERATIVE = ("newton_db", "coupled_newton")
-ALL_METHODS = ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
+#: Every registered solver goes through the property suite.
+ALL_METHODS = tuple(SOLVERS)
 #: float64 tolerances for κ ≤ 1e4 (chebyshev is run with a ridge that bounds κ by 1e3).
 TOL64 = {"evd": 1e-9, "newton_db": 1e-7, "coupled_newton": 1e-7, "minimax": 1e-7,
          "chebyshev": 1e-6}
 
 
 def _methods_for(p):
-    return [m for m in ALL_METHODS if m in methods_supporting(p)]
+    return [m for m in ALL_METHODS if m in solvers_supporting(p)]
 
 
 def _call(case_a, p, method, **kw):

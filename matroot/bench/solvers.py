@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 import matroot
-from matroot._checks import methods_supporting
+from matroot.solvers.registry import solvers_supporting
 from matroot.solvers import SOLVERS
 
 from .backends import BACKEND_NAMES, discover_backends
@@ -159,7 +159,7 @@ def eigh_root_loop(xp, a, p):
 def _methods(config: Config, p) -> list:
     names = list(SOLVERS) if config.methods is None else [
         m for m in config.methods if m in SOLVERS]
-    return [m for m in names if m in methods_supporting(p)]
+    return [m for m in names if m in solvers_supporting(p)]
 
 
 def _baselines(config: Config) -> list:

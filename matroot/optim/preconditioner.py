@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .. import _xp
-from ..roots import inv_root_info
+from ..roots import inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
@@ -120,18 +120,6 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> Non
     transposed = xp.matrix_transpose(grad_blocks)
     _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
     _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
-
-
-def usable_roots(result, tol):
-    """Per-matrix mask of roots fit to use from an :class:`~matroot.InvRootResult`.
-
-    A root is usable when it converged; with ``tol=0`` (a fixed iteration count,
-    which never reports convergence) when its residual and entries are finite.
-    """
-    xp = _xp.array_namespace(result.root)
-    if tol == 0 and result.method != "evd":
-        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
-    return result.converged
 
 
 def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: str,

@@ -11,6 +11,7 @@ import numpy as np
 from .. import _xp
 from ._result import SolverOutput
 from .coupled_newton import matrix_power, power_matmuls
+from .registry import INTEGER_P, SolverSpec
 
 #: Lower ends are rounded down to this many steps per decade, so nearby
 #: intervals share one fit (a wider interval is still a valid one).
@@ -175,3 +176,25 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
         converged = xp.zeros(degrees.shape, dtype=xp.bool, device=dev)
     matmuls = xp.maximum(iterations - 1, xp.zeros_like(iterations)) + power_matmuls(p) + 1
     return SolverOutput(root, residual, iterations, converged, matmuls)
+
+
+#: The degree needed is about √κ·ln(2/tol)/2 (43 measured at κ = 1e2, tol = 1e-4).
+_COST_TOL = 1e-4
+
+
+def _cost(p, kappa) -> float:
+    degree = math.sqrt(kappa) * math.log(2 / _COST_TOL) / 2
+    return degree - 1 + power_matmuls(p) + 1
+
+
+SPEC = SolverSpec(
+    name="chebyshev",
+    solve=chebyshev,
+    summary="well-conditioned stacks (a large ridge), κ ≲ 1e3",
+    root_orders=INTEGER_P,
+    default_tol={"float32": 1e-4, "float64": 1e-8},
+    default_max_iter=400,
+    cost=_cost,
+    cost_summary="degree − 1 (degree ∝ √κ·ln(1/tol)) plus the p + 1 of the check",
+    needs_lower_bound=True,
+)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .. import _xp
 from ._result import SolverOutput
+from .registry import ANY_REAL_P, SolverSpec
 
 #: Measured bound on ``error / (κ·u/p)`` of a float32 eigh root, and its floor.
 FLOAT32_ERROR_FACTOR = 3.0
@@ -148,3 +149,23 @@ def evd(a, p, *, float64_retry: bool = True, **_):
     deficit = xp.maximum(-xp.min(lam, axis=-1), xp.zeros_like(lam_max)) / lam_max
     zeros = xp.zeros((b,), dtype=xp.int32, device=_xp.device_of(a))
     return SolverOutput(root, deficit, zeros, positive, zeros, xp.max(lam, axis=-1))
+
+
+def _cost(p, kappa) -> float:
+    return 0.0
+
+
+SPEC = SolverSpec(
+    name="evd",
+    solve=evd,
+    summary="CPUs; non-integer p; a reference (one batched eigh, float32 where it "
+            "meets the accuracy table)",
+    root_orders=ANY_REAL_P,
+    default_tol={"float32": 0.0, "float64": 0.0},
+    default_max_iter=1,
+    cost=_cost,
+    cost_summary="one batched eigh, no matmuls",
+    iterative=False,
+    forms_matmuls=False,
+    needs_scaling=False,
+)

@@ -70,6 +70,7 @@ import numpy as np
 from .. import _xp
 from ._iteration import IterationOutcome, iterate_frozen
 from ._result import SolverOutput
+from .registry import POWER_OF_TWO_P, SolverSpec
 from .minimax_coefficients import (FIRST_MARGIN, TAIL, quantize_lower, rounding_margin,
                                    schedule)
 
@@ -335,3 +336,32 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
     if p == 1:
         return SolverOutput(matmul.full(z, z), residual, iterations, converged, matmuls + 1)
     return SolverOutput(z, residual, iterations, converged, matmuls)
+
+
+#: The smallest ``s = √λ`` grows about ×4.3 per step; about two cubic steps
+#: then reach the float32 default tol.
+_GROWTH_PER_STEP = 4.3
+_CUBIC_STEPS = 2
+
+
+def _cost(p, kappa) -> float:
+    stages = max(1, int(round(math.log2(p))))
+    total = 0.0
+    for j in range(stages):
+        steps = math.log(kappa ** (0.5 ** (j + 1))) / math.log(_GROWTH_PER_STEP) + _CUBIC_STEPS
+        total += STEP_MATMULS * steps - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1
+    return total + (p == 1)
+
+
+SPEC = SolverSpec(
+    name="minimax",
+    solve=minimax,
+    summary="GPUs, p = 2 or 4: the fewest matmuls; κ ≲ 1e4 for errors ≲ 1e-4, "
+            "fp16 matmuls to κ ≈ 1e4",
+    root_orders=POWER_OF_TWO_P,
+    default_tol={"float32": 1e-5, "float64": 1e-12},
+    default_max_iter=30,
+    cost=_cost,
+    cost_summary="4 per step (2 in the first), one stage per factor of two in p",
+    needs_lower_bound=True,
+)

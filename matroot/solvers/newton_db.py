@@ -9,6 +9,7 @@ from .. import _xp
 from ..scaling import lambda_max_bound
 from ._iteration import iterate_frozen
 from ._result import SolverOutput
+from .registry import POWER_OF_TWO_P, SolverSpec
 
 MATMULS_PER_STEP = 3
 
@@ -90,3 +91,28 @@ def newton_db(a, p: int, *, tol, max_iter, check_every, matmul, scaling="power",
         return SolverOutput(matmul(z, z), residual, iterations, converged, matmuls + 1)
     root = z / xp.sqrt(factor)[:, None, None]
     return SolverOutput(root, residual, iterations, converged, matmuls)
+
+
+#: A small eigenvalue of the scaled stack grows about ×2.25 per step until it is
+#: near 1; about four quadratic steps then reach the float32 default tol.
+_GROWTH_PER_STEP = 2.25
+_QUADRATIC_STEPS = 4
+
+
+def _cost(p, kappa) -> float:
+    stages = max(1, int(round(math.log2(p))))
+    steps = sum(math.log(kappa ** 0.5 ** j) / math.log(_GROWTH_PER_STEP) + _QUADRATIC_STEPS
+                for j in range(stages))
+    return MATMULS_PER_STEP * steps + (p == 1)
+
+
+SPEC = SolverSpec(
+    name="newton_db",
+    solve=newton_db,
+    summary="GPUs, p = 2 or 4, float32 matmuls; κ ≲ 1e4 for errors ≲ 1e-4",
+    root_orders=POWER_OF_TWO_P,
+    default_tol={"float32": 1e-5, "float64": 1e-12},
+    default_max_iter=60,
+    cost=_cost,
+    cost_summary="3 per step, one square root per factor of two in p",
+)
