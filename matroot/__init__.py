@@ -2,7 +2,8 @@
 
 ``matroot.inv_root(a, p)`` computes ``(A + eps·I)^(-1/p)`` for every symmetric
 positive (semi)definite matrix of a stack ``a[..., n, n]`` of NumPy, CuPy or
-PyTorch arrays, with Newton–Schulz, coupled Newton, Chebyshev or eigh.
+PyTorch arrays, with any solver of the registry (:mod:`matroot.solvers.registry`):
+eigh, Newton–Schulz, coupled Newton, minimax polynomial iterations or Chebyshev.
 """
 
 from .roots import (

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import _xp
 from ._checks import (
@@ -17,10 +18,11 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import lambda_max_bound, lambda_min_estimate
+from .scaling import lambda_max_bound_core, lambda_min_estimate_core
 from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
+from ._typing import Array
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
            "default_tol", "default_max_iter", "usable_roots"]
@@ -54,12 +56,12 @@ class InvRootResult(NamedTuple):
         The solver that ran (what ``"auto"`` resolved to).
     """
 
-    root: object
-    residual: object
-    iterations: object
-    converged: object
-    lambda_max: object
-    matmuls: object
+    root: Array
+    residual: Array
+    iterations: Array
+    converged: Array
+    lambda_max: Array
+    matmuls: Array
     method: str
 
 
@@ -109,86 +111,23 @@ def default_max_iter(method: str) -> int:
     return get_solver(method).default_max_iter
 
 
-def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-             max_iter=None, matmul_dtype=None, check_finite=True, compute_dtype=None):
-    """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
+def _with_signature_of(source):
+    """Show ``source``'s parameters for the decorated ``f(a, /, p, **options)`` (in
+    ``help()``, ``inspect`` and Sphinx), so both are declared and validated once."""
+    def decorate(func):
+        own = inspect.signature(func)
+        func.__signature__ = inspect.signature(source).replace(
+            return_annotation=own.return_annotation)
+        return func
 
-    Parameters
-    ----------
-    a : array, shape (..., n, n)
-        Symmetric positive (semi)definite matrices of any supported backend
-        (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
-        ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
-    p : float
-        Root order. Any real ``p > 0`` for ``"evd"``; a positive integer for
-        ``"coupled_newton"`` and ``"chebyshev"``; a power of two (or 1) for
-        ``"newton_db"`` and ``"minimax"``.
-    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax"}
-        The solver; ``"auto"`` picks by backend, device, size and dtype
-        (:func:`matroot.choose_method`).
-    eps : float
-        Ridge added to the diagonal before the root is taken, ``>= 0``.
-    scaling : {"power", "frobenius"}
-        How λmax is estimated to scale the spectrum into the solver's basin.
-    tol : float, optional
-        Per-matrix residual at which an iterative solver stops (chebyshev: the
-        target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
-        exactly k steps. Default: :func:`matroot.default_tol`.
-    max_iter : int, optional
-        Cap on iterations (on the degree for chebyshev).
-    matmul_dtype : {None, "float16", "bfloat16"}
-        Round matmul operands to 16 bits with float32 accumulation.
-    check_finite : bool
-        Raise ValueError on NaN/Inf input. With False, affected matrices come back
-        NaN with ``converged=False`` and the others are unaffected.
-    compute_dtype : {None, "float32", "float64"}
-        Dtype of the computation. Default: float64 for float64 input, else float32
-        (16-bit inputs are computed in float32; ``"evd"`` then solves the matrices
-        that float32 cannot take to the accuracy table again in float64).
-
-    Returns
-    -------
-    array, shape (..., n, n)
-        Same namespace, device, shape and dtype as ``a``.
-
-    Raises
-    ------
-    ValueError
-        Bad shape, p, eps, option, or non-finite input with ``check_finite``.
-    TypeError
-        Integer, boolean or complex input.
-
-    Warns
-    -----
-    ConvergenceWarning
-        When matrices did not converge or came back non-finite; call
-        :func:`inv_root_info` to see which.
-
-    Examples
-    --------
-    >>> import numpy as np, matroot
-    >>> a = np.diag([16.0, 81.0])
-    >>> np.round(matroot.inv_root(a, 4, method="newton_db"), 6)
-    array([[0.5     , 0.      ],
-           [0.      , 0.333333]])
-    """
-    result = inv_root_info(a, p, method=method, eps=eps, scaling=scaling, tol=tol,
-                           max_iter=max_iter, matmul_dtype=matmul_dtype,
-                           check_finite=check_finite, compute_dtype=compute_dtype)
-    xp = _xp.array_namespace(result.root)
-    failed = ~usable_roots(result, tol)
-    count = int(xp.sum(xp.astype(failed, xp.int32)))
-    if count:
-        warnings.warn(
-            f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "
-            "matrices did not converge or are not positive definite; "
-            "inv_root_info tells which", ConvergenceWarning, stacklevel=2)
-    return result.root
+    return decorate
 
 
-def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-                  max_iter=None, matmul_dtype=None, check_finite=True,
-                  compute_dtype=None):
+def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
+                  scaling: str = "power", tol: float | None = None,
+                  max_iter: int | None = None, matmul_dtype: str | None = None,
+                  check_finite: bool = True,
+                  compute_dtype: str | None = None) -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -257,7 +196,7 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     if not spec.needs_scaling:
         scale, scaled = None, stack
     else:
-        lam_max = lambda_max_bound(stack, scaling=scaling)
+        lam_max = lambda_max_bound_core(stack, scaling=scaling)
         scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
         scaled = stack / scale[:, None, None]
 
@@ -291,7 +230,86 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     )
 
 
-def usable_roots(result: InvRootResult, tol: float | None):
+@_with_signature_of(inv_root_info)
+def inv_root(a: Array, /, p: float, **options: Any) -> Array:
+    """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
+
+    Parameters
+    ----------
+    a : array, shape (..., n, n)
+        Symmetric positive (semi)definite matrices of any supported backend
+        (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
+        ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
+    p : float
+        Root order, ``> 0``. Each method states the p it takes in its registry
+        entry (the built-in ones: any real p for ``"evd"``, integers for
+        ``"coupled_newton"`` and ``"chebyshev"``, powers of two for
+        ``"newton_db"`` and ``"minimax"``); another p is a ValueError that names
+        the methods that take it.
+    method : str
+        ``"auto"`` or a registered solver (built in: ``"evd"``, ``"newton_db"``,
+        ``"coupled_newton"``, ``"chebyshev"``, ``"minimax"``; see
+        :mod:`matroot.solvers.registry`). ``"auto"`` picks by backend, device
+        and p (:func:`matroot.choose_method`).
+    eps : float
+        Ridge added to the diagonal before the root is taken, ``>= 0``.
+    scaling : {"power", "frobenius"}
+        How λmax is estimated to scale the spectrum into the solver's basin.
+    tol : float, optional
+        Per-matrix residual at which an iterative solver stops (chebyshev: the
+        target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
+        exactly k steps. Default: :func:`matroot.default_tol`.
+    max_iter : int, optional
+        Cap on iterations (on the degree for chebyshev).
+    matmul_dtype : {None, "float16", "bfloat16"}
+        Round matmul operands to 16 bits with float32 accumulation.
+    check_finite : bool
+        Raise ValueError on NaN/Inf input. With False, affected matrices come back
+        NaN with ``converged=False`` and the others are unaffected.
+    compute_dtype : {None, "float32", "float64"}
+        Dtype of the computation. Default: float64 for float64 input, else float32
+        (16-bit inputs are computed in float32; ``"evd"`` then solves the matrices
+        that float32 cannot take to the accuracy table again in float64).
+
+    Returns
+    -------
+    array, shape (..., n, n)
+        Same namespace, device, shape and dtype as ``a``.
+
+    Raises
+    ------
+    ValueError
+        Bad shape, p, eps, option, or non-finite input with ``check_finite``.
+    TypeError
+        Integer, boolean or complex input.
+
+    Warns
+    -----
+    ConvergenceWarning
+        When matrices did not converge or came back non-finite; call
+        :func:`inv_root_info` to see which.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> a = np.diag([16.0, 81.0])
+    >>> np.round(matroot.inv_root(a, 4, method="newton_db"), 6)
+    array([[0.5     , 0.      ],
+           [0.      , 0.333333]])
+    """
+    result = inv_root_info(a, p, **options)
+    xp = _xp.array_namespace(result.root)
+    failed = ~usable_roots(result, options.get("tol"))
+    count = int(xp.sum(xp.astype(failed, xp.int32)))
+    if count:
+        warnings.warn(
+            f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "
+            "matrices did not converge or are not positive definite; "
+            "inv_root_info tells which", ConvergenceWarning, stacklevel=2)
+    return result.root
+
+
+def usable_roots(result: InvRootResult, tol: float | None) -> Array:
     """Per-matrix mask of the roots in ``result`` that are fit to use.
 
     A root is usable when it converged; with ``tol=0`` for an iterative method
@@ -322,7 +340,7 @@ def _lower_bound(scaled, eps_scaled):
     xp = _xp.array_namespace(scaled)
     if bool(xp.all(eps_scaled > 0)):
         return eps_scaled
-    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled))
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
     return xp.where(eps_scaled > 0, eps_scaled, estimate)
 
 

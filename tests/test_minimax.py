@@ -12,18 +12,19 @@ import pytest
 import matroot
 from matroot import _xp
 from matroot.solvers import SOLVERS
+from matroot.solvers._lower_grid import quantize_lower
 from matroot.solvers.minimax_coefficients import (
     FIRST_MARGIN,
     TAIL,
+    SMALLEST_LOWER,
     TAIL_SWITCH,
-    quantize_lower,
     quintic_sign_minimax,
     rounding_margin,
     schedule,
 )
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
 from conftest import to_numpy
-from oracle import oracle_inv_root, relative_error, spd_stack
 
 #: The module, not the function of the same name that matroot.solvers exports.
 minimax_module = sys.modules["matroot.solvers.minimax"]
@@ -96,7 +97,8 @@ def test_schedule_lengths():
     """Steps to TAIL_SWITCH with the float32 margin: the exact-arithmetic counts the
     minimax module docstring quotes (κ = 1e2, 1e4, 1e6 → 3, 5, 7)."""
     margin = rounding_margin(2.0 ** -24)
-    lengths = [len(schedule(quantize_lower(1 / (1.05 * k)), margin).errors) for k in KAPPAS]
+    lengths = [len(schedule(quantize_lower(1 / (1.05 * k), SMALLEST_LOWER), margin).errors)
+               for k in KAPPAS]
     assert lengths == [3, 5, 7]
 
 
@@ -117,7 +119,7 @@ def test_tail_is_the_fixed_point_quintic():
 
 @pytest.mark.parametrize("lower", [3e-9, 1e-4, 0.02, 0.4, 2.0])
 def test_quantize_lower_rounds_down_onto_grid(lower):
-    q = quantize_lower(lower)
+    q = quantize_lower(lower, SMALLEST_LOWER)
     assert q <= min(lower, 0.5)
     assert q >= min(lower, 0.5) / 10 ** (1 / 8) * (1 - 1e-12)
 

@@ -13,20 +13,22 @@ writes no per-matrix select at all.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 
 from .. import _xp
+from .._typing import Array
 
 
 class IterationOutcome(NamedTuple):
     """Final iterate and per-matrix diagnostics of :func:`iterate_frozen`."""
 
     state: tuple
-    residual: object
-    iterations: object
-    converged: object
+    residual: Array
+    iterations: Array
+    converged: Array
 
 
 def iterate_frozen(

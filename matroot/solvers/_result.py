@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .._typing import Array
+
 
 class SolverOutput(NamedTuple):
     """What every solver returns for a ``(b, n, n)`` stack.
@@ -15,9 +17,9 @@ class SolverOutput(NamedTuple):
     computed it (evd), else None.
     """
 
-    root: object
-    residual: object
-    iterations: object
-    converged: object
-    matmuls: object
-    lambda_max: object = None
+    root: Array
+    residual: Array
+    iterations: Array
+    converged: Array
+    matmuls: Array
+    lambda_max: Array | None = None

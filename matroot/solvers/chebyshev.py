@@ -9,13 +9,11 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import _xp
+from ._lower_grid import quantize_lower
 from ._result import SolverOutput
 from .coupled_newton import matrix_power, power_matmuls
 from .registry import INTEGER_P, SolverSpec
 
-#: Lower ends are rounded down to this many steps per decade, so nearby
-#: intervals share one fit (a wider interval is still a valid one).
-STEPS_PER_DECADE = 8
 #: Smallest lower end fitted; a matrix whose bound is below it (singular with
 #: eps = 0) gets this interval and is reported as not converged.
 SMALLEST_LOWER = 1e-12
@@ -23,11 +21,6 @@ _GRID = 4000
 #: How far the a-posteriori check may exceed tol (it also carries the rounding
 #: of the check's own p + 1 products).
 POSTERIOR_SLACK = 10.0
-
-
-def _quantize_lower(lower: float) -> float:
-    lower = min(max(lower, SMALLEST_LOWER), 0.5)
-    return 10.0 ** (math.floor(math.log10(lower) * STEPS_PER_DECADE) / STEPS_PER_DECADE)
 
 
 def chebyshev_coefficients(p: int, lower: float, degree: int) -> np.ndarray:
@@ -156,7 +149,7 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
-    lowers = tuple(_quantize_lower(float(v)) for v in _xp.to_numpy(lower))
+    lowers = tuple(quantize_lower(v, SMALLEST_LOWER) for v in _xp.to_numpy(lower))
     coeffs, degrees, errors = _device_coefficients(xp, lowers, p, float(tol),
                                                    int(max_iter), a.dtype, dev)
     lo = _xp.from_numpy(xp, np.array(lowers), dtype=a.dtype, device=dev)
@@ -197,4 +190,5 @@ SPEC = SolverSpec(
     cost=_cost,
     cost_summary="degree − 1 (degree ∝ √κ·ln(1/tol)) plus the p + 1 of the check",
     needs_lower_bound=True,
+    accuracy_row="chebyshev",
 )

@@ -21,8 +21,6 @@ from .registry import ANY_REAL_P, SolverSpec
 #: Measured bound on ``error / (κ·u/p)`` of a float32 eigh root, and its floor.
 FLOAT32_ERROR_FACTOR = 3.0
 FLOAT32_ERROR_FLOOR = 3e-6
-#: The README's float32 ``evd`` accuracy table: (κ up to, relative error).
-FLOAT32_TABLE = ((1e2, 1e-5), (1e4, 1e-4), (1e6, 1e-3))
 #: Share of the table's error a float32 result may use.
 FLOAT32_MARGIN = 0.5
 
@@ -58,6 +56,10 @@ def float32_eigh_suffices(lam, p):
     >>> float32_eigh_suffices(lam, 2).tolist()
     [True, False]
     """
+    # The table is stated once, in matroot.testing (imported here, not at the top:
+    # that package imports the solver registry this module is part of).
+    from ..testing.tolerances import ACCURACY_TABLE, KAPPA_BUCKETS
+
     xp = _xp.array_namespace(lam)
     smallest, largest = lam[:, 0], lam[:, -1]
     finite = xp.all(xp.isfinite(lam), axis=-1)
@@ -66,7 +68,8 @@ def float32_eigh_suffices(lam, p):
     u = float(xp.finfo(lam.dtype).eps) / 2
     error = FLOAT32_ERROR_FLOOR + FLOAT32_ERROR_FACTOR * u / p * kappa
     allowed = xp.zeros_like(kappa)
-    for kappa_limit, table_error in reversed(FLOAT32_TABLE):
+    table = zip(KAPPA_BUCKETS, ACCURACY_TABLE[("evd", "float32")])
+    for kappa_limit, table_error in reversed(list(table)):
         allowed = xp.where(kappa <= kappa_limit, FLOAT32_MARGIN * table_error, allowed)
     return positive & (error <= allowed)
 
@@ -168,4 +171,5 @@ SPEC = SolverSpec(
     iterative=False,
     forms_matmuls=False,
     needs_scaling=False,
+    accuracy_row="evd",
 )

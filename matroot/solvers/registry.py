@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable, Mapping
 
 __all__ = ["RootOrders", "ANY_REAL_P", "INTEGER_P", "POWER_OF_TWO_P", "SolverSpec",
            "register_solver", "get_solver", "solver_names", "solvers_supporting",
@@ -65,8 +66,9 @@ class SolverSpec:
     root_orders : RootOrders
         The p it accepts.
     default_tol : mapping of str to float
-        Default ``tol`` per compute dtype; its keys are the compute dtypes the
-        solver accepts.
+        Default ``tol`` per compute dtype, chosen so the default call meets the
+        README's accuracy table (checked in ``tests/test_core_accuracy.py``); its
+        keys are the compute dtypes the solver accepts.
     default_max_iter : int
         Default iteration cap (the degree cap for a polynomial fit).
     cost : callable
@@ -92,6 +94,9 @@ class SolverSpec:
     default_compute_dtype : str, optional
         The compute dtype when ``compute_dtype`` is not given; None: the input's
         (float64 for float64 input, else float32).
+    accuracy_row : str
+        The row of the README's accuracy table the method is held to ("evd",
+        "iterative" or "chebyshev"; :data:`matroot.testing.ACCURACY_TABLE`).
     """
 
     name: str
@@ -108,6 +113,7 @@ class SolverSpec:
     forms_matmuls: bool = True
     needs_scaling: bool = True
     default_compute_dtype: str | None = None
+    accuracy_row: str = "iterative"
     compute_dtypes: tuple = field(init=False)
 
     def __post_init__(self):
