@@ -205,7 +205,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if spec.needs_lower_bound:
-        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
+        solver_kwargs["lower"] = _lower_bound(scaled, eps / (1.0 if scale is None else scale))
     out = spec.solve(scaled, p, **solver_kwargs)
 
     if scale is None:

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from matroot.bench import dash_reference, overheads  # noqa: E402
+from matroot.bench import dash_reference, overheads
 
 
 def test_floor_and_evd_rows(tmp_path):

@@ -50,7 +50,7 @@ def load_dash_solvers():
     spec = importlib.util.find_spec(_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         return None
-    root = Path(list(spec.submodule_search_locations)[0])
+    root = Path(next(iter(spec.submodule_search_locations)))
     for name, folder in ((_PACKAGE, root), (f"{_PACKAGE}.dash", root / "dash"),
                          (f"{_PACKAGE}.dash.invertors", root / "dash" / "invertors"),
                          (f"{_PACKAGE}.utils", root / "utils")):
@@ -126,7 +126,7 @@ def compare(kappas, orders, goals, *, n=384, batch=8, repeats=3, budget_s=20.0):
                     tols = (None,) if method == "evd" else (goal, None)
                     found = _fastest_config(
                         [(f"matroot {method}" + ("" if tol is None else f" tol={tol:g}"),
-                          lambda method=method, tol=tol: matroot.inv_root(
+                          lambda a=a, p=p, eps=eps, method=method, tol=tol: matroot.inv_root(
                               a, p, method=method, eps=eps, tol=tol))
                          for tol in tols], exact, goal)
                     if found:

@@ -60,13 +60,13 @@ def matmul_floor_rows(sizes, kappas, orders, *, batch=8, repeats=3, budget_s=20.
             for p in orders:
                 for method in methods:
                     for eps in (0.0, 1.0 / kappa):
-                        def call(method=method, eps=eps):
+                        def call(a=a, p=p, method=method, eps=eps):
                             return matroot.inv_root_info(a, p, method=method, eps=eps)
 
                         first, res = timed_call(call, lambda: None)
                         k = int(res.matmuls.max())
 
-                        def floor(k=k):
+                        def floor(a=a, k=k):
                             for _ in range(k):
                                 a @ a
 
@@ -109,7 +109,7 @@ def evd_rows(shapes, *, p=4, repeats=5, budget_s=5.0):
                                    ("kappa1e4", spd_stack(n, batch, 1e4, seed=n))):
                 a = convert(host.astype(np.float32))
                 calls = {"evd": lambda a=a: matroot.inv_root(a, p, method="evd"),
-                         "eigh": lambda a=a: _plain_eigh_root(xp, a, p)}
+                         "eigh": lambda a=a, xp=xp: _plain_eigh_root(xp, a, p)}
                 calls = {key: (fn, timed_call(fn, lambda: None)[0])
                          for key, fn in calls.items()}
                 times = interleaved_times(calls, lambda: None, repeats=repeats,

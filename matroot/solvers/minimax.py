@@ -197,7 +197,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
-    b, n = a.shape[0], a.shape[-1]
+    n = a.shape[-1]
     eye = _xp.identity_stack(xp, n, a.dtype, dev)
     root_n = math.sqrt(n)
     low = matmul.operand_dtype is not None
