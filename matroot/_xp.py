@@ -37,6 +37,8 @@ __all__ = [
     "frobenius_norm",
     "symmetric_part",
     "cholesky_succeeds",
+    "finite_matrices",
+    "eigh_runs_in_float64",
     "Matmul",
 ]
 
@@ -76,11 +78,13 @@ def add_scaled_identity(a, c):
     return a + c[..., None, None] * eye
 
 
-def shifted_product(c: float, alpha: float, a, b, eye):
+def shifted_product(c, alpha: float, a, b, eye):
     """Return ``c * I + alpha * (a @ b)`` for ``(b, n, n)`` stacks.
 
-    torch fuses this into one ``baddbmm`` call; other backends use the generic
-    expression. Both paths are compared in the tests.
+    ``c`` is a float or a per-matrix ``(b, 1, 1)`` array (the same arithmetic per
+    matrix either way, so a matrix's result does not depend on whether its
+    neighbours share its ``c``). torch fuses this into one ``baddbmm`` call; other
+    backends use the generic expression. Both paths are compared in the tests.
     """
     xp = array_namespace(a)
     if is_torch_namespace(xp) and a.ndim == 3 and a.dtype == b.dtype:
@@ -141,9 +145,12 @@ def batched_where(mask, new, old):
 
 
 def frobenius_norm(a):
-    """Frobenius norm over the last two axes; the caller keeps entries O(1)."""
+    """Frobenius norm over the last two axes; the caller keeps entries O(1).
+
+    One pass (``vector_norm``), not the three of ``sqrt(sum(a * a))``.
+    """
     xp = array_namespace(a)
-    return xp.sqrt(xp.sum(a * a, axis=(-2, -1)))
+    return xp.linalg.vector_norm(a, axis=(-2, -1))
 
 
 def symmetric_part(a):
@@ -172,6 +179,23 @@ def cholesky_succeeds(a):
             return xp.zeros((1,), dtype=xp.bool, device=device_of(a))
         return xp.concat([cholesky_succeeds(a[i:i + 1, ...]) for i in range(a.shape[0])])
     return xp.all(xp.isfinite(factor), axis=(-2, -1))
+
+
+def finite_matrices(a):
+    """Per matrix of a stack: whether every entry is finite.
+
+    ``0·x`` is 0 for finite x and NaN for ±Inf or NaN, so the sum is 0 exactly when
+    all entries are finite; on torch CPU this is ~5× faster than ``isfinite``.
+    """
+    xp = array_namespace(a)
+    return xp.sum(a * 0, axis=(-2, -1)) == 0
+
+
+def eigh_runs_in_float64(xp) -> bool:
+    """True when ``xp.linalg.eigh`` of float32 input computes in float64 (NumPy's
+    LAPACK wrappers do, and array-api-strict wraps NumPy), so its float32 results
+    are float64-accurate eigenpairs rounded to float32."""
+    return is_numpy_namespace(xp) or array_api_compat.is_array_api_strict_namespace(xp)
 
 
 class Matmul:
@@ -208,9 +232,9 @@ class Matmul:
         self.count += 1
         return a @ b
 
-    def shifted(self, c: float, alpha: float, a, b, eye):
-        """``c * I + alpha * (a @ b)`` under this policy."""
-        if self.operand_dtype is None:
+    def shifted(self, c, alpha: float, a, b, eye, *, full: bool = False):
+        """``c * I + alpha * (a @ b)`` under this policy (``full``: as :meth:`full`)."""
+        if self.operand_dtype is None or full:
             self.count += 1
             return shifted_product(c, alpha, a, b, eye)
         return c * eye + alpha * self(a, b)

@@ -113,15 +113,17 @@ def power_iteration_core(a: Array, *, num_vectors: int = _POWER_VECTORS,
     scale = _entry_scale(xp, a)
     b = a / scale[..., None, None]
     k = max(1, min(num_vectors, n))
-    v = _start_vectors(xp, n, k, a.dtype, _xp.device_of(a))
-    v = xp.broadcast_to(v, (*batch, n, k))
+    # Row vectors: for symmetric b, vᵀb = (bv)ᵀ, and a few rows times a matrix stream
+    # it row by row (4 vectors, n = 256: 3-9× faster than b @ v on torch and NumPy CPU).
+    v = xp.matrix_transpose(_start_vectors(xp, n, k, a.dtype, _xp.device_of(a)))
+    v = xp.broadcast_to(v, (*batch, k, n))
     best = xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
     tiny = xp.finfo(a.dtype).smallest_normal
     for _ in range(num_iter):
-        w = b @ v
-        norms = xp.sqrt(xp.sum(w * w, axis=-2))
+        w = v @ b
+        norms = xp.linalg.vector_norm(w, axis=-1)
         best = xp.maximum(best, xp.max(norms, axis=-1))
-        v = w / xp.maximum(norms, tiny)[..., None, :]
+        v = w / xp.maximum(norms, tiny)[..., None]
     return best * scale
 
 
@@ -285,30 +287,34 @@ def _lanczos(a, num_steps: int):
     # Below this β the Krylov space is exhausted (entries of mat are at most 1).
     breakdown = float(xp.finfo(a.dtype).eps) * n
 
+    # Row vectors (vᵀA = (Av)ᵀ for symmetric A): a row times the stack streams it
+    # row by row, ~9× faster than A @ v for one vector at n = 384 on torch CPU.
+    fresh = xp.matrix_transpose(fresh)
+
     def orthogonalise(w, basis):
         for _ in range(2):  # classical Gram-Schmidt twice is orthogonal to rounding
-            w = w - basis @ (xp.matrix_transpose(basis) @ w)
+            w = w - (w @ xp.matrix_transpose(basis)) @ basis
         return w
 
-    v = xp.broadcast_to(fresh[:, :1], (b, n, 1))
+    v = xp.broadcast_to(fresh[:1, :], (b, 1, n))
     basis = v
     alphas, betas = [], []
     for j in range(steps):
-        w = mat @ v
+        w = v @ mat
         alphas.append(xp.sum(v * w, axis=(-2, -1)))
         w = orthogonalise(w, basis)
-        beta = xp.sqrt(xp.sum(w * w, axis=(-2, -1)))
+        beta = _xp.frobenius_norm(w)
         broken = beta <= breakdown
         betas.append(xp.where(broken, xp.zeros_like(beta), beta))
         if j == steps - 1:
             break
         # A breakdown restarts from a fresh vector orthogonal to the basis: the
         # tridiagonal decouples and every Ritz value stays inside the spectrum.
-        restart = orthogonalise(xp.broadcast_to(fresh[:, j + 1:j + 2], (b, n, 1)), basis)
+        restart = orthogonalise(xp.broadcast_to(fresh[j + 1:j + 2, :], (b, 1, n)), basis)
         w = _xp.batched_where(broken, restart, w)
-        norm = xp.sqrt(xp.sum(w * w, axis=(-2, -1)))
+        norm = _xp.frobenius_norm(w)
         v = w / xp.where(norm > 0, norm, xp.ones_like(norm))[:, None, None]
-        basis = xp.concat([basis, v], axis=-1)
+        basis = xp.concat([basis, v], axis=-2)
     packed = _xp.to_numpy(xp.stack(alphas + betas + [scale], axis=-1)).astype(np.float64)
     tri = np.zeros((b, steps, steps))
     idx = np.arange(steps)

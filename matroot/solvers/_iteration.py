@@ -4,14 +4,19 @@ Each matrix of a stack stops on its own once its residual is at most ``tol``, on
 the residual stalls at the rounding floor (it fell below ``sqrt(tol)`` and then did
 not halve in a step: quadratic convergence has ended, and more steps only add
 rounding error), or once it turns non-finite. Its iterate is frozen, so it does
-not degrade while the others go on. The loop asks the device whether any matrix
-is still active only every ``check_every`` steps, which bounds the host syncs.
+not degrade while the others go on. The loop reads which matrices are still active
+only every ``check_every`` steps, which bounds the host syncs; at those check points
+the stack is compacted to the active matrices (the finished ones are set aside), so
+the work shrinks as matrices converge and a step in which every matrix stays active
+writes no per-matrix select at all.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 from collections.abc import Callable
+
+import numpy as np
 
 from .. import _xp
 from .._typing import Array
@@ -40,8 +45,9 @@ def iterate_frozen(
 
     Parameters
     ----------
-    state : tuple of arrays, each (b, n, n)
-        The coupled iterates.
+    state : tuple of arrays, each with the batch on its first axis
+        The coupled iterates (b, n, n), plus any per-matrix parameters the step
+        reads (they are compacted with the iterates).
     step : callable
         ``step(state) -> (residual_of_state, next_state)``; the residual belongs to
         the *incoming* state, so a product it shares with the update is formed once.
@@ -53,7 +59,7 @@ def iterate_frozen(
     max_iter : int
         Step cap.
     check_every : int
-        Steps between host-side checks for an early exit.
+        Steps between host-side checks for an early exit and compaction.
     stall_level : float, optional
         Residual below which a step that does not halve it counts as a stall;
         default ``sqrt(tol)``. A 16-bit phase whose rounding floor lies far above
@@ -68,6 +74,7 @@ def iterate_frozen(
     stalled = xp.zeros((b,), dtype=xp.bool, device=dev)
     if stall_level is None:
         stall_level = tol ** 0.5
+    finished = _SetAside(xp, b, dev)
     for k in range(max_iter):
         res, new_state = step(state)
         previous = residual
@@ -76,14 +83,63 @@ def iterate_frozen(
         if tol > 0:
             stalled = stalled | (still & (res <= stall_level) & (res > previous / 2))
             still = still & (res > tol) & ~stalled
-        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
         iterations = iterations + xp.astype(still, xp.int32)
-        active = still
-        if (k + 1) % check_every == 0 and not bool(xp.any(active)):
+        if (k + 1) % check_every or k + 1 == max_iter:
+            state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
+            active = still
+            continue
+        keep = _xp.to_numpy(still)
+        if keep.all():
+            state, active = new_state, still
+            continue
+        # The matrices that stopped now keep their incoming state; the others go on.
+        finished.add(~keep, state, residual, iterations, stalled)
+        state, residual, iterations, stalled = finished.select(
+            keep, new_state, residual, iterations, stalled)
+        active = xp.ones((int(keep.sum()),), dtype=xp.bool, device=dev)
+        if not keep.any():
             break
     else:
         if bool(xp.any(active)):
             residual = xp.where(active, residual_of(state), residual)
+    state, residual, iterations, stalled = finished.merge(state, residual, iterations,
+                                                          stalled)
     finite = xp.isfinite(residual)
-    converged = finite & ((residual <= tol) | stalled) if tol > 0 else xp.zeros_like(active)
+    converged = finite & ((residual <= tol) | stalled) if tol > 0 else xp.zeros_like(finite)
     return IterationOutcome(state, residual, iterations, converged)
+
+
+class _SetAside:
+    """Rows of the per-matrix arrays that left the loop, and where they belong."""
+
+    def __init__(self, xp, b, device):
+        self.xp = xp
+        self.device = device
+        self.positions = np.arange(b)  # original index of each row still iterating
+        self.parts = []  # (original indices, arrays) of the rows set aside
+
+    def _take(self, mask, arrays):
+        rows = self.xp.asarray(mask.nonzero()[0], device=self.device)
+        return tuple(self.xp.take(a, rows, axis=0) for a in arrays)
+
+    def add(self, mask, state, *per_matrix):
+        if mask.any():
+            self.parts.append((self.positions[mask], self._take(mask, (*state, *per_matrix))))
+
+    def select(self, keep, state, *per_matrix):
+        """``state`` and the per-matrix arrays restricted to the ``keep`` rows."""
+        self.positions = self.positions[keep]
+        kept = self._take(keep, (*state, *per_matrix))
+        return (kept[:len(state)], *kept[len(state):])
+
+    def merge(self, state, *per_matrix):
+        """The full arrays, rows back in their original order."""
+        if not self.parts:
+            return (state, *per_matrix)
+        xp = self.xp
+        order = np.concatenate([self.positions] + [pos for pos, _ in self.parts])
+        pieces = [(*state, *per_matrix)] + [arrays for _, arrays in self.parts]
+        inverse = xp.asarray(np.argsort(order), device=self.device)
+        merged = tuple(xp.take(xp.concat([p[i] for p in pieces], axis=0), inverse, axis=0)
+                       for i in range(len(pieces[0])))
+        return (merged[:len(state)], *merged[len(state):])

@@ -13,6 +13,8 @@ class SolverOutput(NamedTuple):
     ``root`` is the inverse root of the *scaled* stack the solver was given;
     the other fields are per-matrix arrays of shape ``(b,)``. ``matmuls`` counts
     the n×n products each matrix needed (work skipped after it froze excluded).
+    ``lambda_max`` is the largest eigenvalue of the given stack where the solver
+    computed it (evd), else None.
     """
 
     root: Array
@@ -20,3 +22,4 @@ class SolverOutput(NamedTuple):
     iterations: Array
     converged: Array
     matmuls: Array
+    lambda_max: Array | None = None

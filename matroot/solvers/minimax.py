@@ -94,14 +94,15 @@ Z_ROUNDING_LIMIT = 0.1
 STAGE_SLACK = 0.9
 
 
-def _coefficient_table(xp, lowers, margin, steps, dtype, device):
-    """(steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end :data:`TAIL`."""
+def _coefficient_table(lowers, margin, steps):
+    """Host (steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end
+    :data:`TAIL`."""
     table = np.empty((max(steps, 1), len(lowers), 3))
     table[:] = TAIL
     for i, lower in enumerate(lowers):
         rows = schedule(lower, margin).coefficients[:steps]
         table[: len(rows), i] = rows
-    return _xp.from_numpy(xp, table, dtype=dtype, device=device)
+    return table
 
 
 def z_norm_bounds(lowers, margin, steps):
@@ -121,10 +122,15 @@ def z_norm_bounds(lowers, margin, steps):
     return bounds
 
 
-def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye):
+def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye,
+                 x_shifted=None):
     """One coupled step ``X = ZY``, ``q = a + bX + cX²``, ``Y ← Y·q``, ``Z ← q·Z``.
 
-    ``coeff`` holds per-matrix rows ``(a, b, c)``, shape (b, 3). ``first`` marks
+    ``coeff`` holds per-matrix rows ``(a, b, c)``, shape (b, 3), or one row of
+    Python floats shared by the stack (the same arithmetic per matrix). Given
+    ``x_shifted(c, alpha, A, B)`` (``c·I + alpha·A@B``, fused on torch),
+    ``q = (cX + bI)·X + aI`` costs one elementwise pass besides the product
+    instead of four. ``first`` marks
     the step from ``Z = I`` (``X = Y``, ``q·Z = q``: 2 matmuls instead of 4).
     The three callables form the products, so that a 16-bit policy can differ
     per product: ``z_product`` for ``ZY`` and ``q·Z``, ``x_product`` for ``X²``,
@@ -139,8 +145,12 @@ def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye):
         The incoming ``X`` (for the residual) and the next iterates.
     """
     x = y if first else z_product(z, y)
-    c0, c1, c2 = (coeff[:, j][:, None, None] for j in range(3))
-    q = c0 * eye + c1 * x + c2 * x_product(x, x)
+    shared = isinstance(coeff, tuple)
+    c0, c1, c2 = coeff if shared else (coeff[:, j][:, None, None] for j in range(3))
+    if x_shifted is not None:
+        q = x_shifted(c0, 1.0, c2 * x + c1 * eye, x)
+    else:
+        q = c0 * eye + c1 * x + c2 * x_product(x, x)
     return x, (y_product(y, q), q if first else z_product(q, z))
 
 
@@ -187,7 +197,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
-    b, n = a.shape[0], a.shape[-1]
+    n = a.shape[-1]
     eye = _xp.identity_stack(xp, n, a.dtype, dev)
     root_n = math.sqrt(n)
     low = matmul.operand_dtype is not None
@@ -203,25 +213,39 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged).
         longest = max(len(schedule(v, margin).errors) for v in lowers)
         steps = min(max_iter - 1, longest + LOW_PRECISION_EXTRA_STEPS)
-    table = _coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
-    tail = _xp.from_numpy(xp, np.broadcast_to(np.array(TAIL), (b, 3)), dtype=a.dtype,
-                          device=dev)
+    host_table = _coefficient_table(lowers, margin, steps)
+    shared_rows = np.all(host_table == host_table[:, :1], axis=(1, 2))
+    # Per-matrix rows travel with the iterates (as (b, steps, 3)), so that the
+    # loop's compaction to the active matrices keeps them aligned.
+    table = _xp.from_numpy(xp, np.transpose(host_table, (1, 0, 2)), dtype=a.dtype, device=dev)
 
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
 
     z_rounding = u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT
 
+    def full_shifted(c, alpha, left, right):
+        return matmul.shifted(c, alpha, left, right, eye, full=True)
+
+    def coefficients(rows, k, main):
+        if not main:
+            return TAIL
+        if shared_rows[k]:
+            return tuple(float(v) for v in host_table[k, 0])
+        return rows[:, k, :]
+
     def step(state, k, main):
+        y, z, rows = state
         sixteen_bit = low and main
         x, new_state = minimax_step(
-            *state, table[k, ...] if main else tail, first=main and k == 0,
+            y, z, coefficients(rows, k, main), first=main and k == 0,
             z_product=matmul if sixteen_bit and z_rounding[k] else matmul.full,
             x_product=matmul if sixteen_bit else matmul.full,
-            y_product=matmul.full, eye=eye)
-        return _xp.frobenius_norm(eye - x) / root_n, new_state
+            y_product=matmul.full, eye=eye,
+            x_shifted=None if sixteen_bit else full_shifted)
+        return _xp.frobenius_norm(eye - x) / root_n, (*new_state, rows)
 
-    phased = run_phases((a, xp.broadcast_to(eye, a.shape)), step, residual_of,
+    phased = run_phases((a, xp.broadcast_to(eye, a.shape), table), step, residual_of,
                         matmul=matmul, tol=tol, main_steps=steps,
                         polish_steps=max(max_iter - steps, 1), check_every=check_every,
                         phase=LOW_PRECISION)
@@ -232,7 +256,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     if low:
         # Each polish step re-forms its incoming ZY; one more ZY checks the result.
         matmuls = matmuls + STEP_MATMULS * phased.polish_iterations + 1
-    return phased.outcome, matmuls
+    return phased.outcome._replace(state=phased.outcome.state[:2]), matmuls
 
 
 def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):

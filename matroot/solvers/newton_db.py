@@ -39,7 +39,7 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
     def step(state):
         y, z = state
         e = matmul.shifted(1.5, -0.5, z, y, eye)
-        res = _xp.frobenius_norm(2 * (e - eye)) / root_n
+        res = _xp.frobenius_norm(e - eye) * (2 / root_n)
         return res, (matmul(y, e), matmul(e, z))
 
     def residual_of(state):

@@ -92,6 +92,9 @@ class SolverSpec:
     forms_matmuls : bool
         False for a method whose work is not matmuls (``matmul_dtype`` then
         changes nothing), so it is no candidate for the matmul-only choice.
+    needs_scaling : bool
+        False for a solver that takes the regularised stack at any scale (no λmax
+        estimate is formed) and returns its exact ``lambda_max``.
     default_compute_dtype : str, optional
         The compute dtype when ``compute_dtype`` is not given; None: the input's
         (float64 for float64 input, else float32).
@@ -113,6 +116,7 @@ class SolverSpec:
     iterative: bool = True
     matmul_dtypes: tuple = (None, "float16", "bfloat16")
     forms_matmuls: bool = True
+    needs_scaling: bool = True
     default_compute_dtype: str | None = None
     accuracy_row: str = "iterative"
     compute_dtypes: tuple = field(init=False)
