@@ -230,15 +230,20 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     if eps > 0:
         stack = stack + eps * eye
 
-    if scaling == "power":
+    if not spec.needs_scaling:
+        # A direct method (eigh) takes the spectrum as it is: no bound to certify.
+        lam_max = certify_cost = None
+        scale = xp.ones(stack.shape[:1], dtype=work_dtype, device=dev)
+        scaled = stack
+    elif scaling == "power":
         certified = certified_lambda_max(stack)
         lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     else:
         lam_max = lambda_max_bound_core(stack, scaling=scaling)
         certify_cost = xp.zeros_like(lam_max)
-    nonzero = lam_max > 0
-    scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
-    scaled = stack / scale[:, None, None]
+    if lam_max is not None:
+        scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
+        scaled = stack / scale[:, None, None]
 
     solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
@@ -248,6 +253,9 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
         solver_kwargs["lower"] = _lower_bound(scaled, eps / scale,
                                               from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
+    if lam_max is None:
+        lam_max, certify_cost = out.lambda_max, xp.zeros_like(out.lambda_max)
+    nonzero = lam_max > 0
 
     unit = float(xp.finfo(work_dtype).eps) / 2
     check = check_root(scaled, out.root, p, unit_roundoff=unit)

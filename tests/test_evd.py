@@ -55,8 +55,8 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch):
     monkeypatch.setattr(evd_module, "_retry_in_float64", spy)
     a = _mixed_stack()
     x = backend.asarray(a)
-    together = to_numpy(matroot.inv_root(x, 4, method="evd"))
-    alone = to_numpy(matroot.inv_root(x[:1, ...], 4, method="evd"))
+    together = to_numpy(matroot.inv_root(x, 4, method="evd", compute_dtype="float32"))
+    alone = to_numpy(matroot.inv_root(x[:1, ...], 4, method="evd", compute_dtype="float32"))
     assert np.array_equal(together[0], alone[0])
     err = relative_error(together, oracle_inv_root(a, 4))
     assert err[0] <= 1e-5 and err[1] <= 1e-3, err
@@ -76,7 +76,7 @@ def test_float32_results_meet_the_table_where_accepted(p):
             lam = torch.linalg.eigvalsh(torch.asarray(a))
             if not bool(evd_module.float32_eigh_suffices(lam, p).all()):
                 continue
-            err = relative_error(matroot.inv_root(torch.asarray(a), p, method="evd").numpy(),
+            err = relative_error(matroot.inv_root(torch.asarray(a), p, method="evd", compute_dtype="float32").numpy(),
                                  oracle_inv_root(a, p)).max()
             table = 1e-5 if kappa <= 1e2 else 1e-4
             assert err <= table, (n, kappa, err)

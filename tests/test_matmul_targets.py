@@ -87,7 +87,10 @@ def _assert_target(x, p, eps, goal, limit):
     assert np.all(res.converged)
     assert err.max() <= goal, f"error {err.max():.2e} > {goal:.0e}"
     assert int(res.matmuls.max()) <= limit, f"{int(res.matmuls.max())} matmuls > {limit}"
-    assert float(res.check_matmuls.max()) <= CHECK_PRODUCTS[p] + 0.6
+    # The Lanczos part of the check costs k·n² flops, i.e. matmul-equivalents ∝ 1/n:
+    # 0.6 at n = 512, twice that at n = 256.
+    lanczos_share = 0.6 * 512 / x.shape[-1]
+    assert float(res.check_matmuls.max()) <= CHECK_PRODUCTS[p] + lanczos_share
 
 
 @pytest.mark.parametrize("kappa,goal,p,limit,with_eps", CASES)
