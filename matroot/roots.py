@@ -254,7 +254,9 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                                               from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
     if lam_max is None:
-        lam_max, certify_cost = out.lambda_max, xp.zeros_like(out.lambda_max)
+        lam_max = out.lambda_max
+    if certify_cost is None:
+        certify_cost = xp.zeros_like(lam_max)
     nonzero = lam_max > 0
 
     unit = float(xp.finfo(work_dtype).eps) / 2
