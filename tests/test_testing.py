@@ -74,9 +74,9 @@ def test_repeated_family_repeats_eigenvalues(case):
 @given(case=_exact_case("isolated_top", eps=0.0))
 def test_isolated_top_sits_over_a_bulk(case):
     lam = case.lam / case.lam[-1]
-    if case.n > 2:  # λ1 = 1 over a bulk in [0.95, 1]·λ2, λ2 in [0.475, 0.99]
-        assert 0.475 <= lam[-2] <= 0.99
-        assert np.all(lam[1:-1] >= 0.95 * lam[-2])
+    if case.n > 2:  # λ1 = 1 over a bulk repeated at λ2 in [0.5, 0.99]
+        assert 0.5 <= lam[-2] <= 0.99
+        assert np.sum(np.isclose(lam, lam[-2], rtol=1e-9)) >= (case.n - 2) - case.n // 8
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
