@@ -22,6 +22,7 @@ from .scaling import lambda_max_bound_core, lambda_min_estimate_core
 from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
+from ._typing import Array
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
            "default_tol", "default_max_iter", "usable_roots"]
@@ -55,12 +56,12 @@ class InvRootResult(NamedTuple):
         The solver that ran (what ``"auto"`` resolved to).
     """
 
-    root: object
-    residual: object
-    iterations: object
-    converged: object
-    lambda_max: object
-    matmuls: object
+    root: Array
+    residual: Array
+    iterations: Array
+    converged: Array
+    lambda_max: Array
+    matmuls: Array
     method: str
 
 
@@ -122,7 +123,7 @@ def _with_signature_of(source):
     return decorate
 
 
-def inv_root_info(a, /, p: float, *, method: str = "auto", eps: float = 0.0,
+def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
                   scaling: str = "power", tol: float | None = None,
                   max_iter: int | None = None, matmul_dtype: str | None = None,
                   check_finite: bool = True,
@@ -221,7 +222,7 @@ def inv_root_info(a, /, p: float, *, method: str = "auto", eps: float = 0.0,
 
 
 @_with_signature_of(inv_root_info)
-def inv_root(a, /, p: float, **options: Any) -> Any:
+def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
 
     Parameters
@@ -231,12 +232,16 @@ def inv_root(a, /, p: float, **options: Any) -> Any:
         (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
         ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
     p : float
-        Root order. Any real ``p > 0`` for ``"evd"``; a positive integer for
-        ``"coupled_newton"`` and ``"chebyshev"``; a power of two (or 1) for
-        ``"newton_db"`` and ``"minimax"``.
-    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax"}
-        The solver; ``"auto"`` picks by backend, device, size and dtype
-        (:func:`matroot.choose_method`).
+        Root order, ``> 0``. Each method states the p it takes in its registry
+        entry (the built-in ones: any real p for ``"evd"``, integers for
+        ``"coupled_newton"`` and ``"chebyshev"``, powers of two for
+        ``"newton_db"`` and ``"minimax"``); another p is a ValueError that names
+        the methods that take it.
+    method : str
+        ``"auto"`` or a registered solver (built in: ``"evd"``, ``"newton_db"``,
+        ``"coupled_newton"``, ``"chebyshev"``, ``"minimax"``; see
+        :mod:`matroot.solvers.registry`). ``"auto"`` picks by backend, device
+        and p (:func:`matroot.choose_method`).
     eps : float
         Ridge added to the diagonal before the root is taken, ``>= 0``.
     scaling : {"power", "frobenius"}
@@ -294,7 +299,7 @@ def inv_root(a, /, p: float, **options: Any) -> Any:
     return result.root
 
 
-def usable_roots(result: InvRootResult, tol: float | None):
+def usable_roots(result: InvRootResult, tol: float | None) -> Array:
     """Per-matrix mask of the roots in ``result`` that are fit to use.
 
     A root is usable when it converged; with ``tol=0`` for an iterative method

@@ -10,7 +10,6 @@ come from a few batched Lanczos steps with a safety factor.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from . import _xp
 from ._checks import SCALINGS, check_choice, check_nonnegative, check_stack
+from ._typing import Array
 
 __all__ = ["power_iteration", "lambda_max_bound", "lambda_min_estimate",
            "lanczos_ritz_extremes", "SpectralBounds", "spectral_bounds"]
@@ -33,16 +33,25 @@ LANCZOS_STEPS = 64
 LANCZOS_SAFETY = 4.0
 
 
-@functools.lru_cache(maxsize=64)
+#: Start vectors kept on their devices, keyed by (backend, device, dtype, n, k)
+#: as strings (not every backend's device object is hashable); oldest dropped first.
+_START_VECTORS: dict = {}
+_START_VECTORS_KEPT = 64
+
+
 def _start_vectors(xp, n: int, k: int, dtype, device):
     # A fixed-seed host draw: reproducible, never touches the global RNG, and the
-    # same start on every backend so results agree across them. Cached, so the
-    # host draw and its copy to the device happen once per size; callers only
-    # read it.
-    rng = np.random.default_rng(_START_SEED + 7919 * n + k)
-    v = rng.standard_normal((n, k))
-    v /= np.linalg.norm(v, axis=0, keepdims=True)
-    return _xp.from_numpy(xp, v, dtype=dtype, device=device)
+    # same start on every backend so results agree across them. Kept, so the host
+    # draw and its copy to the device happen once per size; callers only read it.
+    key = (_xp.backend_name(xp), str(device), str(dtype), n, k)
+    if key not in _START_VECTORS:
+        rng = np.random.default_rng(_START_SEED + 7919 * n + k)
+        v = rng.standard_normal((n, k))
+        v /= np.linalg.norm(v, axis=0, keepdims=True)
+        if len(_START_VECTORS) >= _START_VECTORS_KEPT:
+            del _START_VECTORS[next(iter(_START_VECTORS))]
+        _START_VECTORS[key] = _xp.from_numpy(xp, v, dtype=dtype, device=device)
+    return _START_VECTORS[key]
 
 
 def _entry_scale(xp, a):
@@ -51,7 +60,7 @@ def _entry_scale(xp, a):
     return xp.where(m > 0, m, xp.ones_like(m))
 
 
-def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
+def power_iteration(a: Array, /, *, num_vectors: int = 4, num_iter: int = 12) -> Array:
     """Batched multi-vector power iteration estimate of λmax for symmetric PSD stacks.
 
     Every matrix of the stack is iterated at once with ``num_vectors`` start
@@ -83,7 +92,7 @@ def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
     return power_iteration_core(a, num_vectors=num_vectors, num_iter=num_iter)
 
 
-def power_iteration_core(a, *, num_vectors: int = 4, num_iter: int = 12):
+def power_iteration_core(a: Array, *, num_vectors: int = 4, num_iter: int = 12) -> Array:
     """:func:`power_iteration` without input validation, for callers that checked ``a``."""
     xp = _xp.array_namespace(a)
     n = a.shape[-1]
@@ -105,7 +114,8 @@ def power_iteration_core(a, *, num_vectors: int = 4, num_iter: int = 12):
     return best * scale
 
 
-def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFETY):
+def lambda_max_bound(a: Array, /, *, scaling: str = "power",
+                     safety: float = POWER_SAFETY) -> Array:
     """An estimate of λmax from above, used to scale the spectrum into (0, 1].
 
     Parameters
@@ -135,7 +145,8 @@ def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFE
     return lambda_max_bound_core(a, scaling=scaling, safety=safety)
 
 
-def lambda_max_bound_core(a, *, scaling: str = "power", safety: float = POWER_SAFETY):
+def lambda_max_bound_core(a: Array, *, scaling: str = "power",
+                          safety: float = POWER_SAFETY) -> Array:
     """:func:`lambda_max_bound` without input validation, for callers that checked it."""
     xp = _xp.array_namespace(a)
     scale = _entry_scale(xp, a)
@@ -203,7 +214,8 @@ def _lanczos(a, num_steps: int):
     return tri, last_beta, packed[:, -1]
 
 
-def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
+def lanczos_ritz_extremes(a: Array, /, *,
+                          num_steps: int = LANCZOS_STEPS) -> tuple[np.ndarray, np.ndarray]:
     """Smallest and largest Ritz values of a batched Lanczos run, for every matrix.
 
     ``num_steps`` products ``A v`` per matrix (matrix-vector, not matrix-matrix,
@@ -243,8 +255,8 @@ def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
     return (ritz[:, 0] * scale).reshape(batch), (ritz[:, -1] * scale).reshape(batch)
 
 
-def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
-                        safety: float = LANCZOS_SAFETY):
+def lambda_min_estimate(a: Array, /, lambda_max: Array, *, num_iter: int = LANCZOS_STEPS,
+                        safety: float = LANCZOS_SAFETY) -> Array:
     """A λmin estimate meant as a lower bound, from a batched Lanczos run.
 
     The smallest Ritz value θ is an *upper* bound on λmin. Where its Ritz pair
@@ -288,8 +300,9 @@ def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
     return lambda_min_estimate_core(a, lambda_max, num_iter=num_iter, safety=safety)
 
 
-def lambda_min_estimate_core(a, lambda_max, *, num_iter: int = LANCZOS_STEPS,
-                             safety: float = LANCZOS_SAFETY):
+def lambda_min_estimate_core(a: Array, lambda_max: Array, *,
+                             num_iter: int = LANCZOS_STEPS,
+                             safety: float = LANCZOS_SAFETY) -> Array:
     """:func:`lambda_min_estimate` without input validation, for callers that checked ``a``."""
     xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
@@ -311,11 +324,12 @@ def lambda_min_estimate_core(a, lambda_max, *, num_iter: int = LANCZOS_STEPS,
 class SpectralBounds(NamedTuple):
     """Per-matrix spectral interval estimate ``[lambda_min, lambda_max]``."""
 
-    lambda_min: object
-    lambda_max: object
+    lambda_min: Array
+    lambda_max: Array
 
 
-def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
+def spectral_bounds(a: Array, /, *, scaling: str = "power",
+                    eps: float = 0.0) -> SpectralBounds:
     """Estimate the spectral interval of ``A + eps·I`` for every matrix of a stack.
 
     Parameters

@@ -101,8 +101,8 @@ def test_accuracy_over_sizes(method, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,p", [("evd", 4), ("newton_db", 4), ("coupled_newton", 4), ("minimax", 4),
-                                      ("newton_db", 2)])
+@pytest.mark.parametrize("method,p", [("evd", 4), ("newton_db", 4), ("coupled_newton", 4),
+                                      ("minimax", 4), ("newton_db", 2)])
 def test_accuracy_n1024(method, p):
     rng = np.random.default_rng(1024)
     a, _, _ = spd_stack(rng, (1,), 1024, 1e4, lam_max=3.0)

@@ -90,14 +90,14 @@ def test_bad_options(kwargs, match):
 
 
 def test_bfloat16_not_in_numpy():
-    with pytest.raises(ValueError, match="bfloat16.*not available in the numpy backend"):
+    with pytest.raises(ValueError, match=r"bfloat16.*not available in the numpy backend"):
         matroot.inv_root(np.eye(3, dtype=np.float32), 2, method="coupled_newton",
                          matmul_dtype="bfloat16")
 
 
 def test_float16_not_in_array_api_strict():
     import array_api_strict as xps
-    with pytest.raises(ValueError, match="float16.*array_api_strict"):
+    with pytest.raises(ValueError, match=r"float16.*array_api_strict"):
         matroot.inv_root(xps.eye(3, dtype=xps.float32), 2, matmul_dtype="float16")
 
 

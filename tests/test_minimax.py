@@ -97,7 +97,8 @@ def test_schedule_lengths():
     """Steps to TAIL_SWITCH with the float32 margin: the exact-arithmetic counts the
     minimax module docstring quotes (κ = 1e2, 1e4, 1e6 → 3, 5, 7)."""
     margin = rounding_margin(2.0 ** -24)
-    lengths = [len(schedule(quantize_lower(1 / (1.05 * k), SMALLEST_LOWER), margin).errors) for k in KAPPAS]
+    lengths = [len(schedule(quantize_lower(1 / (1.05 * k), SMALLEST_LOWER), margin).errors)
+               for k in KAPPAS]
     assert lengths == [3, 5, 7]
 
 

@@ -63,7 +63,7 @@ def test_toy_solver_is_validated_defaulted_and_run(toy):
     assert matroot.default_max_iter("toy_solver") == 7
     assert "toy_solver" in solvers_supporting(3)
     assert "toy_solver" not in solvers_supporting(0.5)
-    with pytest.raises(ValueError, match="'toy_solver' does not support p=0.5; .*'evd'"):
+    with pytest.raises(ValueError, match=r"'toy_solver' does not support p=0\.5; .*'evd'"):
         matroot.inv_root(a, 0.5, method="toy_solver")
     with pytest.raises(ValueError, match="'toy_solver'"):
         matroot.inv_root(a, 2, method="no_such_solver")
@@ -116,3 +116,23 @@ def test_every_spec_is_consistent():
         assert spec.default_max_iter >= 1
         assert spec.cost(4, 1e4) >= 0
         assert spec.summary and spec.cost_summary
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_cost_models_match_measured_matmuls(p):
+    """Each matmul solver's cost model is within 40% of what it spends at the κ that
+    ``auto`` ranks by, and the cheapest by the model is the cheapest measured."""
+    from matroot.solvers.auto import REFERENCE_KAPPA
+
+    from oracle import spd_stack
+
+    a = spd_stack(np.random.default_rng(0), (4,), 96, REFERENCE_KAPPA)[0].astype(np.float32)
+    measured = {}
+    for name in accelerator_candidates(p):
+        res = matroot.inv_root_info(a, p, method=name)
+        if not bool(np.all(res.converged)):
+            continue  # e.g. chebyshev's degree cap: the model says too costly anyway
+        measured[name] = int(np.max(res.matmuls))
+        ratio = measured[name] / SOLVERS[name].cost(p, REFERENCE_KAPPA)
+        assert 1 / 1.4 <= ratio <= 1.4, (name, measured[name], ratio)
+    assert accelerator_candidates(p)[0] == min(measured, key=measured.get)

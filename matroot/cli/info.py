@@ -159,7 +159,7 @@ def format_info(data: dict) -> str:
         for method in data["p_support"]:
             cells = []
             for label in labels:
-                entry = cells_of[(*target, method, label)]
+                entry = cells_of[(target[0], target[1], method, label)]
                 cell = entry["status"]
                 if cell != "yes":
                     if entry["detail"] not in notes:

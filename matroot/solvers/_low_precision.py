@@ -11,10 +11,12 @@ its residual, so each solver states its own measured :class:`LowPrecisionPhase`.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 from .. import _xp
 from ._iteration import IterationOutcome, iterate_frozen
+from .._typing import Array
 
 
 class LowPrecisionPhase(NamedTuple):
@@ -30,8 +32,8 @@ class PhasedOutcome(NamedTuple):
     """Outcome of both phases (``iterations`` summed) and the steps of each phase."""
 
     outcome: IterationOutcome
-    main_iterations: object
-    polish_iterations: object
+    main_iterations: Array
+    polish_iterations: Array
 
 
 def unit_roundoff(xp, dtype) -> float:

@@ -9,9 +9,11 @@ inverse square root is the answer. p = 1 squares ``a^(-1/2)``.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 from .. import _xp
+from .._typing import Array
 from ._result import SolverOutput
 
 
@@ -19,17 +21,17 @@ class StageOutcome(NamedTuple):
     """One stage's ``Y ≈ c^(1/2)``, ``Z ≈ c^(-1/2)`` of its input ``c``, and per-matrix
     diagnostics (the residual already weighted by what the stage contributes)."""
 
-    y: object
-    z: object
-    residual: object
-    iterations: object
-    converged: object
-    matmuls: object
+    y: Array
+    z: Array
+    residual: Array
+    iterations: Array
+    converged: Array
+    matmuls: Array
 
 
 def stage_count(p: int) -> int:
     """k for ``p = 2^k``; 1 for p = 1 (whose inverse square root is squared)."""
-    return max(1, int(round(math.log2(p))))
+    return max(1, round(math.log2(p)))
 
 
 def square_root_stages(a, p: int, run_stage: Callable, *, square: Callable,
@@ -67,17 +69,16 @@ def square_root_stages(a, p: int, run_stage: Callable, *, square: Callable,
     # Invariant: the answer is (factor * current)^(-1/2).
     current, factor = a, None
     for stage in range(stages):
-        if stage > 0:
-            current = outcome.y
-            if rescale is not None:
-                c = rescale(current)
-                current = current / c[:, None, None]
-                factor = c if factor is None else xp.sqrt(factor) * c
         outcome = run_stage(current, stage, stages)
         residual = xp.maximum(residual, outcome.residual)
         iterations = iterations + outcome.iterations
         matmuls = matmuls + outcome.matmuls
         converged = converged & outcome.converged
+        current = outcome.y
+        if rescale is not None and stage + 1 < stages:
+            c = rescale(current)
+            current = current / c[:, None, None]
+            factor = c if factor is None else xp.sqrt(factor) * c
     if p == 1:
         return SolverOutput(square(outcome.z, outcome.z), residual, iterations, converged,
                             matmuls + 1)

@@ -7,7 +7,10 @@ The numbers are from ``python -m matroot.bench solvers`` (committed in
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import _xp
+from .._typing import Array
 from .registry import SOLVERS, solvers_supporting
 
 #: On CPUs (NumPy, torch CPU; n = 128…2048, batches of 1…32, p = 2 and 4) the
@@ -30,7 +33,7 @@ REFERENCE_KAPPA = 1e4
 LOW_PRECISION_METHOD = "coupled_newton"
 
 
-def choose_method(xp, a, p, *, matmul_dtype=None) -> str:
+def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = None) -> str:
     """Pick the solver ``method="auto"`` runs for this input.
 
     The rule (docs/benchmarks.rst has the measurements behind it):
@@ -81,7 +84,7 @@ def choose_method(xp, a, p, *, matmul_dtype=None) -> str:
     return candidates[0]
 
 
-def accelerator_candidates(p) -> tuple[str, ...]:
+def accelerator_candidates(p: float) -> tuple[str, ...]:
     """The matmul-only solvers that accept ``p``, cheapest first by their cost model.
 
     Examples

@@ -154,17 +154,17 @@ def schedule(lower: float, margin: float, first_margin: float = FIRST_MARGIN) ->
     """
     lo, hi = math.sqrt(lower), 1.0
     top = hi * (1.0 + first_margin)
-    rows, errors = [], []
+    rows, step_errors = [], []
     while lo / top < _NARROWEST:
         (c1, c3, c5), error = quintic_sign_minimax(lo / top)
         rows.append((c1 / top, c3 / top ** 3, c5 / top ** 5))
-        errors.append(error)
+        step_errors.append(error)
         if error <= TAIL_SWITCH:
             break
         lo, hi = 1.0 - error, 1.0 + error
         top = hi * (1.0 + margin)
     coefficients = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    errors = np.array(errors, dtype=np.float64)
+    errors = np.array(step_errors, dtype=np.float64)
     coefficients.flags.writeable = False
     errors.flags.writeable = False
     return Schedule(coefficients, errors)

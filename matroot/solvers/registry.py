@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable, Mapping
 
 __all__ = ["RootOrders", "ANY_REAL_P", "INTEGER_P", "POWER_OF_TWO_P", "SolverSpec",
            "register_solver", "get_solver", "solver_names", "solvers_supporting",
