@@ -156,7 +156,7 @@ def assert_inv_root_close(actual, case, p: float, *, eps: float | None = None,
     >>> assert_inv_root_close(np.diag([1.0, 0.1001]), case, 2)
     Traceback (most recent call last):
     ...
-    AssertionError: inverse root, p=2: matrix () of batch (), family 'geometric', n=2, κ=100, eps=0, float64: error 9.95e-05 > tolerance 1e-08
+    AssertionError: inverse root, p=2: matrix () ..., κ=100, ...: error 9.95e-05 > tolerance 1e-08
     """
     from .oracle import relative_error
 
