@@ -187,8 +187,9 @@ def ignores_ridge(a, p, eps):
 
 def overflows_at_large_scale(a, p, eps):
     # Normalising by a sum of squares taken in the input's dtype: inf beyond ~1e19 in float32.
-    s = np.sqrt(np.sum(a * a, axis=(-2, -1), keepdims=True))
-    return (eigh_reference(a / s, p, eps / s) * s ** (-1.0 / p)).astype(a.dtype)
+    reg = a + eps * np.eye(a.shape[-1], dtype=a.dtype)
+    s = np.sqrt(np.sum(reg * reg, axis=(-2, -1), keepdims=True))
+    return (eigh_reference(reg / s, p, 0.0) * s ** (-1.0 / p)).astype(a.dtype)
 
 
 def not_symmetric(a, p, eps):
