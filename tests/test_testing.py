@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from matroot.testing import (
     ACCURACY_TABLE,
+    ADVERSARIAL_FAMILIES,
     FAMILIES,
     PROPERTIES,
     SPDCase,
@@ -122,6 +123,13 @@ def test_sizes_cover_the_range_and_kappa_one_allows_1x1():
 
     record()
     assert sizes == {1, 2, 3}
+
+
+@FEW
+@given(case=spd_stacks(n=st.sampled_from([5, 12]), kappa=(10.0, 1e6),
+                       families=ADVERSARIAL_FAMILIES, batch_shape=(2,)))
+def test_sizes_from_a_strategy(case):
+    assert case.n in (5, 12) and case.family in ADVERSARIAL_FAMILIES
 
 
 def test_bad_arguments_are_named():

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 __all__ = [
+    "ADVERSARIAL_FAMILIES",
     "FAMILIES",
     "MATRIX_FAMILIES",
     "SPECTRAL_FAMILIES",
@@ -151,6 +152,8 @@ MATRIX_FAMILIES: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {
 
 #: Every family name, the first (geometric) being where hypothesis shrinks to.
 FAMILIES: tuple[str, ...] = (*SPECTRAL_FAMILIES, *MATRIX_FAMILIES)
+#: The spectra that most easily fool a λmax estimate or a coupled residual.
+ADVERSARIAL_FAMILIES: tuple[str, ...] = ("isolated_top", "clustered", "gram")
 
 
 def _shifted_to_kappa(m: np.ndarray, kappa: float) -> np.ndarray:
