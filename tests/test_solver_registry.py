@@ -123,8 +123,7 @@ def test_cost_models_match_measured_matmuls(p):
     """Each matmul solver's cost model is within 40% of what it spends at the κ that
     ``auto`` ranks by, and the cheapest by the model is the cheapest measured."""
     from matroot.solvers.auto import REFERENCE_KAPPA
-
-    from oracle import spd_stack
+    from matroot.testing import spd_stack
 
     a = spd_stack(np.random.default_rng(0), (4,), 96, REFERENCE_KAPPA)[0].astype(np.float32)
     measured = {}
