@@ -8,7 +8,13 @@ from hypothesis import given, strategies as st
 
 import matroot
 from matroot.solvers.registry import SOLVERS, solvers_supporting
-from matroot.testing import FAMILIES, random_orthogonal, relative_error, spd_stacks
+from matroot.testing import (
+    FAMILIES,
+    accuracy_tolerance,
+    random_orthogonal,
+    relative_error,
+    spd_stacks,
+)
 
 from conftest import to_numpy
 
@@ -63,7 +69,10 @@ def test_root_is_symmetric(case, data):
     method = data.draw(st.sampled_from(ALL_METHODS))
     root, _ = _call(case.a.astype(np.float32), 4, method)
     asym = np.linalg.norm(root - np.swapaxes(root, -1, -2), axis=(-2, -1))
-    assert np.all(asym <= 1e-5 * np.linalg.norm(root, axis=(-2, -1)))
+    # Asymmetry is an error like any other: held to the float32 accuracy target (an
+    # accurate newton_db root of a clustered 3×3 at κ = 4e3 is 2e-5 off symmetric).
+    tol = accuracy_tolerance("float32", float(np.max(case.kappa)), 4, method=method)
+    assert np.all(asym <= tol * np.linalg.norm(root, axis=(-2, -1)))
 
 
 @given(case=stacks(1e3), log_c=st.floats(-6, 6),

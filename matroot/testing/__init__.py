@@ -27,12 +27,13 @@ from .oracle import (
     relative_error,
     spd_stack,
 )
-from .spectra import FAMILIES
+from .spectra import ADVERSARIAL_FAMILIES, FAMILIES
 from .tolerances import ACCURACY_TABLE, KAPPA_BUCKETS, accuracy_tolerance, assert_inv_root_close
 
 __all__ = [
     "ACCURACY_TABLE",
     "FAMILIES",
+    "ADVERSARIAL_FAMILIES",
     "KAPPA_BUCKETS",
     "PROPERTIES",
     "SPDCase",

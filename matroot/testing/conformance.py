@@ -225,7 +225,7 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     unknown = sorted(set(skip) - set(PROPERTIES))
     if unknown:
         raise ValueError(f"unknown properties {unknown} in skip; choose from {PROPERTIES}")
-    ps = tuple(p) if isinstance(p, Sequence) else (p,)
+    ps = (p,) if np.ndim(p) == 0 else tuple(p)
     if rtol is None and accuracy_tolerance(dtype, kappa[1], min(ps), method=method) is None:
         raise ValueError(f"kappa={kappa!r} reaches beyond the accuracy table for {method!r} "
                          f"in {dtype}: lower the range's top or pass rtol=")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 __all__ = [
+    "ADVERSARIAL_FAMILIES",
     "FAMILIES",
     "MATRIX_FAMILIES",
     "SPECTRAL_FAMILIES",
@@ -55,16 +56,24 @@ def _uniform(rng, batch, n, kappa):
 
 
 def _clustered(rng, batch, n, kappa):
-    # Two or three tight clusters (relative width 1e-3) spread geometrically.
-    centres = np.geomspace(1.0 / kappa, 1.0, int(rng.integers(2, 4)))
+    # Two to four tight clusters (relative width 1e-3), one at each end, the others
+    # log-uniform in between.
+    centres = np.concatenate([[1.0 / kappa, 1.0],
+                              kappa ** -rng.uniform(0.0, 1.0, int(rng.integers(0, 3)))])
     picks = centres[rng.integers(0, len(centres), (*batch, n - 2))]
     return _with_ends(picks * (1.0 + 1e-3 * rng.uniform(-1.0, 1.0, picks.shape)), kappa)
 
 
 def _isolated_top(rng, batch, n, kappa):
-    # λ1 = 1 over a bulk just below it: the case where power iteration underestimates λmax.
+    # λ1 = 1 over a bulk repeated exactly at 0.5–0.99, with a tail of about n/8 down to
+    # 1/κ: a random start vector holds ~1/n of the top eigenvector and each power step
+    # shrinks the bulk only by λ2/λ1, so power iteration falls short most here.
     second = max(1.0 / kappa, rng.uniform(0.5, 0.99))
-    return _with_ends(second * rng.uniform(0.95, 1.0, (*batch, n - 2)), kappa)
+    inner = np.full((*batch, n - 2), second)
+    tail = min(n - 2, max(0, n // 8 - 1))
+    if tail:
+        inner[..., :tail] = np.geomspace(1.0 / kappa, second, tail + 2)[1:-1]
+    return _with_ends(inner, kappa)
 
 
 def _tiny_one(rng, batch, n, kappa):
@@ -143,6 +152,8 @@ MATRIX_FAMILIES: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {
 
 #: Every family name, the first (geometric) being where hypothesis shrinks to.
 FAMILIES: tuple[str, ...] = (*SPECTRAL_FAMILIES, *MATRIX_FAMILIES)
+#: The spectra that most easily fool a λmax estimate or a coupled residual.
+ADVERSARIAL_FAMILIES: tuple[str, ...] = ("isolated_top", "clustered", "gram")
 
 
 def _shifted_to_kappa(m: np.ndarray, kappa: float) -> np.ndarray:

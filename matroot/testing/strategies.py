@@ -68,12 +68,11 @@ def _check_dtype(name: str) -> str:
 
 
 @st.composite
-def _cases(draw, *, n_range, batch_shapes, kappa_range, log_kappa, families, dtypes, xp,
+def _cases(draw, *, sizes, batch_shapes, kappa_range, log_kappa, families, dtypes, xp,
            device, eps):
     family = draw(st.sampled_from(families))
-    min_n = n_range[0] if kappa_range[0] == 1.0 else max(n_range[0], 2)
-    n = draw(st.sampled_from([1, 2] if min_n == 1 else [2]) if family == "small"
-             else st.integers(min_n, n_range[1]))
+    n = draw(st.sampled_from([1, 2] if kappa_range[0] == 1.0 else [2]) if family == "small"
+             else sizes)
     batch = draw(batch_shapes)
     dtype = draw(st.sampled_from(dtypes))
     kappa = 10.0 ** draw(st.floats(*log_kappa)) if n > 1 else 1.0
@@ -105,7 +104,7 @@ def _cases(draw, *, n_range, batch_shapes, kappa_range, log_kappa, families, dty
     return case
 
 
-def spd_stacks(*, n: int | tuple[int, int] = (1, 8),
+def spd_stacks(*, n: int | tuple[int, int] | st.SearchStrategy[int] = (1, 8),
                batch_shape: tuple[int, ...] | st.SearchStrategy | None = None,
                kappa: float | tuple[float, float] = (1.0, 1e4),
                families: Sequence[str] | None = None,
@@ -115,9 +114,10 @@ def spd_stacks(*, n: int | tuple[int, int] = (1, 8),
 
     Parameters
     ----------
-    n : int or (int, int)
-        Matrix size, or an inclusive range. n = 1 is drawn only when κ = 1 is allowed;
-        the "small" family draws n ∈ {1, 2} whatever this says.
+    n : int, (int, int) or strategy of int
+        Matrix size, an inclusive range, or a strategy (``st.sampled_from([8, 32, 96])``).
+        n = 1 is drawn from a range only when κ = 1 is allowed; the "small" family
+        draws n ∈ {1, 2} whatever this says.
     batch_shape : tuple or strategy of tuples, optional
         Leading batch shape; by default one of (), (1,), (3,), (2, 2).
     kappa : float or (float, float)
@@ -152,12 +152,17 @@ def spd_stacks(*, n: int | tuple[int, int] = (1, 8),
     ValueError
         For an unknown family, an unsupported dtype or an empty range.
     """
-    n_range = tuple(int(v) for v in _as_range(n, "n"))
     kappa_low, kappa_high = _as_range(kappa, "kappa")
     if kappa_low < 1.0:
         raise ValueError(f"kappa={kappa!r}: a condition number is at least 1")
-    if n_range[0] < 1 or (kappa_low > 1.0 and n_range[1] < 2):
-        raise ValueError(f"n={n!r} cannot hold κ >= {kappa_low:g}: use n >= 2")
+    if isinstance(n, st.SearchStrategy):
+        sizes = n
+    else:
+        n_low, n_high = (int(v) for v in _as_range(n, "n"))
+        if n_low < 1 or (kappa_low > 1.0 and n_high < 2):
+            raise ValueError(f"n={n!r} cannot hold κ >= {kappa_low:g}: use n >= 2")
+        # A 1×1 matrix has κ = 1: drawn only when the range allows it.
+        sizes = st.integers(n_low if kappa_low == 1.0 else max(n_low, 2), n_high)
     families = tuple(FAMILIES if families is None else
                      ([families] if isinstance(families, str) else families))
     unknown = sorted(set(families) - set(FAMILIES))
@@ -172,7 +177,7 @@ def spd_stacks(*, n: int | tuple[int, int] = (1, 8),
     margin = 1e-9 if kappa_high > kappa_low else 0.0
     log_kappa = (np.log10(kappa_low) + margin, max(np.log10(kappa_high) - margin,
                                                    np.log10(kappa_low) + margin))
-    return _cases(n_range=n_range, kappa_range=(kappa_low, kappa_high),
+    return _cases(sizes=sizes, kappa_range=(kappa_low, kappa_high),
                   log_kappa=(float(log_kappa[0]), float(log_kappa[1])),
                   batch_shapes=(st.sampled_from(_DEFAULT_BATCH_SHAPES) if batch_shape is None
                                 else batch_shape),
