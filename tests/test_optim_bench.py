@@ -59,7 +59,7 @@ def test_memory_table_shows_the_one_sided_embedding_near_adamw(tmp_path, capsys,
     monkeypatch.setattr(optim_memory, "MODELS", {
         "embedding-heavy": [(6000, 16), (32, 16), (32,)], "mlp": [(48, 32), (48,)]})
     out = tmp_path / "memory.json"
-    assert bench.main(["--memory", "--block-size", "64", "--out", str(out)]) == 0
+    assert main(["bench", "optim", "--memory", "--block-size", "64", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     emb = report["embedding-heavy"]["bytes_per_parameter"]
     assert emb["adamw"] == pytest.approx(8.0, rel=1e-3)

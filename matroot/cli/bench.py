@@ -164,6 +164,9 @@ def _configure_optim(parser) -> None:
                         f"{full['steps']}, --quick {quick['steps']})")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     add_thread_option(parser)
+    parser.add_argument("--memory", action="store_true",
+                        help="print optimizer-state bytes per parameter (AdamW, matroot's "
+                             "policies, Distributed Shampoo when installed) instead of timing")
     parser.add_argument("--out", metavar="JSON",
                         help="write the report as JSON here (and a .md table beside it)")
     parser.set_defaults(run=_run_optim, prog=parser.prog)
@@ -193,6 +196,17 @@ def _run_optim(args) -> int:
     if target.backend not in ("torch", "numpy"):
         raise UsageError(f"--backend {backend}: the optimizer benchmark runs on torch or "
                          "numpy")
+
+    if args.memory:
+        from matroot.bench.optim_memory import format_memory_table, memory_report
+
+        report = memory_report(block_size=args.block_size or 1024)
+        table = format_memory_table(report)
+        print(table)
+        if out is not None:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+            out.with_suffix(".md").write_text(table + "\n")
+        return 0
 
     from matroot.bench.optim import format_table, run
     from matroot.bench.progress import Progress
