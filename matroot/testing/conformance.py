@@ -225,8 +225,8 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     unknown = sorted(set(skip) - set(PROPERTIES))
     if unknown:
         raise ValueError(f"unknown properties {unknown} in skip; choose from {PROPERTIES}")
-    ps = (p,) if np.ndim(p) == 0 else tuple(p)
-    if rtol is None and accuracy_tolerance(dtype, kappa[1], min(ps), method=method) is None:
+    ps = (p,) if np.ndim(p) == 0 else tuple(p)  # type: ignore[arg-type]
+    if rtol is None and accuracy_tolerance(dtype, kappa[1], min(ps), method=method) is None:  # type: ignore[arg-type,type-var]
         raise ValueError(f"kappa={kappa!r} reaches beyond the accuracy table for {method!r} "
                          f"in {dtype}: lower the range's top or pass rtol=")
     grader = _Grader(solver, method, rtol)
