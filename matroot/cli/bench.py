@@ -202,11 +202,7 @@ def _run_optim(args) -> int:
 
         report = memory_report(block_size=args.block_size or 1024)
         table = format_memory_table(report)
-        print(table)
-        if out is not None:
-            out.write_text(json.dumps(report, indent=2) + "\n")
-            out.with_suffix(".md").write_text(table + "\n")
-        return 0
+        return _print_and_save(report, table, out)
 
     from matroot.bench.optim import format_table, run
     from matroot.bench.progress import Progress
@@ -218,7 +214,11 @@ def _run_optim(args) -> int:
                      steps=steps, warmup=args.warmup, progress=progress)
     progress.close()
     report["threads"] = threads
-    table = format_table(report)
+    return _print_and_save(report, format_table(report), out)
+
+
+def _print_and_save(report: dict, table: str, out) -> int:
+    """Print a report's table; with ``--out``, write the JSON and a ``.md`` table beside it."""
     print(table)
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")
