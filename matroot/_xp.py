@@ -2,11 +2,14 @@
 
 Everything else in matroot receives ``xp`` (an array-API namespace) and calls the
 helpers here for what the standard leaves out: identity stacks, host transfers,
-device kinds, 16-bit rounding and the fused ``c*I + alpha*(a @ b)`` product that
-torch can do in one kernel.
+device kinds, 16-bit rounding, the fused ``c*I + alpha*(a @ b)`` product that
+torch can do in one kernel, and loops whose exit depends on the data (a host
+check on eager backends, ``lax.while_loop`` under ``jax.jit``).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import array_api_compat
@@ -14,6 +17,7 @@ from array_api_compat import (
     array_namespace,
     device as device_of,
     is_cupy_namespace,
+    is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
 )
@@ -24,7 +28,13 @@ __all__ = [
     "is_torch_namespace",
     "is_cupy_namespace",
     "is_numpy_namespace",
+    "is_jax_namespace",
     "backend_name",
+    "is_traced",
+    "has_float64",
+    "bounded_loop",
+    "counted_loop",
+    "register_jax_pytree",
     "is_accelerator",
     "identity_stack",
     "add_scaled_identity",
@@ -48,6 +58,8 @@ def backend_name(xp) -> str:
         return "torch"
     if is_cupy_namespace(xp):
         return "cupy"
+    if is_jax_namespace(xp):
+        return "jax"
     if array_api_compat.is_array_api_strict_namespace(xp):
         return "array_api_strict"
     return getattr(xp, "__name__", "unknown")
@@ -59,7 +71,67 @@ def is_accelerator(xp, x) -> bool:
         return True
     if is_torch_namespace(xp):
         return x.device.type != "cpu"
+    if is_jax_namespace(xp):
+        import jax
+
+        # A tracer has no device; jit places it on the default backend.
+        devices = jax.devices() if is_traced(x) else x.devices()
+        return any(d.platform != "cpu" for d in devices)
     return False
+
+
+def is_traced(x) -> bool:
+    """True for a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``): its values
+    cannot be read on the host, so no ``bool()``/``float()`` of it."""
+    if not array_api_compat.is_jax_array(x):
+        return False
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
+
+
+def has_float64(xp) -> bool:
+    """Whether ``xp`` can hold float64 arrays (JAX only with ``jax_enable_x64``)."""
+    if is_jax_namespace(xp):
+        import jax
+
+        return bool(jax.config.jax_enable_x64)
+    return True
+
+
+def bounded_loop(body, carry, *, max_iter: int, running, check_every: int, traced: bool):
+    """``carry = body(carry, k)`` for ``k = 0, 1, …`` until ``max_iter`` or none runs.
+
+    ``running(carry)`` is a 0-d boolean array: whether any matrix still iterates.
+    Eagerly the host reads it every ``check_every`` steps (the only syncs of the
+    loop) and ``k`` is a Python int. With ``traced`` (under ``jax.jit``) the loop
+    is a ``lax.while_loop`` that checks on the device every step: ``k = 0`` runs
+    first as plain Python (so a first step may differ in structure, e.g. start
+    from the identity), later ``k`` are traced int32 scalars. The carry must keep
+    its shapes and dtypes from step to step.
+    """
+    if not traced:
+        for k in range(max_iter):
+            carry = body(carry, k)
+            if (k + 1) % check_every == 0 and not bool(running(carry)):
+                break
+        return carry
+    if max_iter < 1:
+        return carry
+    import jax.numpy as jnp
+    from jax import lax
+
+    carry = body(carry, 0)
+
+    def keep_going(counted):
+        k, inner = counted
+        return (k < max_iter) & running(inner)
+
+    def advance(counted):
+        k, inner = counted
+        return k + 1, body(inner, k)
+
+    return lax.while_loop(keep_going, advance, (jnp.asarray(1, dtype=jnp.int32), carry))[1]
 
 
 def identity_stack(xp, n: int, dtype, device):
@@ -88,6 +160,37 @@ def shifted_product(c: float, alpha: float, a, b, eye):
         base = (c * eye).expand(a.shape[0], -1, -1)
         return torch.baddbmm(base, a, b, beta=1.0, alpha=alpha)
     return c * eye + alpha * (a @ b)
+
+
+@functools.lru_cache(maxsize=None)
+def register_jax_pytree(cls, static_fields: tuple = ()):
+    """Make a NamedTuple ``cls`` a JAX pytree (once), its ``static_fields`` (e.g. a
+    method name) kept as auxiliary data, so ``jax.jit`` can return it."""
+    import jax
+
+    fields = tuple(cls._fields)
+    arrays = tuple(f for f in fields if f not in static_fields)
+
+    def flatten(value):
+        return tuple(getattr(value, f) for f in arrays), tuple(
+            getattr(value, f) for f in static_fields)
+
+    def unflatten(static, children):
+        return cls(**dict(zip(arrays, children)), **dict(zip(static_fields, static)))
+
+    jax.tree_util.register_pytree_node(cls, flatten, unflatten)
+
+
+def counted_loop(body, carry, count):
+    """``carry = body(carry, k)`` for ``k = 0 … count − 1``; ``count`` may be traced
+    (``lax.fori_loop``, which JAX turns into a while loop for a traced bound)."""
+    if is_traced(count):
+        from jax import lax
+
+        return lax.fori_loop(0, count, lambda k, c: body(c, k), carry)
+    for k in range(int(count)):
+        carry = body(carry, k)
+    return carry
 
 
 def to_numpy(x) -> np.ndarray:

@@ -191,6 +191,8 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                            max_iter=max_iter, matmul_dtype=matmul_dtype,
                            check_finite=check_finite, compute_dtype=compute_dtype)
     xp = _xp.array_namespace(result.root)
+    if _xp.is_traced(result.root):
+        return result.root  # no host read under jax.jit: inv_root_info says which failed
     failed = ~result.converged
     if tol == 0 and result.method != "evd":
         failed = ~xp.isfinite(result.residual)
@@ -226,6 +228,8 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     ([True, True], (2,))
     """
     xp = check_stack(a)
+    if _xp.is_jax_namespace(xp):
+        _xp.register_jax_pytree(InvRootResult, ("method",))
     check_choice(method, "method", METHODS)
     p = check_p(p, method)
     eps = check_nonnegative(eps, "eps")
@@ -234,14 +238,22 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     max_iter = check_max_iter(max_iter)
     if tol is not None:
         tol = check_nonnegative(tol, "tol")
+    if compute_dtype == "float64" and not _xp.has_float64(xp):
+        raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
+                         "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1)")
     work_name = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
-    if method == "evd" and compute_dtype is None:
+    if method == "evd" and compute_dtype is None and _xp.has_float64(xp):
         # float32 eigh loses κ·u in the small eigenvalues (6e-2 at κ = 1e6 with MKL);
         # NumPy already computes eigh in float64 internally, so do so everywhere.
         work_name = "float64"
+    elif method == "evd" and compute_dtype is None:
+        warnings.warn("evd computes in float32: JAX's float64 is off. Enable it "
+                      "(jax.config.update('jax_enable_x64', True)) for evd's float64 "
+                      "default, or pass compute_dtype='float32' to accept float32",
+                      UserWarning, stacklevel=3)
     if tol is None:
         tol = default_tol(method, work_name)
     if max_iter is None:
@@ -250,7 +262,9 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     dev = _xp.device_of(a)
-    if check_finite and not bool(xp.all(xp.isfinite(a))):
+    traced = _xp.is_traced(a)
+    # Under jax.jit values cannot be inspected: non-finite matrices come back NaN.
+    if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
         raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
                          "roots for those matrices instead)")
     b = math.prod(batch)
@@ -276,6 +290,10 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if method in ("chebyshev", "minimax"):
+        if traced and eps == 0:
+            raise ValueError(f"method={method!r} under jax.jit needs eps > 0 (the ridge "
+                             "is its lower bound; the λmin estimate for eps = 0 reads "
+                             "the host), or use 'newton_db' / 'coupled_newton'")
         solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
     out = SOLVERS[method](scaled, p, **solver_kwargs)
 
@@ -302,7 +320,7 @@ def _lower_bound(scaled, eps_scaled):
     """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
     else the Lanczos estimate (its Ritz value errs high, hence its safety factor)."""
     xp = _xp.array_namespace(scaled)
-    if bool(xp.all(eps_scaled > 0)):
+    if _xp.is_traced(scaled) or bool(xp.all(eps_scaled > 0)):
         return eps_scaled
     estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled))
     return xp.where(eps_scaled > 0, eps_scaled, estimate)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import array_api_extra as xpx
 import numpy as np
 
 from . import _xp
@@ -159,7 +160,10 @@ def _lanczos(a, num_steps: int):
         return w
 
     v = xp.broadcast_to(fresh[:, :1], (b, n, 1))
-    basis = v
+    # A fixed-size basis, zero beyond the vectors found: the zero columns change no
+    # projection, and every step has the same shapes (JAX compiles each shape once).
+    basis = xp.zeros((b, n, steps), dtype=a.dtype, device=dev)
+    basis = xpx.at(basis)[:, :, :1].set(v)
     alphas, betas = [], []
     for j in range(steps):
         w = mat @ v
@@ -176,7 +180,7 @@ def _lanczos(a, num_steps: int):
         w = _xp.batched_where(broken, restart, w)
         norm = xp.sqrt(xp.sum(w * w, axis=(-2, -1)))
         v = w / xp.where(norm > 0, norm, xp.ones_like(norm))[:, None, None]
-        basis = xp.concat([basis, v], axis=-1)
+        basis = xpx.at(basis)[:, :, j + 1:j + 2].set(v)
     packed = _xp.to_numpy(xp.stack(alphas + betas + [scale], axis=-1)).astype(np.float64)
     tri = np.zeros((b, steps, steps))
     idx = np.arange(steps)

@@ -1,7 +1,8 @@
 """Backends for the test suite: every test taking ``xp`` runs on each of them.
 
-numpy, array_api_strict and torch (CPU) always; torch-cuda and cupy only when a GPU
-is present (they are skipped with a reason otherwise).
+numpy, array_api_strict and torch (CPU) always; jax (eager, with float64 enabled)
+when installed; torch-cuda and cupy only when a GPU is present (they are skipped
+with a reason otherwise).
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def _torch_cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _jax_available() -> bool:
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _cupy_available() -> bool:
     try:
         import cupy
@@ -59,6 +68,13 @@ class Backend:
             self.device = "cpu" if name == "torch" else "cuda"
         elif name == "cupy":
             import array_api_compat.cupy as xp
+            self.device = None
+        elif name == "jax":
+            import jax
+            import jax.numpy as xp
+
+            # The float64 rows of the tests need it; tests of x64-off set it locally.
+            jax.config.update("jax_enable_x64", True)
             self.device = None
         self.xp = xp
 
@@ -86,6 +102,8 @@ BACKEND_PARAMS = [
     pytest.param("numpy", id="numpy"),
     pytest.param("array_api_strict", id="array_api_strict"),
     pytest.param("torch", id="torch"),
+    pytest.param("jax", id="jax",
+                 marks=pytest.mark.skipif(not _jax_available(), reason="jax is not installed")),
     pytest.param("torch-cuda", id="torch-cuda",
                  marks=pytest.mark.skipif(not _torch_cuda_available(),
                                           reason="no CUDA GPU for torch")),

@@ -101,12 +101,9 @@ def coupled_newton(a, p: int, *, tol, max_iter, check_every, matmul, **_):
         return _xp.frobenius_norm(eye - state[1]) / root_n
 
     def run(state, rounded, *, first, tol, max_iter, stall_level=None):
-        counter = [0]
-
-        def step(state):
+        def step(state, k):
             x, m = state
-            shortcut = first and counter[0] == 0
-            counter[0] += 1
+            shortcut = first and isinstance(k, int) and k == 0
             step_matrix = ((p + 1) * eye - m) / p
             new_x = x_scale * step_matrix if shortcut else rounded(x, step_matrix)
             new_m = matmul.full(matrix_power(step_matrix, p, rounded), m)

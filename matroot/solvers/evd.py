@@ -34,8 +34,9 @@ def evd(a, p, *, float64_retry: bool = True, **_):
     """
     xp = _xp.array_namespace(a)
     decomposition = _eigh_or_none(xp, a)
-    bad = decomposition is None or not bool(
-        xp.all(xp.isfinite(decomposition.eigenvalues)))
+    # Under jax.jit eigh does not raise and nothing can be read back: no retry.
+    bad = decomposition is None or (not _xp.is_traced(a) and not bool(
+        xp.all(xp.isfinite(decomposition.eigenvalues))))
     if bad and float64_retry and a.dtype == xp.float32:
         wide = _eigh_or_none(xp, xp.astype(a, xp.float64))
         if wide is not None:

@@ -70,8 +70,9 @@ import numpy as np
 from .. import _xp
 from ._iteration import IterationOutcome, iterate_frozen
 from ._result import SolverOutput
+from ._grid import device_grid_index
 from .minimax_coefficients import (FIRST_MARGIN, TAIL, quantize_lower, rounding_margin,
-                                   schedule)
+                                   schedule, schedule_grid)
 
 #: Matmuls of the first step (``X₀ = A``, ``Z₀ = I``) and of every later one.
 FIRST_STEP_MATMULS = 2
@@ -97,14 +98,28 @@ def unit_roundoff(xp, dtype) -> float:
     return float(xp.finfo(dtype).eps) / 2
 
 
+def _padded(rows, steps):
+    """Schedule rows (..., K, 3) cut or padded with :data:`TAIL` to ``max(steps, 1)``."""
+    out = np.empty((*rows.shape[:-2], max(steps, 1), 3))
+    out[:] = TAIL
+    kept = min(rows.shape[-2], out.shape[-2])
+    out[..., :kept, :] = rows[..., :kept, :]
+    return out
+
+
 def _coefficient_table(xp, lowers, margin, steps, dtype, device):
-    """(steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end :data:`TAIL`."""
-    table = np.empty((max(steps, 1), len(lowers), 3))
-    table[:] = TAIL
-    for i, lower in enumerate(lowers):
-        rows = schedule(lower, margin).coefficients[:steps]
-        table[: len(rows), i] = rows
-    return _xp.from_numpy(xp, table, dtype=dtype, device=device)
+    """(steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end :data:`TAIL`.
+
+    ``lowers`` are host-side grid bounds, or under ``jax.jit`` a device array:
+    then every grid bound's schedule goes to the device and is indexed there.
+    """
+    if isinstance(lowers, list):
+        table = np.stack([_padded(schedule(v, margin).coefficients, steps) for v in lowers])
+        return xp.permute_dims(_xp.from_numpy(xp, table, dtype=dtype, device=device), (1, 0, 2))
+    grid, grid_table = schedule_grid(margin)
+    rows = _xp.from_numpy(xp, _padded(grid_table, steps), dtype=dtype, device=device)
+    picked = xp.take(rows, device_grid_index(lowers, grid), axis=0)
+    return xp.permute_dims(picked, (1, 0, 2))
 
 
 def z_norm_bounds(lowers, margin, steps):
@@ -156,7 +171,8 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         Symmetric stack with spectrum in ``[lower, 1]`` (the first step has
         headroom up to ``λ = 1.21``).
     lower : sequence of float, length b
-        Host-side lower bounds on each matrix's spectrum.
+        Host-side lower bounds on each matrix's spectrum; under ``jax.jit`` a
+        device array of shape (b,) instead.
     tol, max_iter, check_every
         As in :func:`matroot.solvers._iteration.iterate_frozen`; the residual is
         ``‖I − ZY‖_F/√n``. ``tol = 0`` runs exactly ``max_iter`` steps.
@@ -197,14 +213,18 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     u = unit_roundoff(xp, matmul.operand_dtype if low else a.dtype)
     if margin is None:
         margin = rounding_margin(u)
-    lowers = [quantize_lower(v) for v in lower]
+    traced = _xp.is_traced(a)
+    # Under jax.jit the bounds stay on the device and index the grid's schedules.
+    lowers = lower if traced else [quantize_lower(v) for v in lower]
     steps = max_iter
     if low and tol == 0:
         steps = max_iter - 1
     elif low:
         # More 16-bit steps than the schedule plus two TAIL steps cannot help,
-        # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged).
-        longest = max(len(schedule(v, margin).errors) for v in lowers)
+        # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged). Traced: the
+        # longest schedule of the grid.
+        longest = (schedule_grid(margin)[1].shape[1] if traced
+                   else max(len(schedule(v, margin).errors) for v in lowers))
         steps = min(max_iter - 1, longest + LOW_PRECISION_EXTRA_STEPS)
     table = _coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
     tail = _xp.from_numpy(xp, np.broadcast_to(np.array(TAIL), (b, 3)), dtype=a.dtype,
@@ -213,17 +233,17 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
 
-    z_rounding = u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT
+    # The ‖Z‖ bound needs host bounds; under jax.jit ZY and q·Z stay unrounded.
+    z_rounding = (np.zeros(max(steps, 1), dtype=bool) if traced else
+                  u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT)
 
     def run(state, coefficients, *, sixteen_bit, tol, max_iter, stall_level=None):
-        counter = [0]
-
-        def step(state):
-            k = counter[0]
-            counter[0] += 1
+        def step(state, k):
+            first = isinstance(k, int) and k == 0 and coefficients is scheduled
+            round_z = sixteen_bit and not traced and bool(z_rounding[k])
             x, new_state = minimax_step(
-                *state, coefficients(k), first=k == 0 and coefficients is scheduled,
-                z_product=matmul if sixteen_bit and z_rounding[k] else matmul.full,
+                *state, coefficients(k), first=first,
+                z_product=matmul if round_z else matmul.full,
                 x_product=matmul if sixteen_bit else matmul.full,
                 y_product=matmul.full, eye=eye)
             return _xp.frobenius_norm(eye - x) / root_n, new_state
@@ -293,7 +313,8 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
     dev = _xp.device_of(a)
     b = a.shape[0]
     stages = max(1, int(round(math.log2(p))))
-    bounds = [float(v) for v in _xp.to_numpy(lower)]
+    traced = _xp.is_traced(a)
+    bounds = lower if traced else [float(v) for v in _xp.to_numpy(lower)]
     residual = xp.zeros((b,), dtype=a.dtype, device=dev)
     iterations = xp.zeros((b,), dtype=xp.int32, device=dev)
     matmuls = xp.zeros((b,), dtype=xp.int32, device=dev)
@@ -310,7 +331,8 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
         matmuls = matmuls + xp.astype(spent, xp.int32)
         converged = converged & outcome.converged
         current = outcome.state[0]
-        bounds = [STAGE_SLACK * math.sqrt(v) for v in bounds]
+        bounds = (STAGE_SLACK * xp.sqrt(bounds) if traced
+                  else [STAGE_SLACK * math.sqrt(v) for v in bounds])
     z = outcome.state[1]
     if p == 1:
         return SolverOutput(matmul.full(z, z), residual, iterations, converged, matmuls + 1)

@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._grid import lower_grid, quantize_lower as _quantize_onto_grid
+
 __all__ = [
     "FIRST_MARGIN",
     "TAIL",
@@ -36,6 +38,7 @@ __all__ = [
     "Schedule",
     "schedule",
     "quantize_lower",
+    "schedule_grid",
 ]
 
 #: Relative headroom above the top of the first interval (in s, so λ may exceed
@@ -176,5 +179,26 @@ def schedule(lower: float, margin: float, first_margin: float = FIRST_MARGIN) ->
 
 def quantize_lower(lower: float) -> float:
     """Round a lower bound down onto the cached grid (a smaller bound is still valid)."""
-    lower = min(max(float(lower), SMALLEST_LOWER), 0.5)
-    return 10.0 ** (math.floor(math.log10(lower) * STEPS_PER_DECADE) / STEPS_PER_DECADE)
+    return _quantize_onto_grid(lower, SMALLEST_LOWER, STEPS_PER_DECADE)
+
+
+@functools.lru_cache(maxsize=16)
+def schedule_grid(margin: float):
+    """The schedules of every grid lower bound, for indexing on the device.
+
+    Returns
+    -------
+    grid : ndarray, shape (G,)
+        The lower bounds :func:`quantize_lower` can return, ascending.
+    coefficients : ndarray, shape (G, K, 3)
+        Row g is ``schedule(grid[g], margin).coefficients`` padded with
+        :data:`TAIL` to the longest schedule's K steps.
+    """
+    grid = lower_grid(SMALLEST_LOWER, STEPS_PER_DECADE)
+    rows = [schedule(float(v), margin).coefficients for v in grid]
+    table = np.empty((len(grid), max(len(r) for r in rows), 3))
+    table[:] = TAIL
+    for g, r in enumerate(rows):
+        table[g, : len(r)] = r
+    table.flags.writeable = False
+    return grid, table
