@@ -34,6 +34,8 @@ __all__ = [
     "has_float64",
     "bounded_loop",
     "counted_loop",
+    "trip_count",
+    "host_constant",
     "register_jax_pytree",
     "is_accelerator",
     "identity_stack",
@@ -81,13 +83,18 @@ def is_accelerator(xp, x) -> bool:
 
 
 def is_traced(x) -> bool:
-    """True for a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``): its values
-    cannot be read on the host, so no ``bool()``/``float()`` of it."""
-    if not array_api_compat.is_jax_array(x):
-        return False
-    import jax
+    """True where ``x``'s values cannot be read on the host (no ``bool()``/``float()``):
+    a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``), or a torch tensor while
+    ``torch.compile`` traces (a read would break the graph)."""
+    if array_api_compat.is_jax_array(x):
+        import jax
 
-    return isinstance(x, jax.core.Tracer)
+        return isinstance(x, jax.core.Tracer)
+    if array_api_compat.is_torch_array(x):
+        import torch
+
+        return torch.compiler.is_compiling()
+    return False
 
 
 def has_float64(xp) -> bool:
@@ -104,16 +111,18 @@ def bounded_loop(body, carry, *, max_iter: int, running, check_every: int, trace
 
     ``running(carry)`` is a 0-d boolean array: whether any matrix still iterates.
     Eagerly the host reads it every ``check_every`` steps (the only syncs of the
-    loop) and ``k`` is a Python int. With ``traced`` (under ``jax.jit``) the loop
-    is a ``lax.while_loop`` that checks on the device every step: ``k = 0`` runs
-    first as plain Python (so a first step may differ in structure, e.g. start
-    from the identity), later ``k`` are traced int32 scalars. The carry must keep
-    its shapes and dtypes from step to step.
+    loop) and ``k`` is a Python int. Under ``torch.compile`` all ``max_iter``
+    steps are traced (frozen matrices pass through unchanged), so a compiled
+    graph holds no data-dependent exit: use a small ``max_iter``. Under
+    ``jax.jit`` the loop is a ``lax.while_loop`` that checks on the device every
+    step: ``k = 0`` runs first as plain Python (so a first step may differ in
+    structure, e.g. start from the identity), later ``k`` are traced int32
+    scalars. The carry must keep its shapes and dtypes from step to step.
     """
-    if not traced:
+    if not traced or not is_jax_namespace(array_namespace(running(carry))):
         for k in range(max_iter):
             carry = body(carry, k)
-            if (k + 1) % check_every == 0 and not bool(running(carry)):
+            if not traced and (k + 1) % check_every == 0 and not bool(running(carry)):
                 break
         return carry
     if max_iter < 1:
@@ -162,6 +171,26 @@ def shifted_product(c: float, alpha: float, a, b, eye):
     return c * eye + alpha * (a @ b)
 
 
+def host_constant(fn):
+    """Mark ``fn`` (host arguments → NumPy constants) as a constant for ``torch.compile``.
+
+    Dynamo then calls it once while tracing and bakes the result into the graph
+    instead of tracing its NumPy code (this sets the marker that
+    ``torch._dynamo.assume_constant_result`` sets, without importing torch).
+    The result is cached: it depends on the arguments only.
+    """
+    results: dict = {}
+
+    @functools.wraps(fn)
+    def cached(*args):
+        if args not in results:
+            results[args] = fn(*args)
+        return results[args]
+
+    cached._dynamo_marked_constant = True
+    return cached
+
+
 @functools.lru_cache(maxsize=None)
 def register_jax_pytree(cls, static_fields: tuple = ()):
     """Make a NamedTuple ``cls`` a JAX pytree (once), its ``static_fields`` (e.g. a
@@ -181,9 +210,18 @@ def register_jax_pytree(cls, static_fields: tuple = ()):
     jax.tree_util.register_pytree_node(cls, flatten, unflatten)
 
 
+def trip_count(count, upper: int):
+    """What :func:`counted_loop` can run for a 0-d integer array ``count ≤ upper``:
+    ``int(count)`` eagerly, ``count`` itself under ``jax.jit`` (a device-side
+    bound), ``upper`` under ``torch.compile`` (the graph needs a static count)."""
+    if not is_traced(count):
+        return int(count)
+    return count if array_api_compat.is_jax_array(count) else upper
+
+
 def counted_loop(body, carry, count):
-    """``carry = body(carry, k)`` for ``k = 0 … count − 1``; ``count`` may be traced
-    (``lax.fori_loop``, which JAX turns into a while loop for a traced bound)."""
+    """``carry = body(carry, k)`` for ``k = 0 … count − 1``; ``count`` may be a
+    traced JAX scalar (``lax.fori_loop``, a while loop for a traced bound)."""
     if is_traced(count):
         from jax import lax
 

@@ -192,7 +192,7 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                            check_finite=check_finite, compute_dtype=compute_dtype)
     xp = _xp.array_namespace(result.root)
     if _xp.is_traced(result.root):
-        return result.root  # no host read under jax.jit: inv_root_info says which failed
+        return result.root  # no host read when traced: inv_root_info says which failed
     failed = ~result.converged
     if tol == 0 and result.method != "evd":
         failed = ~xp.isfinite(result.residual)
@@ -263,7 +263,8 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     n = a.shape[-1]
     dev = _xp.device_of(a)
     traced = _xp.is_traced(a)
-    # Under jax.jit values cannot be inspected: non-finite matrices come back NaN.
+    # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
+    # come back NaN.
     if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
         raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
                          "roots for those matrices instead)")
@@ -291,9 +292,10 @@ def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if method in ("chebyshev", "minimax"):
         if traced and eps == 0:
-            raise ValueError(f"method={method!r} under jax.jit needs eps > 0 (the ridge "
-                             "is its lower bound; the λmin estimate for eps = 0 reads "
-                             "the host), or use 'newton_db' / 'coupled_newton'")
+            raise ValueError(f"method={method!r} under jax.jit or torch.compile needs "
+                             "eps > 0 (the ridge is its lower bound; the λmin estimate "
+                             "for eps = 0 reads the host), or use 'newton_db' / "
+                             "'coupled_newton'")
         solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
     out = SOLVERS[method](scaled, p, **solver_kwargs)
 

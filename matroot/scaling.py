@@ -33,13 +33,19 @@ LANCZOS_STEPS = 64
 LANCZOS_SAFETY = 4.0
 
 
-def _start_vectors(xp, n: int, k: int, dtype, device):
+@_xp.host_constant
+def _start_matrix(n: int, k: int) -> np.ndarray:
     # A fixed-seed host draw: reproducible, never touches the global RNG, and the
     # same start on every backend so results agree across them.
     rng = np.random.default_rng(_START_SEED + 7919 * n + k)
     v = rng.standard_normal((n, k))
     v /= np.linalg.norm(v, axis=0, keepdims=True)
-    return _xp.from_numpy(xp, v, dtype=dtype, device=device)
+    v.flags.writeable = False
+    return v
+
+
+def _start_vectors(xp, n: int, k: int, dtype, device):
+    return _xp.from_numpy(xp, _start_matrix(n, k), dtype=dtype, device=device)
 
 
 def _entry_scale(xp, a):
@@ -92,7 +98,7 @@ def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
         w = b @ v
         norms = xp.sqrt(xp.sum(w * w, axis=-2))
         best = xp.maximum(best, xp.max(norms, axis=-1))
-        v = w / xp.maximum(norms, tiny)[..., None, :]
+        v = w / xp.clip(norms, min=tiny)[..., None, :]
     return best * scale
 
 

@@ -8,7 +8,6 @@ array: there the tables are built for every grid point and indexed on the device
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -26,7 +25,7 @@ def quantize_lower(lower: float, smallest: float, steps_per_decade: int) -> floa
     return 10.0 ** (math.floor(math.log10(lower) * steps_per_decade) / steps_per_decade)
 
 
-@functools.lru_cache(maxsize=8)
+@_xp.host_constant
 def lower_grid(smallest: float, steps_per_decade: int) -> np.ndarray:
     """Every value :func:`quantize_lower` can return, ascending (read-only)."""
     first = math.floor(math.log10(smallest) * steps_per_decade)

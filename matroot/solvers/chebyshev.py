@@ -101,7 +101,7 @@ def _device_coefficients(xp, lowers: tuple, p: int, tol: float, max_degree: int,
     return entry
 
 
-@functools.lru_cache(maxsize=64)
+@_xp.host_constant
 def _grid_fits(p: int, tol: float, max_degree: int):
     """Fits for every grid lower bound (for ``jax.jit``, where the bound is traced).
 
@@ -176,7 +176,7 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
     if _xp.is_traced(a):
-        # The bound is traced: every grid bound's fit goes to the device.
+        # The bound cannot be read: every grid bound's fit goes to the device.
         grid, table, degree_table, error_table = _grid_fits(p, float(tol), int(max_iter))
         index = device_grid_index(lower, grid)
 
@@ -185,7 +185,10 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
 
         coeffs, lo = pick(table, a.dtype), pick(grid, a.dtype)
         iterations, fit = pick(degree_table, xp.int32), pick(error_table, a.dtype)
-        degree = xp.maximum(xp.max(iterations), xp.asarray(2, dtype=xp.int32))
+        # Rows are zero beyond their degree, so a higher start is exact (just slower).
+        degree = _xp.trip_count(xp.max(iterations), table.shape[1] - 1)
+        degree = xp.maximum(degree, xp.asarray(2, dtype=xp.int32)) if _xp.is_traced(
+            degree) else max(degree, 2)
     else:
         lowers = tuple(_quantize_lower(float(v)) for v in _xp.to_numpy(lower))
         coeffs, degrees, errors = _device_coefficients(xp, lowers, p, float(tol),

@@ -116,10 +116,17 @@ def _coefficient_table(xp, lowers, margin, steps, dtype, device):
     if isinstance(lowers, list):
         table = np.stack([_padded(schedule(v, margin).coefficients, steps) for v in lowers])
         return xp.permute_dims(_xp.from_numpy(xp, table, dtype=dtype, device=device), (1, 0, 2))
-    grid, grid_table = schedule_grid(margin)
-    rows = _xp.from_numpy(xp, _padded(grid_table, steps), dtype=dtype, device=device)
+    grid, rows = _grid_rows(margin, steps)
+    rows = _xp.from_numpy(xp, rows, dtype=dtype, device=device)
     picked = xp.take(rows, device_grid_index(lowers, grid), axis=0)
     return xp.permute_dims(picked, (1, 0, 2))
+
+
+@_xp.host_constant
+def _grid_rows(margin, steps):
+    """The grid and its schedules cut or padded to ``steps`` rows: (G,), (G, steps, 3)."""
+    grid, table = schedule_grid(margin)
+    return grid, _padded(table, steps)
 
 
 def z_norm_bounds(lowers, margin, steps):
@@ -227,15 +234,14 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
                    else max(len(schedule(v, margin).errors) for v in lowers))
         steps = min(max_iter - 1, longest + LOW_PRECISION_EXTRA_STEPS)
     table = _coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
-    tail = _xp.from_numpy(xp, np.broadcast_to(np.array(TAIL), (b, 3)), dtype=a.dtype,
-                          device=dev)
+    tail = xp.broadcast_to(xp.asarray(TAIL, dtype=a.dtype, device=dev), (b, 3))
 
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
 
     # The ‖Z‖ bound needs host bounds; under jax.jit ZY and q·Z stay unrounded.
-    z_rounding = (np.zeros(max(steps, 1), dtype=bool) if traced else
-                  u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT)
+    z_rounding = None if traced else (
+        u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT)
 
     def run(state, coefficients, *, sixteen_bit, tol, max_iter, stall_level=None):
         def step(state, k):
