@@ -36,6 +36,7 @@ __all__ = [
     "counted_loop",
     "trip_count",
     "host_constant",
+    "cond",
     "register_jax_pytree",
     "is_accelerator",
     "identity_stack",
@@ -210,6 +211,17 @@ def register_jax_pytree(cls, static_fields: tuple = ()):
     jax.tree_util.register_pytree_node(cls, flatten, unflatten)
 
 
+def cond(predicate, if_true, if_false, *operands):
+    """``if_true(*operands)`` where the 0-d boolean ``predicate`` holds, else
+    ``if_false(*operands)``: a host branch eagerly, ``lax.cond`` under ``jax.jit``
+    (both results must then have the same structure, shapes and dtypes)."""
+    if is_traced(predicate) and array_api_compat.is_jax_array(predicate):
+        from jax import lax
+
+        return lax.cond(predicate, if_true, if_false, *operands)
+    return if_true(*operands) if bool(predicate) else if_false(*operands)
+
+
 def trip_count(count, upper: int):
     """What :func:`counted_loop` can run for a 0-d integer array ``count ≤ upper``:
     ``int(count)`` eagerly, ``count`` itself under ``jax.jit`` (a device-side
@@ -246,6 +258,8 @@ def to_numpy(x) -> np.ndarray:
 def from_numpy(xp, arr: np.ndarray, *, dtype=None, device=None):
     """Move a host NumPy array into namespace ``xp`` on ``device``."""
     arr = np.ascontiguousarray(arr)
+    if not arr.flags.writeable:  # a cached constant: torch would share its buffer
+        arr = arr.copy()
     if dtype is None:
         return xp.asarray(arr, device=device)
     return xp.astype(xp.asarray(arr, device=device), dtype)

@@ -19,9 +19,13 @@ The update of one step, for every parameter with a gradient ``g``:
    elementwise update, it is the Adam direction itself.
 5. ``update = −lr·(direction + weight_decay·param)`` (decoupled weight decay).
 
-The state's arrays are updated in place (NumPy, CuPy and PyTorch arrays are
-mutable); ``update`` returns the state with its counters advanced. Copy the
-state first (:func:`copy_state`) to keep the old one.
+``update`` is a pure function: it returns new arrays and a new state and never
+writes into its inputs, on every backend (JAX included). ``in_place=True`` is
+the fast path for mutable arrays (NumPy, CuPy, PyTorch): moments and factors
+are overwritten where they lie (:func:`matroot.optim.preconditioner.assign` is
+the one seam). The counters ``step`` and ``param_steps`` may be Python ints or
+0-d integer arrays; with arrays (the optax shell under ``jax.jit``) the root
+refresh is a device-side branch and the start of preconditioning a select.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from .. import _xp
 from .._checks import METHODS
 from .blocking import ELEMENTWISE, BlockPlan, plan_blocks, subgroup
 from .preconditioner import (
+    assign,
     gather_blocks,
     graft,
     init_stacks,
@@ -197,10 +202,13 @@ class ShampooConfig:
         """``β₂'`` of the Adam (grafting) second moment."""
         return self.betas[1] if self.grafting_beta2 is None else float(self.grafting_beta2)
 
-    def refreshes_roots_at(self, step: int) -> bool:
-        """Whether the inverse roots are recomputed at (1-based) ``step``."""
+    def refreshes_roots_at(self, step):
+        """Whether the inverse roots are recomputed at (1-based) ``step`` (an int, or
+        a 0-d integer array giving a boolean array)."""
         start = self.first_preconditioned_step
-        return step >= start and (step - start) % self.precondition_frequency == 0
+        if isinstance(step, numbers.Integral):
+            return bool(step >= start and (step - start) % self.precondition_frequency == 0)
+        return (step >= start) & ((step - start) % self.precondition_frequency == 0)
 
 
 class ShampooState(NamedTuple):
@@ -357,7 +365,8 @@ def _present_runs(group, present):
 
 
 def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None,
-           weight_decay=None, check_grads: bool = True, on_phase: Callable | None = None):
+           weight_decay=None, check_grads: bool = True, on_phase: Callable | None = None,
+           in_place: bool = False):
     """One Shampoo step: updates to add to the parameters, and the advanced state.
 
     Parameters
@@ -366,7 +375,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         One per parameter; None means the parameter is left as it is this step
         (its moments, factors and step count untouched).
     state : ShampooState
-        From :func:`init` or a previous ``update``; its arrays are updated in place.
+        From :func:`init` or a previous ``update``; left untouched unless ``in_place``.
     params : sequence of arrays
         The current parameters (for weight decay). May be None when
         ``weight_decay`` is 0 for all of them.
@@ -379,6 +388,9 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     on_phase : callable, optional
         Called with "moments", "factors", "roots" (only on refresh steps),
         "precondition" and "updates" as each phase ends (for profiling).
+    in_place : bool
+        Overwrite the state's moments and factors instead of making new arrays
+        (NumPy, CuPy, PyTorch; ignored on JAX, whose arrays are immutable).
 
     Returns
     -------
@@ -442,48 +454,67 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     # 1. Moments and Adam directions, elementwise.
     g_work, m_hat, adam = [None] * count, [None] * count, [None] * count
+    exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
     for i, g in enumerate(grads):
         if g is None:
             continue
-        m, v = state.exp_avg[i], state.exp_avg_sq[i]
+        m, v = exp_avg[i], exp_avg_sq[i]
         g = xp.astype(g, m.dtype, copy=False)
         g_work[i] = g
-        m += (1.0 - beta1) * (g - m)
+        m = assign(m, ..., m + (1.0 - beta1) * (g - m), in_place=in_place)
         if beta2_moment == 1.0:
-            v += g * g
+            v = assign(v, ..., v + g * g, in_place=in_place)
         else:
-            v *= beta2_moment
-            v += (1.0 - beta2_moment) * (g * g)
+            v = assign(v, ..., beta2_moment * v + (1.0 - beta2_moment) * (g * g),
+                       in_place=in_place)
+        exp_avg[i], exp_avg_sq[i] = m, v
         t = param_steps[i]
         corr1 = 1.0 - beta1 ** t if config.bias_correction else 1.0
         corr2 = 1.0 - beta2_moment ** t if config.bias_correction and beta2_moment < 1 else 1.0
         first = beta1 * m + (1.0 - beta1) * g if config.nesterov else m
         m_hat[i] = first / corr1
-        adam[i] = m_hat[i] / (xp.sqrt(v) / math.sqrt(corr2) + config.eps)
+        adam[i] = m_hat[i] / (xp.sqrt(v) / corr2 ** 0.5 + config.eps)
     phase("moments")
 
     # 2. Factors, one batched product per group of equal-shape blocks.
     views = [None if g is None else xp.reshape(g, layout.view)
              for g, layout in zip(g_work, plan.params)]
     runs = [run for group in plan.groups for run in _present_runs(group, present)]
+    factors = list(state.factors)
     for run in runs:
-        update_factors(run, gather_blocks(run, views, xp), state.factors, beta2)
+        factors = update_factors(run, gather_blocks(run, views, xp), factors, beta2,
+                                 in_place=in_place)
     phase("factors")
 
     # 3. Inverse roots, one solver call per stack.
-    roots, failures, refreshes = state.roots, state.root_failures, state.root_refreshes
-    if config.refreshes_roots_at(step) and plan.stacks:
+    def refresh(roots, failures):
         roots, failures = list(roots), list(failures)
         for s, spec in enumerate(plan.stacks):
             roots[s], failures[s], _ = refresh_inverse_roots(
-                spec, state.factors[s], roots[s], failures[s], method=config.root_method,
+                spec, factors[s], roots[s], failures[s], method=config.root_method,
                 eps=config.matrix_eps, options=config.root_options)
-        refreshes += 1
-        phase("roots")
+        return roots, failures
+
+    roots, failures = list(state.roots), list(state.root_failures)
+    refreshes = state.root_refreshes
+    if plan.stacks:
+        due = config.refreshes_roots_at(step)
+        if isinstance(due, bool):
+            if due:
+                roots, failures = refresh(roots, failures)
+                refreshes += 1
+                phase("roots")
+        else:
+            roots, failures = _xp.cond(due, refresh, lambda r, f: (list(r), list(f)),
+                                       roots, failures)
+            refreshes = refreshes + xp.astype(due, xp.int32)
 
     # 4. Directions: grafted Shampoo blocks once preconditioning has started.
     directions = list(adam)
-    if step >= config.first_preconditioned_step and runs:
+    started = step >= config.first_preconditioned_step
+    if isinstance(step, numbers.Integral):
+        started = bool(started)
+    if not isinstance(started, bool) or (started and runs):
         m_views = [None if m is None else xp.reshape(m, layout.view)
                    for m, layout in zip(m_hat, plan.params)]
         a_views = [None if a is None else xp.reshape(a, layout.view)
@@ -493,10 +524,14 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                      for a, layout in zip(adam, plan.params)]
         for run in runs:
             shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), roots)
-            scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)), out_views)
+            out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
+                                       out_views)
         for i, (out, layout) in enumerate(zip(out_views, plan.params)):
             if out is not None:
-                directions[i] = xp.reshape(out, layout.shape)
+                shaped = xp.reshape(out, layout.shape)
+                # Counters on the device: select instead of branching on the host.
+                directions[i] = shaped if isinstance(started, bool) else xp.where(
+                    started, shaped, adam[i])
     phase("precondition")
 
     # 5. Updates with decoupled weight decay.
@@ -510,7 +545,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         updates[i] = u
     phase("updates")
 
-    new_state = state._replace(step=step, param_steps=param_steps, roots=roots,
+    new_state = state._replace(step=step, param_steps=param_steps, exp_avg=exp_avg,
+                               exp_avg_sq=exp_avg_sq, factors=factors, roots=roots,
                                root_failures=failures, root_refreshes=refreshes)
     return updates, new_state
 
