@@ -10,6 +10,9 @@ tables under ``docs/_generated/``. The Sphinx build runs ``render`` itself.
   rounding does not end the iterations early.
 - ``methods.json``: worst relative error against a float64 eigh oracle,
   iterations, matmuls and convergence for every method, κ and precision.
+
+The tables that describe the solvers themselves (support, overview) are
+rendered from the solver registry by ``registry_tables.py``.
 """
 
 from __future__ import annotations
@@ -129,8 +132,8 @@ def measure_methods() -> dict:
         exact = oracle(factors.astype(np.float32).astype(np.float64), eps, P)
         a = torch.from_numpy(factors.astype(np.float32))
         for method, label, matmul_dtype, extra in runs:
-            if method == "evd" and matmul_dtype is not None:
-                continue  # eigh forms no matmuls; the setting has no effect
+            if not SOLVERS[method].forms_matmuls and matmul_dtype is not None:
+                continue  # the setting has no effect
             res = matroot.inv_root_info(a, P, method=method, eps=eps,
                                         matmul_dtype=matmul_dtype, **extra)
             errors = relative_errors(res.root, exact)
@@ -217,8 +220,9 @@ def methods_table_rst(data: dict) -> str:
 
 def render(data_dir: Path = DATA, out_dir: Path = GENERATED) -> list[Path]:
     """Write the figures and tables the docs include; returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    import registry_tables
+
+    written = registry_tables.render(out_dir)
     scaling = data_dir / "scaling.json"
     if scaling.exists():
         path = out_dir / "scaling_iterations.png"

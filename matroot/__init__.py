@@ -2,7 +2,8 @@
 
 ``matroot.inv_root(a, p)`` computes ``(A + eps·I)^(-1/p)`` for every symmetric
 positive (semi)definite matrix of a stack ``a[..., n, n]`` of NumPy, CuPy or
-PyTorch arrays, with Newton–Schulz, coupled Newton, Chebyshev or eigh.
+PyTorch arrays, with any solver of the registry (:mod:`matroot.solvers.registry`):
+eigh, Newton–Schulz, coupled Newton, minimax polynomial iterations or Chebyshev.
 """
 
 from .roots import (
@@ -12,6 +13,7 @@ from .roots import (
     default_tol,
     inv_root,
     inv_root_info,
+    usable_roots,
 )
 from .scaling import (
     SpectralBounds,
@@ -31,6 +33,7 @@ __all__ = [
     "ConvergenceWarning",
     "default_tol",
     "default_max_iter",
+    "usable_roots",
     "choose_method",
     "power_iteration",
     "lambda_max_bound",

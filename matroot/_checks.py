@@ -7,7 +7,6 @@ import numbers
 
 from ._xp import array_namespace, backend_name
 
-METHODS = ("auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax")
 SCALINGS = ("power", "frobenius")
 MATMUL_DTYPES = (None, "float16", "bfloat16")
 COMPUTE_DTYPES = (None, "float32", "float64")
@@ -41,33 +40,13 @@ def check_stack(a, name: str = "a"):
     return xp
 
 
-def check_p(p, method: str):
-    """Validate the root order for ``method``; return it as int or float."""
+def check_p(p):
+    """Validate a root order (a finite real ``p > 0``); return it as int or float."""
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
     if not math.isfinite(p) or p <= 0:
         raise ValueError(f"p must be a finite number > 0, got {p}")
-    if float(p).is_integer():
-        p = int(p)
-    supported = methods_supporting(p)
-    if method != "auto" and method not in supported:
-        raise ValueError(
-            f"method={method!r} does not support p={p}; methods that do: "
-            + ", ".join(repr(m) for m in supported)
-        )
-    return p
-
-
-def methods_supporting(p) -> tuple[str, ...]:
-    """The solver names that can compute A^(-1/p) for this p."""
-    names = ["evd"]
-    if isinstance(p, int):
-        if p & (p - 1) == 0:
-            names.append("newton_db")
-        names += ["coupled_newton", "chebyshev"]
-        if p & (p - 1) == 0:
-            names.append("minimax")
-    return tuple(names)
+    return int(p) if float(p).is_integer() else float(p)
 
 
 def check_choice(value, name: str, choices):

@@ -257,9 +257,8 @@ def to_numpy(x) -> np.ndarray:
 
 def from_numpy(xp, arr: np.ndarray, *, dtype=None, device=None):
     """Move a host NumPy array into namespace ``xp`` on ``device``."""
-    arr = np.ascontiguousarray(arr)
-    if not arr.flags.writeable:  # a cached constant: torch would share its buffer
-        arr = arr.copy()
+    # A copy: torch would share the buffer of a (possibly cached, read-only) array.
+    arr = np.ascontiguousarray(arr).copy()
     if dtype is None:
         return xp.asarray(arr, device=device)
     return xp.astype(xp.asarray(arr, device=device), dtype)

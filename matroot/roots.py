@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import _xp
 from ._checks import (
     COMPUTE_DTYPES,
-    METHODS,
     SCALINGS,
     check_choice,
     check_matmul_dtype,
@@ -18,12 +18,14 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import lambda_max_bound, lambda_min_estimate
-from .solvers import SOLVERS
+from .scaling import lambda_max_bound_core, lambda_min_estimate_core
+from .solvers import get_solver
 from .solvers.auto import choose_method
+from .solvers.registry import check_method, require_dtypes, require_support
+from ._typing import Array
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
-           "default_tol", "default_max_iter"]
+           "default_tol", "default_max_iter", "usable_roots"]
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -54,31 +56,13 @@ class InvRootResult(NamedTuple):
         The solver that ran (what ``"auto"`` resolved to).
     """
 
-    root: object
-    residual: object
-    iterations: object
-    converged: object
-    lambda_max: object
-    matmuls: object
+    root: Array
+    residual: Array
+    iterations: Array
+    converged: Array
+    lambda_max: Array
+    matmuls: Array
     method: str
-
-
-#: Per (method, dtype) residual targets; chosen so the default call meets the
-#: accuracy table in the README (measured in tests/test_accuracy.py).
-_DEFAULT_TOL = {
-    ("newton_db", "float32"): 1e-5,
-    ("newton_db", "float64"): 1e-12,
-    ("coupled_newton", "float32"): 1e-5,
-    ("coupled_newton", "float64"): 1e-12,
-    ("chebyshev", "float32"): 1e-4,
-    ("chebyshev", "float64"): 1e-8,
-    ("minimax", "float32"): 1e-5,
-    ("minimax", "float64"): 1e-12,
-    ("evd", "float32"): 0.0,
-    ("evd", "float64"): 0.0,
-}
-_DEFAULT_MAX_ITER = {"newton_db": 60, "coupled_newton": 60, "chebyshev": 400, "minimax": 30,
-                     "evd": 1}
 
 
 def default_tol(method: str, compute_dtype: str) -> float:
@@ -86,8 +70,8 @@ def default_tol(method: str, compute_dtype: str) -> float:
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
     compute_dtype : {"float32", "float64"}
         The dtype the solver computes in.
 
@@ -101,7 +85,9 @@ def default_tol(method: str, compute_dtype: str) -> float:
     >>> matroot.default_tol("newton_db", "float32")
     1e-05
     """
-    return _DEFAULT_TOL[(method, compute_dtype)]
+    spec = get_solver(method)
+    check_choice(compute_dtype, "compute_dtype", spec.compute_dtypes)
+    return spec.default_tol[compute_dtype]
 
 
 def default_max_iter(method: str) -> int:
@@ -109,8 +95,8 @@ def default_max_iter(method: str) -> int:
 
     Parameters
     ----------
-    method : {"evd", "newton_db", "coupled_newton", "chebyshev"}
-        A solver name (not ``"auto"``).
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
 
     Returns
     -------
@@ -122,11 +108,140 @@ def default_max_iter(method: str) -> int:
     >>> matroot.default_max_iter("coupled_newton")
     60
     """
-    return _DEFAULT_MAX_ITER[method]
+    return get_solver(method).default_max_iter
 
 
-def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-             max_iter=None, matmul_dtype=None, check_finite=True, compute_dtype=None):
+def _with_signature_of(source):
+    """Show ``source``'s parameters for the decorated ``f(a, /, p, **options)`` (in
+    ``help()``, ``inspect`` and Sphinx), so both are declared and validated once."""
+    def decorate(func):
+        own = inspect.signature(func)
+        func.__signature__ = inspect.signature(source).replace(
+            return_annotation=own.return_annotation)
+        return func
+
+    return decorate
+
+
+def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
+                  scaling: str = "power", tol: float | None = None,
+                  max_iter: int | None = None, matmul_dtype: str | None = None,
+                  check_finite: bool = True,
+                  compute_dtype: str | None = None) -> InvRootResult:
+    """:func:`inv_root` with per-matrix diagnostics.
+
+    Takes the same arguments as :func:`inv_root`.
+
+    Returns
+    -------
+    InvRootResult
+        ``root`` plus per-matrix ``residual``, ``iterations``, ``converged``,
+        ``lambda_max`` and ``matmuls`` arrays of shape ``a.shape[:-2]``, and the
+        ``method`` that ran.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> a = np.stack([np.diag([1.0, 4.0]), np.diag([9.0, 9.0])])
+    >>> res = matroot.inv_root_info(a, 2, method="coupled_newton")
+    >>> res.converged.tolist(), res.iterations.shape
+    ([True, True], (2,))
+    """
+    xp = check_stack(a)
+    if _xp.is_jax_namespace(xp):
+        _xp.register_jax_pytree(InvRootResult, ("method",))
+    check_method(method)
+    p = check_p(p)
+    require_support(method, p)
+    eps = check_nonnegative(eps, "eps")
+    check_choice(scaling, "scaling", SCALINGS)
+    check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
+    max_iter = check_max_iter(max_iter)
+    if tol is not None:
+        tol = check_nonnegative(tol, "tol")
+    if compute_dtype == "float64" and not _xp.has_float64(xp):
+        raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
+                         "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1)")
+    work_name = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
+    matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
+    if method == "auto":
+        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
+    spec = get_solver(method)
+    if compute_dtype is None and spec.default_compute_dtype is not None:
+        if spec.default_compute_dtype == "float64" and not _xp.has_float64(xp):
+            warnings.warn(f"{method} computes in float32: JAX's float64 is off. Enable "
+                          "it (jax.config.update('jax_enable_x64', True)) for its float64 "
+                          "default, or pass compute_dtype='float32' to accept float32",
+                          UserWarning, stacklevel=3)
+        else:
+            work_name = spec.default_compute_dtype
+    require_dtypes(spec, work_name, matmul_dtype)
+    if tol is None:
+        tol = default_tol(method, work_name)
+    if max_iter is None:
+        max_iter = default_max_iter(method)
+
+    batch = tuple(a.shape[:-2])
+    n = a.shape[-1]
+    dev = _xp.device_of(a)
+    traced = _xp.is_traced(a)
+    # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
+    # come back NaN.
+    if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
+        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
+                         "roots for those matrices instead)")
+    b = math.prod(batch)
+    if b == 0 or n == 0:
+        return _empty_result(xp, a, batch, method)
+
+    work_dtype = getattr(xp, work_name)
+    stack = xp.reshape(xp.astype(a, work_dtype), (b, n, n))
+    finite = xp.all(xp.isfinite(stack), axis=(-2, -1))
+    eye = _xp.identity_stack(xp, n, work_dtype, dev)
+    # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
+    stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
+    if eps > 0:
+        stack = stack + eps * eye
+
+    lam_max = lambda_max_bound_core(stack, scaling=scaling)
+    nonzero = lam_max > 0
+    scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
+    scaled = stack / scale[:, None, None]
+
+    solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
+                         check_every=4 if _xp.is_accelerator(xp, a) else 1,
+                         matmul=_xp.Matmul(xp, None if matmul_dtype is None
+                                           else _xp.dtype_from_name(xp, matmul_dtype)))
+    if spec.needs_lower_bound:
+        if traced and eps == 0:
+            raise ValueError(f"method={method!r} under jax.jit or torch.compile needs "
+                             "eps > 0 (the ridge is its lower bound; the λmin estimate "
+                             "for eps = 0 reads the host), or use 'newton_db' / "
+                             "'coupled_newton'")
+        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
+    out = spec.solve(scaled, p, **solver_kwargs)
+
+    root = out.root * (scale ** (-1.0 / p))[:, None, None]
+    usable = finite & nonzero
+    root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
+    nan_b = xp.full_like(out.residual, float("nan"))
+    residual = xp.where(usable, out.residual, nan_b)
+    converged = out.converged & usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+
+    root = xp.reshape(xp.astype(root, a.dtype), (*batch, n, n))
+    return InvRootResult(
+        root=root,
+        residual=xp.reshape(residual, batch),
+        iterations=xp.reshape(out.iterations, batch),
+        converged=xp.reshape(converged, batch),
+        lambda_max=xp.reshape(xp.where(finite, lam_max, nan_b), batch),
+        matmuls=xp.reshape(out.matmuls, batch),
+        method=method,
+    )
+
+
+@_with_signature_of(inv_root_info)
+def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     """Inverse p-th root ``(A + eps·I)^(-1/p)`` of every matrix in a stack.
 
     Parameters
@@ -136,12 +251,16 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
         (NumPy, CuPy, PyTorch, array-api-strict). The symmetric part
         ``(A + Aᵀ)/2`` is used, so rounding-level asymmetry does not matter.
     p : float
-        Root order. Any real ``p > 0`` for ``"evd"``; a positive integer for
-        ``"coupled_newton"`` and ``"chebyshev"``; a power of two (or 1) for
-        ``"newton_db"`` and ``"minimax"``.
-    method : {"auto", "evd", "newton_db", "coupled_newton", "chebyshev", "minimax"}
-        The solver; ``"auto"`` picks by backend, device, size and dtype
-        (:func:`matroot.choose_method`).
+        Root order, ``> 0``. Each method states the p it takes in its registry
+        entry (the built-in ones: any real p for ``"evd"``, integers for
+        ``"coupled_newton"`` and ``"chebyshev"``, powers of two for
+        ``"newton_db"`` and ``"minimax"``); another p is a ValueError that names
+        the methods that take it.
+    method : str
+        ``"auto"`` or a registered solver (built in: ``"evd"``, ``"newton_db"``,
+        ``"coupled_newton"``, ``"chebyshev"``, ``"minimax"``; see
+        :mod:`matroot.solvers.registry`). ``"auto"`` picks by backend, device
+        and p (:func:`matroot.choose_method`).
     eps : float
         Ridge added to the diagonal before the root is taken, ``>= 0``.
     scaling : {"power", "frobenius"}
@@ -187,15 +306,11 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     array([[0.5     , 0.      ],
            [0.      , 0.333333]])
     """
-    result = inv_root_info(a, p, method=method, eps=eps, scaling=scaling, tol=tol,
-                           max_iter=max_iter, matmul_dtype=matmul_dtype,
-                           check_finite=check_finite, compute_dtype=compute_dtype)
+    result = inv_root_info(a, p, **options)
     xp = _xp.array_namespace(result.root)
     if _xp.is_traced(result.root):
         return result.root  # no host read when traced: inv_root_info says which failed
-    failed = ~result.converged
-    if tol == 0 and result.method != "evd":
-        failed = ~xp.isfinite(result.residual)
+    failed = ~usable_roots(result, options.get("tol"))
     count = int(xp.sum(xp.astype(failed, xp.int32)))
     if count:
         warnings.warn(
@@ -205,117 +320,25 @@ def inv_root(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
     return result.root
 
 
-def inv_root_info(a, /, p, *, method="auto", eps=0.0, scaling="power", tol=None,
-                  max_iter=None, matmul_dtype=None, check_finite=True,
-                  compute_dtype=None):
-    """:func:`inv_root` with per-matrix diagnostics.
+def usable_roots(result: InvRootResult, tol: float | None) -> Array:
+    """Per-matrix mask of the roots in ``result`` that are fit to use.
 
-    Takes the same arguments as :func:`inv_root`.
-
-    Returns
-    -------
-    InvRootResult
-        ``root`` plus per-matrix ``residual``, ``iterations``, ``converged``,
-        ``lambda_max`` and ``matmuls`` arrays of shape ``a.shape[:-2]``, and the
-        ``method`` that ran.
+    A root is usable when it converged; with ``tol=0`` for an iterative method
+    (a fixed step count, which never reports convergence) when its residual
+    and entries are finite.
 
     Examples
     --------
     >>> import numpy as np, matroot
-    >>> a = np.stack([np.diag([1.0, 4.0]), np.diag([9.0, 9.0])])
-    >>> res = matroot.inv_root_info(a, 2, method="coupled_newton")
-    >>> res.converged.tolist(), res.iterations.shape
-    ([True, True], (2,))
+    >>> res = matroot.inv_root_info(np.eye(2)[None], 2, method="newton_db", tol=0,
+    ...                             max_iter=3)
+    >>> res.converged.tolist(), matroot.usable_roots(res, 0).tolist()
+    ([False], [True])
     """
-    xp = check_stack(a)
-    if _xp.is_jax_namespace(xp):
-        _xp.register_jax_pytree(InvRootResult, ("method",))
-    check_choice(method, "method", METHODS)
-    p = check_p(p, method)
-    eps = check_nonnegative(eps, "eps")
-    check_choice(scaling, "scaling", SCALINGS)
-    check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
-    max_iter = check_max_iter(max_iter)
-    if tol is not None:
-        tol = check_nonnegative(tol, "tol")
-    if compute_dtype == "float64" and not _xp.has_float64(xp):
-        raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
-                         "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1)")
-    work_name = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
-    matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
-    if method == "auto":
-        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
-    if method == "evd" and compute_dtype is None and _xp.has_float64(xp):
-        # float32 eigh loses κ·u in the small eigenvalues (6e-2 at κ = 1e6 with MKL);
-        # NumPy already computes eigh in float64 internally, so do so everywhere.
-        work_name = "float64"
-    elif method == "evd" and compute_dtype is None:
-        warnings.warn("evd computes in float32: JAX's float64 is off. Enable it "
-                      "(jax.config.update('jax_enable_x64', True)) for evd's float64 "
-                      "default, or pass compute_dtype='float32' to accept float32",
-                      UserWarning, stacklevel=3)
-    if tol is None:
-        tol = default_tol(method, work_name)
-    if max_iter is None:
-        max_iter = default_max_iter(method)
-
-    batch = tuple(a.shape[:-2])
-    n = a.shape[-1]
-    dev = _xp.device_of(a)
-    traced = _xp.is_traced(a)
-    # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
-    # come back NaN.
-    if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
-        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
-                         "roots for those matrices instead)")
-    b = math.prod(batch)
-    if b == 0 or n == 0:
-        return _empty_result(xp, a, batch, method)
-
-    work_dtype = getattr(xp, work_name)
-    stack = xp.reshape(xp.astype(a, work_dtype), (b, n, n))
-    finite = xp.all(xp.isfinite(stack), axis=(-2, -1))
-    eye = _xp.identity_stack(xp, n, work_dtype, dev)
-    # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
-    stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
-    if eps > 0:
-        stack = stack + eps * eye
-
-    lam_max = lambda_max_bound(stack, scaling=scaling)
-    nonzero = lam_max > 0
-    scale = xp.where(nonzero, lam_max, xp.ones_like(lam_max))
-    scaled = stack / scale[:, None, None]
-
-    solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
-                         check_every=4 if _xp.is_accelerator(xp, a) else 1,
-                         matmul=_xp.Matmul(xp, None if matmul_dtype is None
-                                           else _xp.dtype_from_name(xp, matmul_dtype)))
-    if method in ("chebyshev", "minimax"):
-        if traced and eps == 0:
-            raise ValueError(f"method={method!r} under jax.jit or torch.compile needs "
-                             "eps > 0 (the ridge is its lower bound; the λmin estimate "
-                             "for eps = 0 reads the host), or use 'newton_db' / "
-                             "'coupled_newton'")
-        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale)
-    out = SOLVERS[method](scaled, p, **solver_kwargs)
-
-    root = out.root * (scale ** (-1.0 / p))[:, None, None]
-    usable = finite & nonzero
-    root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
-    nan_b = xp.full_like(out.residual, float("nan"))
-    residual = xp.where(usable, out.residual, nan_b)
-    converged = out.converged & usable & xp.all(xp.isfinite(root), axis=(-2, -1))
-
-    root = xp.reshape(xp.astype(root, a.dtype), (*batch, n, n))
-    return InvRootResult(
-        root=root,
-        residual=xp.reshape(residual, batch),
-        iterations=xp.reshape(out.iterations, batch),
-        converged=xp.reshape(converged, batch),
-        lambda_max=xp.reshape(xp.where(finite, lam_max, nan_b), batch),
-        matmuls=xp.reshape(out.matmuls, batch),
-        method=method,
-    )
+    xp = _xp.array_namespace(result.root)
+    if tol == 0 and get_solver(result.method).iterative:
+        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
+    return result.converged
 
 
 def _lower_bound(scaled, eps_scaled):
@@ -324,7 +347,7 @@ def _lower_bound(scaled, eps_scaled):
     xp = _xp.array_namespace(scaled)
     if _xp.is_traced(scaled) or bool(xp.all(eps_scaled > 0)):
         return eps_scaled
-    estimate = lambda_min_estimate(scaled, xp.ones_like(eps_scaled))
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
     return xp.where(eps_scaled > 0, eps_scaled, estimate)
 
 

@@ -17,7 +17,8 @@ import array_api_extra as xpx
 import numpy as np
 
 from . import _xp
-from ._checks import SCALINGS, check_choice, check_stack
+from ._checks import SCALINGS, check_choice, check_nonnegative, check_stack
+from ._typing import Array
 
 __all__ = ["power_iteration", "lambda_max_bound", "lambda_min_estimate",
            "lanczos_ritz_extremes", "SpectralBounds", "spectral_bounds"]
@@ -44,8 +45,24 @@ def _start_matrix(n: int, k: int) -> np.ndarray:
     return v
 
 
+#: Start vectors kept on their devices, keyed by (backend, device, dtype, n, k)
+#: as strings (not every backend's device object is hashable); oldest dropped first.
+_START_VECTORS: dict = {}
+_START_VECTORS_KEPT = 64
+
+
 def _start_vectors(xp, n: int, k: int, dtype, device):
-    return _xp.from_numpy(xp, _start_matrix(n, k), dtype=dtype, device=device)
+    # Kept, so the copy to the device happens once per size; callers only read it.
+    key = (_xp.backend_name(xp), str(device), str(dtype), n, k)
+    if key in _START_VECTORS:
+        return _START_VECTORS[key]
+    vectors = _xp.from_numpy(xp, _start_matrix(n, k), dtype=dtype, device=device)
+    if _xp.is_traced(vectors):  # a traced value must not outlive its trace
+        return vectors
+    if len(_START_VECTORS) >= _START_VECTORS_KEPT:
+        del _START_VECTORS[next(iter(_START_VECTORS))]
+    _START_VECTORS[key] = vectors
+    return vectors
 
 
 def _entry_scale(xp, a):
@@ -54,7 +71,7 @@ def _entry_scale(xp, a):
     return xp.where(m > 0, m, xp.ones_like(m))
 
 
-def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
+def power_iteration(a: Array, /, *, num_vectors: int = 4, num_iter: int = 12) -> Array:
     """Batched multi-vector power iteration estimate of λmax for symmetric PSD stacks.
 
     Every matrix of the stack is iterated at once with ``num_vectors`` start
@@ -82,7 +99,13 @@ def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
     >>> float(matroot.power_iteration(a))  # doctest: +ELLIPSIS
     4.99...
     """
-    xp = check_stack(a)
+    check_stack(a)
+    return power_iteration_core(a, num_vectors=num_vectors, num_iter=num_iter)
+
+
+def power_iteration_core(a: Array, *, num_vectors: int = 4, num_iter: int = 12) -> Array:
+    """:func:`power_iteration` without input validation, for callers that checked ``a``."""
+    xp = _xp.array_namespace(a)
     n = a.shape[-1]
     batch = a.shape[:-2]
     if n == 0 or 0 in batch:
@@ -102,7 +125,8 @@ def power_iteration(a, /, *, num_vectors: int = 4, num_iter: int = 12):
     return best * scale
 
 
-def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFETY):
+def lambda_max_bound(a: Array, /, *, scaling: str = "power",
+                     safety: float = POWER_SAFETY) -> Array:
     """An estimate of λmax from above, used to scale the spectrum into (0, 1].
 
     Parameters
@@ -127,8 +151,15 @@ def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFE
     >>> float(matroot.lambda_max_bound(a, scaling="frobenius"))  # doctest: +ELLIPSIS
     5.47...
     """
-    xp = check_stack(a)
+    check_stack(a)
     check_choice(scaling, "scaling", SCALINGS)
+    return lambda_max_bound_core(a, scaling=scaling, safety=safety)
+
+
+def lambda_max_bound_core(a: Array, *, scaling: str = "power",
+                          safety: float = POWER_SAFETY) -> Array:
+    """:func:`lambda_max_bound` without input validation, for callers that checked it."""
+    xp = _xp.array_namespace(a)
     scale = _entry_scale(xp, a)
     b = a / scale[..., None, None]
     frob = _xp.frobenius_norm(b)
@@ -136,7 +167,7 @@ def lambda_max_bound(a, /, *, scaling: str = "power", safety: float = POWER_SAFE
         return frob * scale
     inf_norm = xp.max(xp.sum(xp.abs(b), axis=-1), axis=-1)
     guaranteed = xp.minimum(frob, inf_norm)
-    estimate = power_iteration(b) * safety
+    estimate = power_iteration_core(b) * safety
     return xp.minimum(estimate, guaranteed) * scale
 
 
@@ -197,7 +228,8 @@ def _lanczos(a, num_steps: int):
     return tri, last_beta, packed[:, -1]
 
 
-def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
+def lanczos_ritz_extremes(a: Array, /, *,
+                          num_steps: int = LANCZOS_STEPS) -> tuple[np.ndarray, np.ndarray]:
     """Smallest and largest Ritz values of a batched Lanczos run, for every matrix.
 
     ``num_steps`` products ``A v`` per matrix (matrix-vector, not matrix-matrix,
@@ -237,8 +269,8 @@ def lanczos_ritz_extremes(a, /, *, num_steps: int = LANCZOS_STEPS):
     return (ritz[:, 0] * scale).reshape(batch), (ritz[:, -1] * scale).reshape(batch)
 
 
-def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
-                        safety: float = LANCZOS_SAFETY):
+def lambda_min_estimate(a: Array, /, lambda_max: Array, *, num_iter: int = LANCZOS_STEPS,
+                        safety: float = LANCZOS_SAFETY) -> Array:
     """A λmin estimate meant as a lower bound, from a batched Lanczos run.
 
     The smallest Ritz value θ is an *upper* bound on λmin. Where its Ritz pair
@@ -278,7 +310,15 @@ def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
     >>> bool(est < 1e-2)
     True
     """
-    xp = check_stack(a)
+    check_stack(a)
+    return lambda_min_estimate_core(a, lambda_max, num_iter=num_iter, safety=safety)
+
+
+def lambda_min_estimate_core(a: Array, lambda_max: Array, *,
+                             num_iter: int = LANCZOS_STEPS,
+                             safety: float = LANCZOS_SAFETY) -> Array:
+    """:func:`lambda_min_estimate` without input validation, for callers that checked ``a``."""
+    xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
     if a.shape[-1] == 0 or 0 in batch:
         return xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
@@ -298,11 +338,12 @@ def lambda_min_estimate(a, /, lambda_max, *, num_iter: int = LANCZOS_STEPS,
 class SpectralBounds(NamedTuple):
     """Per-matrix spectral interval estimate ``[lambda_min, lambda_max]``."""
 
-    lambda_min: object
-    lambda_max: object
+    lambda_min: Array
+    lambda_max: Array
 
 
-def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
+def spectral_bounds(a: Array, /, *, scaling: str = "power",
+                    eps: float = 0.0) -> SpectralBounds:
     """Estimate the spectral interval of ``A + eps·I`` for every matrix of a stack.
 
     Parameters
@@ -327,8 +368,10 @@ def spectral_bounds(a, /, *, scaling: str = "power", eps: float = 0.0):
     (2.0, 5.0)
     """
     xp = check_stack(a)
+    check_choice(scaling, "scaling", SCALINGS)
+    eps = check_nonnegative(eps, "eps")
     reg = _xp.add_scaled_identity(a, xp.full(a.shape[:-2], eps, dtype=a.dtype,
                                              device=_xp.device_of(a)))
-    upper = lambda_max_bound(reg, scaling=scaling)
-    lower = xp.maximum(lambda_min_estimate(reg, upper), xp.full_like(upper, eps))
+    upper = lambda_max_bound_core(reg, scaling=scaling)
+    lower = xp.maximum(lambda_min_estimate_core(reg, upper), xp.full_like(upper, eps))
     return SpectralBounds(lower, upper)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot._checks import methods_supporting
+from matroot.solvers.registry import solvers_supporting
 from matroot.bench.__main__ import main as bench_main
 from matroot.bench.problems import spd_stack
 from matroot.bench.solvers import BASELINES, PRESETS
@@ -53,7 +53,7 @@ def test_sweep_has_every_contender_and_field(smoke):
         for p in config.ps:
             rows = [r for r in doc["sweep"] if r["backend"] == backend and r["p"] == p]
             methods = {r["method"] for r in rows}
-            expected = {m for m in SOLVERS if m in methods_supporting(p)} | set(BASELINES)
+            expected = {m for m in SOLVERS if m in solvers_supporting(p)} | set(BASELINES)
             expected -= {s[-1] for s in skipped if s[0] == backend and s[3] == p}
             assert methods == expected
             for r in rows:

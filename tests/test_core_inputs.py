@@ -10,11 +10,13 @@ import pytest
 
 import matroot
 from matroot import ConvergenceWarning
+from matroot.solvers import SOLVERS
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
 from conftest import to_numpy
-from oracle import oracle_inv_root, relative_error, spd_stack
 
-METHODS = ("evd", "newton_db", "coupled_newton", "minimax", "chebyshev")
+#: Every registered solver goes through the bad-input suite.
+METHODS = tuple(SOLVERS)
 
 
 def _spd(batch=(3,), n=8, kappa=1e2, seed=0):
@@ -88,14 +90,14 @@ def test_bad_options(kwargs, match):
 
 
 def test_bfloat16_not_in_numpy():
-    with pytest.raises(ValueError, match="bfloat16.*not available in the numpy backend"):
+    with pytest.raises(ValueError, match=r"bfloat16.*not available in the numpy backend"):
         matroot.inv_root(np.eye(3, dtype=np.float32), 2, method="coupled_newton",
                          matmul_dtype="bfloat16")
 
 
 def test_float16_not_in_array_api_strict():
     import array_api_strict as xps
-    with pytest.raises(ValueError, match="float16.*array_api_strict"):
+    with pytest.raises(ValueError, match=r"float16.*array_api_strict"):
         matroot.inv_root(xps.eye(3, dtype=xps.float32), 2, matmul_dtype="float16")
 
 
@@ -337,8 +339,26 @@ def test_chebyshev_lower_bound_that_misses_eigenvalues_is_not_converged():
     from matroot import _xp
     from matroot.solvers import SOLVERS
     a = spd_stack(np.random.default_rng(7), (2,), 16, 1e3, lam_max=1.0)[0]
-    out = SOLVERS["chebyshev"](a, 2, lower=np.array([1e-1, 1e-3 / 2]), tol=1e-6,
+    out = SOLVERS["chebyshev"].solve(a, 2, lower=np.array([1e-1, 1e-3 / 2]), tol=1e-6,
                                max_iter=400, matmul=_xp.Matmul(np))
     assert out.converged.tolist() == [False, True]
     assert out.residual[0] > 1e-2
     assert relative_error(out.root[1], oracle_inv_root(a[1], 2)) < 1e-5
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_input_is_validated_once(method, monkeypatch):
+    """The public edge checks ``a``; the internals (spectral bounds, solvers) trust it."""
+    import matroot._checks as checks
+
+    calls = []
+    original = checks.check_stack
+
+    def counting(a, name="a"):
+        calls.append(name)
+        return original(a, name)
+
+    for module in ("matroot.roots", "matroot.scaling"):
+        monkeypatch.setattr(f"{module}.check_stack", counting)
+    matroot.inv_root_info(_spd(), 4 if method != "evd" else 2.5, method=method)
+    assert calls == ["a"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import matroot
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
-from oracle import oracle_inv_root, relative_error, spd_stack
 
 coupled_newton_module = sys.modules["matroot.solvers.coupled_newton"]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import doctest
 import importlib.util
 import json
@@ -16,6 +15,7 @@ import pytest
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 sys.path.insert(0, str(DOCS))
 make_plots = pytest.importorskip("make_plots")
+registry_tables = pytest.importorskip("registry_tables")
 
 needs_sphinx = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("sphinx", "numpydoc", "matplotlib")),
@@ -56,8 +56,7 @@ _PAGE_STATUS = {"yes": {"yes", "emulated"}, "not converged": {"yes", "emulated"}
 def test_support_page_matches_what_info_finds():
     from matroot.cli.info import collect
 
-    with open(DOCS / "data" / "support.csv", newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = registry_tables.support_rows()
     column = {("numpy", "cpu"): "numpy", ("torch", "cpu"): "torch (CPU)",
               ("array_api_strict", "cpu"): "array_api_strict", ("cupy", "cuda:0"): "cupy",
               ("torch", "cuda:0"): "torch (CUDA)"}
@@ -67,7 +66,7 @@ def test_support_page_matches_what_info_finds():
     for entry in probed:
         col = column[(entry["backend"], entry["device"])]
         key = (entry["method"], entry["precision"], col)
-        assert key in claims, f"docs/data/support.csv has no row for {key[:2]}"
+        assert key in claims, f"the support table has no row for {key[:2]}"
         claim = claims[key]
         assert claim in _PAGE_STATUS[entry["status"]], (entry, claim)
 

@@ -18,7 +18,7 @@ import matroot
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from oracle import oracle_inv_root, relative_error  # noqa: E402
+from matroot.testing import oracle_inv_root, relative_error  # noqa: E402
 from test_core_accuracy import CASES, KAPPAS, _problem, target  # noqa: E402
 
 

@@ -7,9 +7,9 @@ import pytest
 
 import matroot
 from matroot.scaling import LANCZOS_SAFETY, lanczos_ritz_extremes
+from matroot.testing import random_orthogonal, spd_stack
 
 from conftest import to_numpy
-from oracle import random_orthogonal, spd_stack
 
 
 def _with_spectrum(lam, seed=0):

@@ -34,8 +34,8 @@ import numpy as np
 import pytest
 
 import matroot
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
-from oracle import oracle_inv_root, relative_error, spd_stack
 
 N = 512
 BATCH = 8

@@ -12,18 +12,19 @@ import pytest
 import matroot
 from matroot import _xp
 from matroot.solvers import SOLVERS
+from matroot.solvers._lower_grid import quantize_lower
 from matroot.solvers.minimax_coefficients import (
     FIRST_MARGIN,
     TAIL,
+    SMALLEST_LOWER,
     TAIL_SWITCH,
-    quantize_lower,
     quintic_sign_minimax,
     rounding_margin,
     schedule,
 )
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
 from conftest import to_numpy
-from oracle import oracle_inv_root, relative_error, spd_stack
 
 #: The module, not the function of the same name that matroot.solvers exports.
 minimax_module = sys.modules["matroot.solvers.minimax"]
@@ -96,7 +97,8 @@ def test_schedule_lengths():
     """Steps to TAIL_SWITCH with the float32 margin: the exact-arithmetic counts the
     minimax module docstring quotes (κ = 1e2, 1e4, 1e6 → 3, 5, 7)."""
     margin = rounding_margin(2.0 ** -24)
-    lengths = [len(schedule(quantize_lower(1 / (1.05 * k)), margin).errors) for k in KAPPAS]
+    lengths = [len(schedule(quantize_lower(1 / (1.05 * k), SMALLEST_LOWER), margin).errors)
+               for k in KAPPAS]
     assert lengths == [3, 5, 7]
 
 
@@ -117,7 +119,7 @@ def test_tail_is_the_fixed_point_quintic():
 
 @pytest.mark.parametrize("lower", [3e-9, 1e-4, 0.02, 0.4, 2.0])
 def test_quantize_lower_rounds_down_onto_grid(lower):
-    q = quantize_lower(lower)
+    q = quantize_lower(lower, SMALLEST_LOWER)
     assert q <= min(lower, 0.5)
     assert q >= min(lower, 0.5) / 10 ** (1 / 8) * (1 - 1e-12)
 
@@ -205,9 +207,9 @@ def test_lower_bound_too_high_still_converges():
     scaled = a / (2.5 * 1.02)
     true_lower = np.array([1e-4 / 1.02])
     kwargs = dict(tol=1e-10, max_iter=40, check_every=1)
-    exact = SOLVERS["minimax"](scaled, 2, lower=true_lower, matmul=_xp.Matmul(np),
+    exact = SOLVERS["minimax"].solve(scaled, 2, lower=true_lower, matmul=_xp.Matmul(np),
                                **kwargs)
-    wrong = SOLVERS["minimax"](scaled, 2, lower=100 * true_lower, matmul=_xp.Matmul(np),
+    wrong = SOLVERS["minimax"].solve(scaled, 2, lower=100 * true_lower, matmul=_xp.Matmul(np),
                                **kwargs)
     ref = oracle_inv_root(scaled, 2)
     assert bool(exact.converged[0]) and bool(wrong.converged[0])
@@ -220,7 +222,7 @@ def test_lambda_max_above_the_scale_still_converges():
     (a power-iteration shortfall) the first step's headroom keeps it in the basin."""
     a, _ = _problem(1e3, 32, with_eps=False, seed=9, batch=1)
     scaled = a / 2.5 * 1.15
-    out = SOLVERS["minimax"](scaled, 2, lower=np.array([1.15e-3]), tol=1e-10,
+    out = SOLVERS["minimax"].solve(scaled, 2, lower=np.array([1.15e-3]), tol=1e-10,
                              max_iter=30, check_every=1, matmul=_xp.Matmul(np))
     assert bool(out.converged[0])
     assert relative_error(out.root, oracle_inv_root(scaled, 2)).max() <= 1e-9
@@ -262,7 +264,7 @@ def _count_single(a, p, **kwargs):
     """(reported matmuls, products formed, output) of the solver on one matrix."""
     mm = _xp.Matmul(np, kwargs.pop("operand_dtype", None))
     lower = np.array([kwargs.pop("lower")])
-    out = SOLVERS["minimax"](a[None], p, lower=lower, check_every=1, matmul=mm, **kwargs)
+    out = SOLVERS["minimax"].solve(a[None], p, lower=lower, check_every=1, matmul=mm, **kwargs)
     return int(out.matmuls[0]), mm.count, out
 
 
@@ -304,7 +306,7 @@ def test_batched_counts_match_single_runs():
     rng = np.random.default_rng(12)
     mats = [spd_stack(rng, (1,), 16, k)[0][0] / 1.05 for k in (3.0, 1e2, 1e5)]
     lowers = np.array([1 / (3.0 * 1.05), 1e-2 / 1.05, 1e-5 / 1.05])
-    batch = SOLVERS["minimax"](np.stack(mats), 4, lower=lowers, tol=1e-6, max_iter=30,
+    batch = SOLVERS["minimax"].solve(np.stack(mats), 4, lower=lowers, tol=1e-6, max_iter=30,
                                check_every=1, matmul=_xp.Matmul(np))
     singles = [_count_single(m, 4, lower=lo, tol=1e-6, max_iter=30)[0]
                for m, lo in zip(mats, lowers)]
@@ -359,9 +361,9 @@ def test_16bit_keeps_the_ill_conditioned_product_in_float32():
         def full(self, a, b):
             return self(a, b)
 
-    ours = SOLVERS["minimax"](scaled, 2, lower=lower, tol=1e-5, max_iter=30,
+    ours = SOLVERS["minimax"].solve(scaled, 2, lower=lower, tol=1e-5, max_iter=30,
                               check_every=1, matmul=_xp.Matmul(np, np.float16))
-    naive = SOLVERS["minimax"](scaled, 2, lower=lower, tol=1e-5, max_iter=30,
+    naive = SOLVERS["minimax"].solve(scaled, 2, lower=lower, tol=1e-5, max_iter=30,
                                check_every=1, matmul=RoundEverything(np, np.float16))
     ours_err = relative_error(ours.root, ref).max()
     naive_err = relative_error(naive.root, ref).max()

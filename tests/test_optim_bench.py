@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from matroot.bench import optim as bench  # noqa: E402
+from matroot.bench import optim as bench
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 

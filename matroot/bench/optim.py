@@ -23,7 +23,10 @@ Run::
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
+import itertools
 import json
 import pathlib
 import platform
@@ -43,7 +46,7 @@ def model_shapes(quick: bool) -> list[tuple[int, ...]]:
     """Parameter shapes of the benchmark model (weights and biases)."""
     widths = [256, 384, 512, 256] if quick else [256, 512, 768, 1024, 1024, 768, 512, 256]
     shapes = []
-    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+    for fan_in, fan_out in itertools.pairwise(widths):
         shapes += [(fan_out, fan_in), (fan_out,)]
     shapes += [(1000, 300), (300,)] if not quick else [(500, 300), (300,)]
     shapes += [(64, 32, 3, 3), (64,), (2000 if quick else 8000, 256), (256, 256, 1, 1)]
@@ -92,7 +95,7 @@ def run(args) -> dict:
     params0 = [rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes]
     grad_sets = [[to_backend(rng.standard_normal(s).astype(np.float32)) for s in shapes]
                  for _ in range(3)]
-    contenders = {}
+    contenders: dict[str, dict[str, Any]] = {}
     for name, stacked in (("stacked", True), ("per_block", False)):
         config = ShampooConfig(lr=1e-3, block_size=args.block_size, precondition_frequency=1,
                                start_preconditioning_step=1, root_method=args.method,

@@ -86,7 +86,7 @@ class Oracle:
     eigenvectors: np.ndarray
 
     @classmethod
-    def of(cls, a: np.ndarray, eps: float = 0.0) -> "Oracle":
+    def of(cls, a: np.ndarray, eps: float = 0.0) -> Oracle:
         wide = np.asarray(a, dtype=np.float64)
         wide = (wide + np.swapaxes(wide, -1, -2)) / 2
         lam, q = np.linalg.eigh(wide)

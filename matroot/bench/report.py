@@ -99,7 +99,7 @@ def fastest_methods(doc) -> list:
     ...                            dict(row, method="newton_db", time_s=0.5)]})[0]["method"]
     'newton_db'
     """
-    groups = {}
+    groups: dict[tuple, list] = {}
     for r in doc.get("sweep", []):
         groups.setdefault((r["backend"], r["n"], r["batch"], r["p"]), []).append(r)
     out = []

@@ -29,6 +29,8 @@ thread count of the workers. Every record carries the ``seed`` of its stack:
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import contextlib
 import json
@@ -47,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 import matroot
-from matroot._checks import methods_supporting
+from matroot.solvers.registry import solvers_supporting
 from matroot.solvers import SOLVERS
 
 from .backends import BACKEND_NAMES, discover_backends
@@ -159,7 +161,7 @@ def eigh_root_loop(xp, a, p):
 def _methods(config: Config, p) -> list:
     names = list(SOLVERS) if config.methods is None else [
         m for m in config.methods if m in SOLVERS]
-    return [m for m in names if m in methods_supporting(p)]
+    return [m for m in names if m in solvers_supporting(p)]
 
 
 def _baselines(config: Config) -> list:
@@ -238,7 +240,7 @@ def _prepare_problems(config, folder: Path, stream) -> dict:
     same matrices and spend no time (and wake no BLAS threads) on the oracle.
     """
     dtype = np.dtype(config.dtype)
-    index = {"sweep": [], "time_to_accuracy": [], "scaling": []}
+    index: dict[str, list] = {"sweep": [], "time_to_accuracy": [], "scaling": []}
 
     def save(name, a, ps, **extra):
         oracle = Oracle.of(a)
@@ -561,7 +563,7 @@ def machine_description(backends, threads=None) -> dict:
 
 def _thread_report(backend) -> dict:
     """The thread pools a worker actually runs with (threadpoolctl, torch)."""
-    report = {}
+    report: dict[str, Any] = {}
     try:
         import threadpoolctl
 
@@ -635,8 +637,8 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=sys.stderr) -> di
                methods=sorted(SOLVERS), baselines=list(BASELINES),
                backends=[b.name for b in backends], unavailable_backends=unavailable,
                time_to_accuracy_backend=tta_backend.name, skipped=[])
-    with tempfile.TemporaryDirectory(prefix="matroot-bench-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="matroot-bench-") as tmp_name:
+        tmp = Path(tmp_name)
         with _blas_threads(config.threads):
             problems = _prepare_problems(config, tmp, stream)
         done = 0
@@ -858,7 +860,7 @@ def _parser():
 def config_from_args(args) -> Config:
     """The preset named by ``args`` with the command-line overrides applied."""
     base = PRESETS[args.preset or "full"]
-    changes = {}
+    changes: dict[str, Any] = {}
     if args.sizes:
         changes["sizes"] = tuple(args.sizes)
         if not args.batch:
@@ -914,7 +916,8 @@ def main(argv=None) -> int:
     for row in doc.get("sweep_summary", []):
         print(f"{row['backend']:>10} n={row['n']:<5} b={row['batch']:<3} p={row['p']}: "
               f"fastest {row['fastest']}; best matmul method "
-              f"{row['fastest_matmul_method']} at {_fmt(row['fastest_matmul_method_vs_eigh_batched'])}"
+              f"{row['fastest_matmul_method']} at "
+              f"{_fmt(row['fastest_matmul_method_vs_eigh_batched'])}"
               f"x batched eigh, {_fmt(row['fastest_matmul_method_vs_eigh_loop'])}x looped "
               f"eigh; eigh = {_fmt(row['eigh_in_matmuls'])} matmuls")
     return 0

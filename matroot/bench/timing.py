@@ -7,10 +7,12 @@ so their ratios stay honest even when absolute times wander.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 import statistics
 from time import perf_counter
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 __all__ = ["timed_call", "interleaved_times", "matmul_block"]
 
@@ -74,7 +76,7 @@ def interleaved_times(calls: dict[Hashable, tuple[Callable, float]], synchronize
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     counts = {key: max(1, min(repeats, int(budget_s // max(first, 1e-9))))
               for key, (_, first) in calls.items()}
-    times = {key: [] for key in calls}
+    times: dict[Any, list[float]] = {key: [] for key in calls}
     if reuse_first_above_s is not None:
         for key, (_, first) in calls.items():
             if first > reuse_first_above_s:

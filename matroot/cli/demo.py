@@ -11,6 +11,7 @@ on the same backend.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -162,8 +163,8 @@ def run_target(target: Target, problem: Problem, methods, repeats: int) -> list[
         row = Row(target.backend, target.device, method)
         try:
             result, row.time_s = timed(
-                lambda: matroot.inv_root_info(a, p, method=method, eps=eps), target,
-                repeats)
+                functools.partial(matroot.inv_root_info, a, p, method=method, eps=eps),
+                target, repeats)
         except (ValueError, TypeError) as err:  # the method rejects this p or dtype
             row.note = f"skipped: {err}"
             rows.append(row)
@@ -238,7 +239,7 @@ def format_table(report: dict) -> str:
     ]
     header = ("backend", "method", "time ms", "vs eigh", "err med", "err max",
               "iters", "matmuls", "converged")
-    body = []
+    body: list[tuple[str, ...]] = []
     for row in report["rows"]:
         if row["time_s"] is None:
             note = row["note"] if len(row["note"]) <= 100 else row["note"][:99] + "…"

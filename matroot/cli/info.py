@@ -16,7 +16,6 @@ import numpy as np
 import array_api_compat
 import matroot
 from matroot import _xp
-from matroot._checks import methods_supporting
 from matroot.solvers import SOLVERS
 
 from .backends import Target, discover
@@ -97,8 +96,9 @@ def collect(targets=None, methods=None) -> dict:
         "backends": [
             {"name": i.name, "version": i.version, "devices": list(i.devices),
              "device_names": i.device_names, "missing": i.missing} for i in infos],
-        "p_support": {m: [p for p in P_VALUES if m in methods_supporting(_as_p(p))]
+        "p_support": {m: [p for p in P_VALUES if SOLVERS[m].root_orders.accepts(_as_p(p))]
                       for m in methods},
+        "summaries": {m: SOLVERS[m].summary for m in methods},
         "probe": f"a stack of 3 SPD 16x16 matrices, eps = {_PROBE_EPS:g}, condition "
                  f"number {_PROBE_KAPPA:g}, p = {_PROBE_P}; 'yes' means it ran, "
                  "converged and met the "
@@ -132,8 +132,10 @@ def format_info(data: dict) -> str:
             for d in b["devices"])
         lines.append(f"  {b['name']:<{width}}  {version:<12}  devices: {devices}")
 
-    lines += ["", "root orders p each method accepts:"]
     mwidth = max(len(m) for m in data["p_support"])
+    lines += ["", "methods:"]
+    lines += [f"  {m.ljust(mwidth)}  {summary}" for m, summary in data["summaries"].items()]
+    lines += ["", "root orders p each method accepts:"]
     lines.append("  " + "method".ljust(mwidth) + "  "
                  + "  ".join(f"p={p:g}".rjust(5) for p in P_VALUES))
     for method, accepted in data["p_support"].items():
@@ -157,7 +159,7 @@ def format_info(data: dict) -> str:
         for method in data["p_support"]:
             cells = []
             for label in labels:
-                entry = cells_of[(*target, method, label)]
+                entry = cells_of[(target[0], target[1], method, label)]
                 cell = entry["status"]
                 if cell != "yes":
                     if entry["detail"] not in notes:

@@ -136,13 +136,8 @@ def matrix_view_shape(shape) -> tuple[int, ...]:
     dims = [int(d) for d in shape if d != 1]
     if len(dims) <= 2:
         return tuple(dims)
-    best = None
-    for k in range(1, len(dims)):
-        rows, cols = math.prod(dims[:k]), math.prod(dims[k:])
-        imbalance = abs(math.log(rows) - math.log(cols))
-        if best is None or imbalance < best[0]:
-            best = (imbalance, (rows, cols))
-    return best[1]
+    splits = [(math.prod(dims[:k]), math.prod(dims[k:])) for k in range(1, len(dims))]
+    return min(splits, key=lambda rc: abs(math.log(rc[0]) - math.log(rc[1])))
 
 
 def split_sizes(n: int, block_size: int) -> list[int]:

@@ -33,10 +33,11 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 from .. import _xp
-from .._checks import METHODS
+from ..solvers.registry import check_method
 from .blocking import ELEMENTWISE, BlockPlan, plan_blocks, subgroup
 from .preconditioner import (
     assign,
@@ -122,8 +123,8 @@ class ShampooConfig:
         First step with Shampoo directions (and the first refresh). Default:
         ``precondition_frequency``.
     root_method : str
-        Any :func:`matroot.inv_root` method ("auto", "evd", "newton_db",
-        "coupled_newton", "chebyshev").
+        Any :func:`matroot.inv_root` method: "auto" or a registered solver
+        ("evd", "newton_db", "coupled_newton", "chebyshev", "minimax").
     matrix_eps : float
         Ridge of the factors: roots of ``L + matrix_eps·I``.
     root_options : dict, optional
@@ -176,9 +177,7 @@ class ShampooConfig:
                                   or start < 1):
             raise ValueError("start_preconditioning_step must be a positive integer or None, "
                              f"got {start!r}")
-        if self.root_method not in METHODS:
-            raise ValueError(f"root_method={self.root_method!r} is not one of "
-                             + ", ".join(repr(m) for m in METHODS))
+        check_method(self.root_method, "root_method")
         _real(self.matrix_eps, "matrix_eps", 0.0)
         options = dict(self.root_options or {})
         unknown = sorted(set(options) - set(ROOT_OPTIONS))

@@ -314,7 +314,7 @@ def slot_map(plan: BlockPlan, split: ShardPlan, rank: int) -> list:
     out = []
     for lgroup, (g, start, stop) in zip(local.groups, owned):
         full = plan.groups[g]
-        sides = [(lgroup.left, full.left)]
+        sides: list[tuple] = [(lgroup.left, full.left)]
         if full.right is not None:
             sides.append((lgroup.right, full.right))
         for (ls, lf), (fs, ff) in sides:
@@ -370,7 +370,7 @@ def consolidate_state_dicts(state_dicts) -> dict:
             families.append(dict(entry))
             continue
         world = int(shard["world_size"])
-        by_rank = {}
+        by_rank: dict[int, dict] = {}
         for sd in state_dicts:
             e = _family_entries(sd)[f]
             if e.get("shard") is None or e["shard"]["split"] != shard["split"] \

@@ -16,6 +16,8 @@ of shapes or an object mapping parameter names to shapes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import json
 import math
@@ -54,7 +56,7 @@ def llama_shapes(*, layers: int, width: int, mlp: int, vocab: int) -> list:
     >>> sum(math.prod(s) for _, s in shapes)
     953223168
     """
-    shapes = [("embed_tokens.weight", (vocab, width))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (vocab, width))]
     for i in range(layers):
         pre = f"layers.{i}."
         shapes.append((pre + "input_layernorm.weight", (width,)))
@@ -186,11 +188,11 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     nbytes = DTYPE_BYTES[dtype]
     elements = sum(math.prod(s) for s in dims)
     left_out = [i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE]
-    blocks = {}
+    blocks: dict[tuple[int, ...], dict[str, Any]] = {}
     for group in plan.groups:
         entry = blocks.setdefault(group.shape, {"count": 0, "cost": block_cost(group.shape)})
         entry["count"] += len(group.blocks)
-    stacks = {}
+    stacks: dict[int, int] = {}
     for spec in plan.stacks:
         stacks[spec.size] = stacks.get(spec.size, 0) + spec.count
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import array_api_extra as xpx
 
 from .. import _xp
-from ..roots import inv_root_info
+from ..roots import inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
@@ -152,18 +152,6 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float, *,
                                       (group.right, transposed @ grad_blocks)):
         factors[stack] = _accumulate(factors[stack], first, statistic, beta2, in_place)
     return factors
-
-
-def usable_roots(result, tol):
-    """Per-matrix mask of roots fit to use from an :class:`~matroot.InvRootResult`.
-
-    A root is usable when it converged; with ``tol=0`` (a fixed iteration count,
-    which never reports convergence) when its residual and entries are finite.
-    """
-    xp = _xp.array_namespace(result.root)
-    if tol == 0 and result.method != "evd":
-        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
-    return result.converged
 
 
 def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: str,

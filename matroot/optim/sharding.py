@@ -104,7 +104,7 @@ class ShardPlan:
                 "costs": list(self.costs)}
 
     @classmethod
-    def from_dict(cls, data) -> "ShardPlan":
+    def from_dict(cls, data) -> ShardPlan:
         """Inverse of :meth:`to_dict`."""
         return cls(int(data["world_size"]),
                    tuple(tuple(int(n) for n in c) for c in data["counts"]),

@@ -253,8 +253,9 @@ class Shampoo(torch.optim.Optimizer):
             (rejected roots, all refreshes), ``skipped_steps``, ``stacks``,
             ``blocks``, ``state_bytes`` and ``state_bytes_per_parameter``.
         """
-        out = {"steps": 0, "root_refreshes": 0, "root_failures": 0, "skipped_steps": 0,
-               "stacks": 0, "blocks": 0, "state_bytes": 0, "parameters": 0}
+        out: dict[str, float] = {
+            "steps": 0, "root_refreshes": 0, "root_failures": 0, "skipped_steps": 0,
+            "stacks": 0, "blocks": 0, "state_bytes": 0, "parameters": 0}
         for i, family in enumerate(self._families):
             self._sync_family_state(family)
             st = family.state
@@ -315,7 +316,7 @@ class Shampoo(torch.optim.Optimizer):
             device = members[0].device
             expected = [(s.count, s.size, s.size) for s in plan.stacks]
 
-            def restore(name, shapes):
+            def restore(name, shapes, record=record, device=device):
                 arrays = record[name]
                 if [tuple(a.shape) for a in arrays] != shapes:
                     raise ValueError(

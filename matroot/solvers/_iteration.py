@@ -4,26 +4,29 @@ Each matrix of a stack stops on its own once its residual is at most ``tol``, on
 the residual stalls at the rounding floor (it fell below ``sqrt(tol)`` and then did
 not halve in a step: quadratic convergence has ended, and more steps only add
 rounding error), or once it turns non-finite. Its iterate is frozen, so it does
-not degrade while the others go on. The loop asks the device whether any matrix is still active only every
-``check_every`` steps, which bounds the host syncs; under ``jax.jit`` it is a
-device-side ``lax.while_loop`` (:func:`matroot._xp.bounded_loop`) with the same
-per-matrix freezing and no host reads.
+not degrade while the others go on. The loop asks the device whether any matrix
+is still active only every ``check_every`` steps, which bounds the host syncs;
+under ``jax.jit`` it is a device-side ``lax.while_loop``
+(:func:`matroot._xp.bounded_loop`) with the same per-matrix freezing and no host
+reads.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 from .. import _xp
+from .._typing import Array
 
 
 class IterationOutcome(NamedTuple):
     """Final iterate and per-matrix diagnostics of :func:`iterate_frozen`."""
 
     state: tuple
-    residual: object
-    iterations: object
-    converged: object
+    residual: Array
+    iterations: Array
+    converged: Array
 
 
 def iterate_frozen(

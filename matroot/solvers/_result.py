@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .._typing import Array
+
 
 class SolverOutput(NamedTuple):
     """What every solver returns for a ``(b, n, n)`` stack.
@@ -13,8 +15,8 @@ class SolverOutput(NamedTuple):
     the n×n products each matrix needed (work skipped after it froze excluded).
     """
 
-    root: object
-    residual: object
-    iterations: object
-    converged: object
-    matmuls: object
+    root: Array
+    residual: Array
+    iterations: Array
+    converged: Array
+    matmuls: Array

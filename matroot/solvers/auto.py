@@ -7,8 +7,11 @@ The numbers are from ``python -m matroot.bench solvers`` (committed in
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import _xp
-from .._checks import methods_supporting
+from .._typing import Array
+from .registry import SOLVERS, solvers_supporting
 
 #: On CPUs (NumPy, torch CPU; n = 128…2048, batches of 1…32, p = 2 and 4) the
 #: float64 eigh of ``"evd"`` was the fastest method in all 28 configurations:
@@ -21,16 +24,16 @@ CPU_METHOD = "evd"
 #: for Newton-DB), and they run near the matmul floor, so the one with the fewest
 #: matmuls is the fastest. Matmul counts do not depend on the device; measured
 #: at the default tolerance, κ = 1e4, n = 512: minimax 23 (p = 2) and 38
-#: (p = 4), coupled Newton 41 and 51, Newton-DB 45 and 72. In order of
-#: preference; the first that supports p runs.
-ACCELERATOR_METHODS = ("minimax", "coupled_newton")
+#: (p = 4), coupled Newton 41 and 51, Newton-DB 45 and 72. The solvers are
+#: ranked by their spec's cost model at this κ.
+REFERENCE_KAPPA = 1e4
 
 #: With 16-bit matmul operands: coupled Newton, which DASH found to tolerate
 #: fp16 where Newton–Schulz (Newton-DB) with 16-bit iterates did not.
 LOW_PRECISION_METHOD = "coupled_newton"
 
 
-def choose_method(xp, a, p, *, matmul_dtype=None) -> str:
+def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = None) -> str:
     """Pick the solver ``method="auto"`` runs for this input.
 
     The rule (docs/benchmarks.rst has the measurements behind it):
@@ -41,8 +44,8 @@ def choose_method(xp, a, p, *, matmul_dtype=None) -> str:
       ``"evd"``, the fastest at the default tolerance in every CPU configuration
       measured (:data:`CPU_METHOD`).
     - Accelerators (CUDA torch, CuPy): the matmul-only method with the fewest
-      matmuls that supports p: ``"minimax"`` for p a power of two, else
-      ``"coupled_newton"`` (:data:`ACCELERATOR_METHODS`). This part rests on the
+      matmuls that supports p (:func:`accelerator_candidates`): ``"minimax"``
+      for p a power of two, else ``"coupled_newton"``. This part rests on the
       DASH paper's GPU timings and on matmul counts measured on a CPU; a GPU run
       of the benchmark (``python -m matroot.bench solvers``) refines it.
 
@@ -71,11 +74,24 @@ def choose_method(xp, a, p, *, matmul_dtype=None) -> str:
     >>> matroot.choose_method(array_namespace(a), a, 4, matmul_dtype="float16")
     'coupled_newton'
     """
-    supported = methods_supporting(p)
-    if supported == ("evd",):
-        return "evd"
-    if matmul_dtype is not None:
+    candidates = accelerator_candidates(p)
+    if not candidates:
+        return CPU_METHOD
+    if matmul_dtype is not None and LOW_PRECISION_METHOD in solvers_supporting(p):
         return LOW_PRECISION_METHOD
     if not _xp.is_accelerator(xp, a):
         return CPU_METHOD
-    return next(m for m in ACCELERATOR_METHODS if m in supported)
+    return candidates[0]
+
+
+def accelerator_candidates(p: float) -> tuple[str, ...]:
+    """The matmul-only solvers that accept ``p``, cheapest first by their cost model.
+
+    Examples
+    --------
+    >>> from matroot.solvers.auto import accelerator_candidates
+    >>> accelerator_candidates(4)[:2], accelerator_candidates(3)[0]
+    (('minimax', 'coupled_newton'), 'coupled_newton')
+    """
+    names = [m for m in solvers_supporting(p) if SOLVERS[m].forms_matmuls]
+    return tuple(sorted(names, key=lambda m: SOLVERS[m].cost(p, REFERENCE_KAPPA)))

@@ -9,13 +9,11 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import _xp
-from ._grid import device_grid_index, lower_grid, quantize_lower
+from ._lower_grid import device_grid_index, lower_grid, quantize_lower
 from ._result import SolverOutput
 from .coupled_newton import matrix_power, power_matmuls
+from .registry import INTEGER_P, SolverSpec
 
-#: Lower ends are rounded down to this many steps per decade, so nearby
-#: intervals share one fit (a wider interval is still a valid one).
-STEPS_PER_DECADE = 8
 #: Smallest lower end fitted; a matrix whose bound is below it (singular with
 #: eps = 0) gets this interval and is reported as not converged.
 SMALLEST_LOWER = 1e-12
@@ -23,10 +21,6 @@ _GRID = 4000
 #: How far the a-posteriori check may exceed tol (it also carries the rounding
 #: of the check's own p + 1 products).
 POSTERIOR_SLACK = 10.0
-
-
-def _quantize_lower(lower: float) -> float:
-    return quantize_lower(lower, SMALLEST_LOWER, STEPS_PER_DECADE)
 
 
 def chebyshev_coefficients(p: int, lower: float, degree: int) -> np.ndarray:
@@ -108,7 +102,7 @@ def _grid_fits(p: int, tol: float, max_degree: int):
     Returns host arrays: the grid (G,), coefficient rows (G, W) zero-padded to
     ``W ≥ 3``, degrees (G,) and fit errors (G,).
     """
-    grid = lower_grid(SMALLEST_LOWER, STEPS_PER_DECADE)
+    grid = lower_grid(SMALLEST_LOWER)
     return (grid, *_stack_fits([fit(p, float(v), tol, max_degree) for v in grid], width=3))
 
 
@@ -190,7 +184,7 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
         degree = xp.maximum(degree, xp.asarray(2, dtype=xp.int32)) if _xp.is_traced(
             degree) else max(degree, 2)
     else:
-        lowers = tuple(_quantize_lower(float(v)) for v in _xp.to_numpy(lower))
+        lowers = tuple(quantize_lower(v, SMALLEST_LOWER) for v in _xp.to_numpy(lower))
         coeffs, degrees, errors = _device_coefficients(xp, lowers, p, float(tol),
                                                        int(max_iter), a.dtype, dev)
         lo = _xp.from_numpy(xp, np.array(lowers), dtype=a.dtype, device=dev)
@@ -211,3 +205,26 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
         converged = xp.zeros(iterations.shape, dtype=xp.bool, device=dev)
     matmuls = xp.maximum(iterations - 1, xp.zeros_like(iterations)) + power_matmuls(p) + 1
     return SolverOutput(root, residual, iterations, converged, matmuls)
+
+
+#: The degree needed is about √κ·ln(2/tol)/2 (43 measured at κ = 1e2, tol = 1e-4).
+_COST_TOL = 1e-4
+
+
+def _cost(p, kappa) -> float:
+    degree = math.sqrt(kappa) * math.log(2 / _COST_TOL) / 2
+    return degree - 1 + power_matmuls(p) + 1
+
+
+SPEC = SolverSpec(
+    name="chebyshev",
+    solve=chebyshev,
+    summary="well-conditioned stacks (a large ridge), κ ≲ 1e3",
+    root_orders=INTEGER_P,
+    default_tol={"float32": 1e-4, "float64": 1e-8},
+    default_max_iter=400,
+    cost=_cost,
+    cost_summary="degree − 1 (degree ∝ √κ·ln(1/tol)) plus the p + 1 of the check",
+    needs_lower_bound=True,
+    accuracy_row="chebyshev",
+)

@@ -68,10 +68,11 @@ import math
 import numpy as np
 
 from .. import _xp
-from ._iteration import IterationOutcome, iterate_frozen
-from ._result import SolverOutput
-from ._grid import device_grid_index
-from .minimax_coefficients import (FIRST_MARGIN, TAIL, quantize_lower, rounding_margin,
+from ._low_precision import LowPrecisionPhase, run_phases, unit_roundoff
+from ._stages import StageOutcome, square_root_stages, stage_count
+from .registry import POWER_OF_TWO_P, SolverSpec
+from ._lower_grid import device_grid_index, quantize_lower
+from .minimax_coefficients import (FIRST_MARGIN, SMALLEST_LOWER, TAIL, rounding_margin,
                                    schedule, schedule_grid)
 
 #: Matmuls of the first step (``X₀ = A``, ``Z₀ = I``) and of every later one.
@@ -79,8 +80,8 @@ FIRST_STEP_MATMULS = 2
 STEP_MATMULS = 4
 #: With 16-bit operands the residual, formed from a 16-bit ``ZY``, bottoms out
 #: near ``8u`` (measured, float16 and bfloat16): the 16-bit phase stops at
-#: ``LOW_PRECISION_FLOOR·u`` or when it stalls below twice that.
-LOW_PRECISION_FLOOR = 16.0
+#: ``16u`` or when it stalls below twice that.
+LOW_PRECISION = LowPrecisionPhase(floor=16.0, stall_ratio=2.0)
 #: The 16-bit phase runs at most the longest schedule of the stack plus this
 #: many :data:`TAIL` steps; working-precision TAIL steps finish (at least one).
 LOW_PRECISION_EXTRA_STEPS = 2
@@ -91,11 +92,6 @@ LOW_PRECISION_EXTRA_STEPS = 2
 Z_ROUNDING_LIMIT = 0.1
 #: Slack on the next stage's lower bound for the previous stage's residual error.
 STAGE_SLACK = 0.9
-
-
-def unit_roundoff(xp, dtype) -> float:
-    """``u = eps/2`` of a floating dtype of namespace ``xp``."""
-    return float(xp.finfo(dtype).eps) / 2
 
 
 def _padded(rows, steps):
@@ -187,7 +183,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         Products. With a 16-bit operand dtype, ``X²`` always rounds its
         operands, ``ZY`` and ``q·Z`` while ``u·‖Z‖ ≤ Z_ROUNDING_LIMIT`` (bounded
         on the host from the schedule) and ``Y·q`` never. That phase runs until
-        the residual reaches ``LOW_PRECISION_FLOOR·u16`` or stalls, for at most
+        the residual reaches ``LOW_PRECISION.floor·u16`` or stalls, for at most
         the schedule's length plus ``LOW_PRECISION_EXTRA_STEPS``; then
         :data:`TAIL` steps in the working dtype finish (at least one;
         ``max_iter`` caps the total).
@@ -221,8 +217,9 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     if margin is None:
         margin = rounding_margin(u)
     traced = _xp.is_traced(a)
-    # Under jax.jit the bounds stay on the device and index the grid's schedules.
-    lowers = lower if traced else [quantize_lower(v) for v in lower]
+    # Traced (jax.jit, torch.compile): the bounds stay on the device and index
+    # the grid's schedules.
+    lowers = lower if traced else [quantize_lower(v, SMALLEST_LOWER) for v in lower]
     steps = max_iter
     if low and tol == 0:
         steps = max_iter - 1
@@ -243,45 +240,29 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     z_rounding = None if traced else (
         u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT)
 
-    def run(state, coefficients, *, sixteen_bit, tol, max_iter, stall_level=None):
-        def step(state, k):
-            first = isinstance(k, int) and k == 0 and coefficients is scheduled
-            round_z = sixteen_bit and not traced and bool(z_rounding[k])
-            x, new_state = minimax_step(
-                *state, coefficients(k), first=first,
-                z_product=matmul if round_z else matmul.full,
-                x_product=matmul if sixteen_bit else matmul.full,
-                y_product=matmul.full, eye=eye)
-            return _xp.frobenius_norm(eye - x) / root_n, new_state
+    def step(state, k, main):
+        sixteen_bit = low and main
+        round_z = sixteen_bit and not traced and bool(z_rounding[k])
+        x, new_state = minimax_step(
+            *state, table[k, ...] if main else tail,
+            first=main and isinstance(k, int) and k == 0,  # k is traced from 1 on under jit
+            z_product=matmul if round_z else matmul.full,
+            x_product=matmul if sixteen_bit else matmul.full,
+            y_product=matmul.full, eye=eye)
+        return _xp.frobenius_norm(eye - x) / root_n, new_state
 
-        return iterate_frozen(state, step, residual_of, tol=tol, max_iter=max_iter,
-                              check_every=check_every, stall_level=stall_level)
-
-    def scheduled(k):
-        return table[k, ...]
-
-    def tail_only(k):
-        return tail
-
-    start = (a, xp.broadcast_to(eye, a.shape))
-    zero = xp.zeros((b,), dtype=xp.int32, device=dev)
-    if steps > 0:
-        tol_main = max(tol, LOW_PRECISION_FLOOR * u) if low and tol > 0 else tol
-        outcome = run(start, scheduled, sixteen_bit=low, tol=tol_main, max_iter=steps,
-                      stall_level=2 * tol_main if low else None)
-        # Accepted steps, plus the ZY that checked the last state.
-        matmuls = xp.where(outcome.iterations > 0, STEP_MATMULS * outcome.iterations
-                           - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1, zero)
-    else:
-        outcome = IterationOutcome(start, None, zero, None)
-        matmuls = zero
-    if not low:
-        return outcome, matmuls
-    polish = run(outcome.state, tail_only, sixteen_bit=False, tol=tol,
-                 max_iter=max(max_iter - steps, 1) if tol > 0 else 1)
-    # Each polish step re-forms its incoming ZY; one more ZY checks the result.
-    matmuls = matmuls + STEP_MATMULS * polish.iterations + 1
-    return polish._replace(iterations=outcome.iterations + polish.iterations), matmuls
+    phased = run_phases((a, xp.broadcast_to(eye, a.shape)), step, residual_of,
+                        matmul=matmul, tol=tol, main_steps=steps,
+                        polish_steps=max(max_iter - steps, 1), check_every=check_every,
+                        phase=LOW_PRECISION)
+    main = phased.main_iterations
+    # Accepted steps, plus the ZY that checked the last state.
+    matmuls = xp.where(main > 0, STEP_MATMULS * main - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1,
+                       xp.zeros_like(main))
+    if low:
+        # Each polish step re-forms its incoming ZY; one more ZY checks the result.
+        matmuls = matmuls + STEP_MATMULS * phased.polish_iterations + 1
+    return phased.outcome, matmuls
 
 
 def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
@@ -316,30 +297,47 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
     (array([2., 3., 1.]), [9])
     """
     xp = _xp.array_namespace(a)
-    dev = _xp.device_of(a)
-    b = a.shape[0]
-    stages = max(1, int(round(math.log2(p))))
     traced = _xp.is_traced(a)
     bounds = lower if traced else [float(v) for v in _xp.to_numpy(lower)]
-    residual = xp.zeros((b,), dtype=a.dtype, device=dev)
-    iterations = xp.zeros((b,), dtype=xp.int32, device=dev)
-    matmuls = xp.zeros((b,), dtype=xp.int32, device=dev)
-    converged = xp.ones((b,), dtype=xp.bool, device=dev)
-    current = a
-    for stage in range(stages):
+
+    def run_stage(current, stage, stages):
+        nonlocal bounds
         # Stage s's relative error reaches the root damped by 2^(stages−1−s).
         damping = 2.0 ** (stages - 1 - stage)
         outcome, spent = minimax_sqrt(current, bounds, tol=tol * damping,
                                       max_iter=max_iter, check_every=check_every,
                                       matmul=matmul)
-        residual = xp.maximum(residual, outcome.residual / damping)
-        iterations = iterations + outcome.iterations
-        matmuls = matmuls + xp.astype(spent, xp.int32)
-        converged = converged & outcome.converged
-        current = outcome.state[0]
         bounds = (STAGE_SLACK * xp.sqrt(bounds) if traced
                   else [STAGE_SLACK * math.sqrt(v) for v in bounds])
-    z = outcome.state[1]
-    if p == 1:
-        return SolverOutput(matmul.full(z, z), residual, iterations, converged, matmuls + 1)
-    return SolverOutput(z, residual, iterations, converged, matmuls)
+        return StageOutcome(*outcome.state, outcome.residual / damping, outcome.iterations,
+                            outcome.converged, xp.astype(spent, xp.int32))
+
+    return square_root_stages(a, p, run_stage, square=matmul.full)
+
+
+#: The smallest ``s = √λ`` grows about ×4.3 per step; about two cubic steps
+#: then reach the float32 default tol.
+_GROWTH_PER_STEP = 4.3
+_CUBIC_STEPS = 2
+
+
+def _cost(p, kappa) -> float:
+    total = 0.0
+    for j in range(stage_count(p)):
+        steps = math.log(kappa ** (0.5 ** (j + 1))) / math.log(_GROWTH_PER_STEP) + _CUBIC_STEPS
+        total += STEP_MATMULS * steps - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1
+    return total + (p == 1)
+
+
+SPEC = SolverSpec(
+    name="minimax",
+    solve=minimax,
+    summary="GPUs, p = 2 or 4: the fewest matmuls; κ ≲ 1e4 for errors ≲ 1e-4, "
+            "fp16 matmuls to κ ≈ 1e4",
+    root_orders=POWER_OF_TWO_P,
+    default_tol={"float32": 1e-5, "float64": 1e-12},
+    default_max_iter=30,
+    cost=_cost,
+    cost_summary="4 per step (2 in the first), one stage per factor of two in p",
+    needs_lower_bound=True,
+)

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._grid import lower_grid, quantize_lower as _quantize_onto_grid
+from ._lower_grid import lower_grid
 
 __all__ = [
     "FIRST_MARGIN",
@@ -37,7 +37,6 @@ __all__ = [
     "rounding_margin",
     "Schedule",
     "schedule",
-    "quantize_lower",
     "schedule_grid",
 ]
 
@@ -50,9 +49,6 @@ TAIL_SWITCH = 1e-3
 TAIL = (15.0 / 8.0, -10.0 / 8.0, 3.0 / 8.0)
 #: Intervals with ``lo/hi`` above this are already converged to float64 level.
 _NARROWEST = 1.0 - 1e-5
-#: Lower bounds are rounded down to this many steps per decade so that nearby
-#: bounds share one (cached) schedule.
-STEPS_PER_DECADE = 8
 #: Smallest lower bound on the scaled spectrum (λ/scale) a schedule is built for.
 SMALLEST_LOWER = 1e-14
 
@@ -161,25 +157,20 @@ def schedule(lower: float, margin: float, first_margin: float = FIRST_MARGIN) ->
     """
     lo, hi = math.sqrt(lower), 1.0
     top = hi * (1.0 + first_margin)
-    rows, errors = [], []
+    rows, step_errors = [], []
     while lo / top < _NARROWEST:
         (c1, c3, c5), error = quintic_sign_minimax(lo / top)
         rows.append((c1 / top, c3 / top ** 3, c5 / top ** 5))
-        errors.append(error)
+        step_errors.append(error)
         if error <= TAIL_SWITCH:
             break
         lo, hi = 1.0 - error, 1.0 + error
         top = hi * (1.0 + margin)
     coefficients = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    errors = np.array(errors, dtype=np.float64)
+    errors = np.array(step_errors, dtype=np.float64)
     coefficients.flags.writeable = False
     errors.flags.writeable = False
     return Schedule(coefficients, errors)
-
-
-def quantize_lower(lower: float) -> float:
-    """Round a lower bound down onto the cached grid (a smaller bound is still valid)."""
-    return _quantize_onto_grid(lower, SMALLEST_LOWER, STEPS_PER_DECADE)
 
 
 @functools.lru_cache(maxsize=16)
@@ -194,7 +185,7 @@ def schedule_grid(margin: float):
         Row g is ``schedule(grid[g], margin).coefficients`` padded with
         :data:`TAIL` to the longest schedule's K steps.
     """
-    grid = lower_grid(SMALLEST_LOWER, STEPS_PER_DECADE)
+    grid = lower_grid(SMALLEST_LOWER)
     rows = [schedule(float(v), margin).coefficients for v in grid]
     table = np.empty((len(grid), max(len(r) for r in rows), 3))
     table[:] = TAIL

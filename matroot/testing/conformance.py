@@ -1,0 +1,250 @@
+"""``check_inv_root_solver``: grade any inverse-root solver against the accuracy table
+and the identities every ``(A + eps·I)^(-1/p)`` satisfies, with shrunk counterexamples.
+
+Examples
+--------
+A fixed ten-step Newton–Schulz scaled by the Frobenius norm (DASH's default schedule)
+is fine for well-conditioned matrices only:
+
+>>> import numpy as np
+>>> from matroot.testing import check_inv_root_solver
+>>> def newton_schulz_10(a, p, eps):
+...     n = a.shape[-1]
+...     a = a + eps * np.eye(n, dtype=a.dtype)
+...     s = np.linalg.norm(a, axis=(-2, -1))[..., None, None]
+...     y, z = a / s, np.broadcast_to(np.eye(n, dtype=a.dtype), a.shape)
+...     for _ in range(10):
+...         e = 1.5 * np.eye(n, dtype=a.dtype) - 0.5 * (z @ y)
+...         y, z = y @ e, e @ z
+...     return z / np.sqrt(s)
+>>> check_inv_root_solver(newton_schulz_10, p=2, kappa=(1.0, 1e4), max_examples=20,
+...                       skip=("nan_isolation", "extreme_scale"))
+Traceback (most recent call last):
+...
+AssertionError: newton_schulz_10 fails the 'accuracy' property: inverse root, p=2: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
+
+from .._xp import array_namespace, device_of
+from .oracle import SPDCase, host_float64, random_orthogonal, relative_error
+from .spectra import FAMILIES
+from .strategies import safe_exponent_range, spd_stacks
+from .tolerances import (
+    accuracy_tolerance,
+    assert_inv_root_close,
+    assert_per_matrix,
+    case_tolerances,
+)
+
+__all__ = ["PROPERTIES", "check_inv_root_solver"]
+
+#: The properties checked, in the order they run; the first one failing is reported.
+PROPERTIES: tuple[str, ...] = ("namespace", "symmetric", "accuracy", "extreme_scale",
+                               "scale_covariance", "orthogonal_equivariance",
+                               "batch_independence", "nan_isolation")
+
+#: κ cap for the properties comparing two solves of differently rounded inputs.
+_RELATIONAL_KAPPA = 1e4
+#: Largest power-of-two spread between batch neighbours (2^±20 ≈ 1e±6).
+_NEIGHBOUR_EXPONENT = 20
+
+
+@dataclass(frozen=True)
+class _Grader:
+    solver: Callable
+    method: str
+    rtol: float | None
+
+    def tolerances(self, case: SPDCase, p) -> np.ndarray:
+        return case_tolerances(case, p, self.method, self.rtol)
+
+    def namespace(self, case, p, data):
+        root = self.solver(case.a, p, case.eps)
+        got = (type(root).__module__, tuple(root.shape), str(root.dtype))
+        want = (type(case.a).__module__, tuple(case.a.shape), str(case.a.dtype))
+        assert got == want, f"result (module, shape, dtype) {got} != input's {want}"
+        assert array_namespace(root) is array_namespace(case.a), "result in another namespace"
+        assert device_of(root) == device_of(case.a), (
+            f"result on device {device_of(root)}, input on {device_of(case.a)}")
+
+    def symmetric(self, case, p, data):
+        root = host_float64(self.solver(case.a, p, case.eps))
+        # A non-finite root is the accuracy property's finding, reported there.
+        asymmetry = np.where(np.isfinite(root).all(axis=(-2, -1)),
+                             relative_error(np.swapaxes(root, -1, -2), root), 0.0)
+        assert_per_matrix(asymmetry, self.tolerances(case, p), case, "‖X − Xᵀ‖/‖X‖")
+
+    def accuracy(self, case, p, data):
+        assert_inv_root_close(self.solver(case.a, p, case.eps), case, p, rtol=self.rtol,
+                              method=self.method)
+
+    extreme_scale = accuracy
+
+    def scale_covariance(self, case, p, data):
+        low, high = safe_exponent_range(case.dtype, 1.0)
+        top = np.log2(case.lam[..., -1].max() + case.eps)
+        bottom = np.log2((case.lam[..., 0] + case.eps).min())
+        k = data.draw(st.integers(int(np.ceil(low - bottom)), int(np.floor(high - top))),
+                      label="c = 2**k, k")
+        c = 2.0 ** k
+        base = host_float64(self.solver(case.a, p, case.eps))
+        scaled = self.solver(case.a * c, p, case.eps * c)
+        errors = relative_error(scaled, c ** (-1.0 / p) * base)
+        assert_per_matrix(errors, 2 * self.tolerances(case, p), case,
+                          f"f(c·A) vs c^(-1/p)·f(A) with c = 2**{k}, p={p:g}")
+
+    def orthogonal_equivariance(self, case, p, data):
+        q = random_orthogonal(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1),
+                                                              label="seed of Q")), (), case.n)
+        rotated = q @ host_float64(case.a) @ q.T
+        turned = self.solver(case.asarray((rotated + np.swapaxes(rotated, -1, -2)) / 2), p,
+                            case.eps)
+        expected = q @ host_float64(self.solver(case.a, p, case.eps)) @ q.T
+        # Rounding Q·A·Qᵀ to the dtype moves the exact answer by up to about κ·u·√n/p.
+        rounding = case.kappa * np.finfo(case.dtype).eps * np.sqrt(case.n) / p
+        assert_per_matrix(relative_error(turned, expected),
+                          2 * self.tolerances(case, p) + rounding, case,
+                          f"f(Q·A·Qᵀ) vs Q·f(A)·Qᵀ, p={p:g}")
+
+    def batch_independence(self, case, p, data):
+        # Neighbours of very different scales expose solvers that share one scaling.
+        exponents = np.array(data.draw(st.lists(
+            st.integers(-_NEIGHBOUR_EXPONENT, _NEIGHBOUR_EXPONENT), min_size=3, max_size=3),
+            label="neighbour scales 2**k"))
+        values = host_float64(case.a) * np.exp2(exponents)[:, None, None]
+        stack = case.asarray(values)
+        together = host_float64(self.solver(stack, p, 0.0))
+        alone = np.stack([host_float64(self.solver(stack[i:i + 1, ...], p, 0.0))[0]
+                          for i in range(3)])
+        assert_per_matrix(relative_error(together, alone), self.tolerances(case, p), case,
+                          f"one matrix solved in a batch vs alone, p={p:g}")
+
+    def nan_isolation(self, case, p, data):
+        bad = data.draw(st.integers(0, 2), label="NaN matrix")
+        values = host_float64(case.a)
+        values[bad] = np.nan
+        clean = host_float64(self.solver(case.a, p, case.eps))
+        poisoned = host_float64(self.solver(case.asarray(values), p, case.eps))
+        errors = relative_error(poisoned, clean)
+        errors[bad] = 0.0
+        assert_per_matrix(errors, self.tolerances(case, p), case,
+                          f"neighbours of a NaN matrix (index {bad}) vs a clean batch, p={p:g}")
+
+
+def _strategy(prop: str, *, n, kappa, dtype, xp, device):
+    low, high = kappa
+    common = {"n": n, "dtype": dtype, "xp": xp, "device": device}
+    ordinary = tuple(f for f in FAMILIES if f != "scale_extremes")
+    if prop == "extreme_scale":
+        return spd_stacks(kappa=kappa, families=("scale_extremes",), **common)
+    if prop in ("scale_covariance", "orthogonal_equivariance"):
+        return spd_stacks(kappa=(low, min(high, max(low, _RELATIONAL_KAPPA))),
+                          families=ordinary, **common)
+    if prop in ("batch_independence", "nan_isolation"):
+        return spd_stacks(kappa=kappa, families=ordinary, batch_shape=(3,),
+                          eps=0.0 if prop == "batch_independence" else None, **common)
+    return spd_stacks(kappa=kappa, families=ordinary, **common)
+
+
+def _search(check: Callable, strategy, ps: tuple, config: settings) -> Callable[[], None]:
+    """The hypothesis test of one property: ``check(case, p, data)`` on drawn cases."""
+
+    @config
+    @given(case=strategy, p=st.sampled_from(ps), data=st.data())
+    def property_holds(case, p, data):
+        check(case, p, data)
+
+    return property_holds
+
+
+def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 2, 4),
+                          dtype: str = "float32", xp=None, device=None,
+                          n: int | tuple[int, int] = (1, 8),
+                          kappa: tuple[float, float] = (1.0, 1e6), method: str = "iterative",
+                          rtol: float | None = None, max_examples: int | None = None,
+                          skip: Collection[str] = ("nan_isolation",)) -> None:
+    """Property-test ``solver(a, p, eps) -> (a + eps·I)^(-1/p)``; raise on the first failure.
+
+    Each property runs as its own hypothesis search over :func:`spd_stacks` cases, in
+    the order of :data:`PROPERTIES`:
+
+    - ``namespace``: the result has the input's namespace, device, dtype and shape;
+    - ``symmetric``: ``‖X − Xᵀ‖_F ≤ tol·‖X‖_F`` for every finite result;
+    - ``accuracy``: within the accuracy table (:func:`accuracy_tolerance`) of the
+      float64 oracle, every family at moderate scale;
+    - ``extreme_scale``: the same with λmax or λmin near the dtype's range;
+    - ``scale_covariance``: ``f(c·A, c·eps) = c^(-1/p)·f(A, eps)`` for powers of two c
+      across the dtype's range (to 2·tol);
+    - ``orthogonal_equivariance``: ``f(Q·A·Qᵀ) = Q·f(A)·Qᵀ`` (to 2·tol plus what
+      rounding Q·A·Qᵀ costs);
+    - ``batch_independence``: a matrix solved next to neighbours scaled by up to 2^±20
+      gives what it gives alone (to tol);
+    - ``nan_isolation``: a NaN matrix leaves its neighbours' results as they were
+      (to tol); skipped by default, since not every solver promises it.
+
+    Parameters
+    ----------
+    solver : callable
+        ``solver(a, p, eps)`` with ``a`` a ``(*batch, n, n)`` array of namespace ``xp``.
+    p : float or sequence of float
+        The roots to try.
+    dtype : {"float32", "float64"}
+        Dtype of the inputs; picks the accuracy table's column.
+    xp : namespace, optional
+        Array namespace of the inputs (numpy by default); ``device`` goes with it.
+    n : int or (int, int)
+        Matrix sizes.
+    kappa : (float, float)
+        Range of κ(A + eps·I) (the relational properties stop at 1e4).
+    method : str
+        Row of the accuracy table ("evd", "iterative", "chebyshev") or a registered
+        matroot method, which names its row.
+    rtol : float, optional
+        One relative tolerance for every κ instead of the table.
+    max_examples : int, optional
+        Examples per property; by default the loaded hypothesis profile's.
+    skip : collection of str
+        Properties not to check (names from :data:`PROPERTIES`).
+
+    Raises
+    ------
+    AssertionError
+        Naming the solver, the property and hypothesis's shrunk counterexample.
+    ValueError
+        For an unknown property name in ``skip`` (or bad strategy arguments).
+    """
+    unknown = sorted(set(skip) - set(PROPERTIES))
+    if unknown:
+        raise ValueError(f"unknown properties {unknown} in skip; choose from {PROPERTIES}")
+    ps = tuple(p) if isinstance(p, Sequence) else (p,)
+    if rtol is None and accuracy_tolerance(dtype, kappa[1], min(ps), method=method) is None:
+        raise ValueError(f"kappa={kappa!r} reaches beyond the accuracy table for {method!r} "
+                         f"in {dtype}: lower the range's top or pass rtol=")
+    grader = _Grader(solver, method, rtol)
+    config = settings(max_examples=max_examples or settings().max_examples, deadline=None,
+                      report_multiple_bugs=False,
+                      phases=[phase for phase in settings().phases if phase != Phase.explain],
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    name = getattr(solver, "__name__", repr(solver))
+    for prop in PROPERTIES:
+        if prop in skip:
+            continue
+        strategy = _strategy(prop, n=n, kappa=tuple(kappa), dtype=dtype, xp=xp, device=device)
+        try:
+            _search(getattr(grader, prop), strategy, ps, config)()
+        except HypothesisException:
+            raise
+        except Exception as err:
+            raised = "" if isinstance(err, AssertionError) else f"{type(err).__name__}: "
+            notes = "\n".join(getattr(err, "__notes__", ()))
+            raise AssertionError(f"{name} fails the {prop!r} property: {raised}{err}\n"
+                                 f"{notes}") from err

@@ -1,0 +1,178 @@
+"""Float64 oracles: the exact answer for a stack with a known eigendecomposition.
+
+Nothing here needs hypothesis: :class:`SPDCase` and the helpers serve plain tests too.
+
+Examples
+--------
+>>> import numpy as np
+>>> from matroot.testing import oracle_inv_root, relative_error
+>>> a = np.diag([4.0, 16.0])
+>>> oracle_inv_root(a, 2)
+array([[0.5 , 0.  ],
+       [0.  , 0.25]])
+>>> float(relative_error(np.diag([0.5, 0.25]), oracle_inv_root(a, 2)))
+0.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._xp import array_namespace, device_of, to_numpy
+from .spectra import random_orthogonal, spectrum
+
+__all__ = [
+    "SPDCase",
+    "host_float64",
+    "oracle_inv_root",
+    "random_orthogonal",
+    "relative_error",
+    "spd_stack",
+]
+
+
+def host_float64(x) -> np.ndarray:
+    """Any backend's array as a float64 NumPy array (bfloat16 included)."""
+    out = to_numpy(x)
+    if str(out.dtype) == "bfloat16":
+        out = out.astype(np.float32)
+    return out.astype(np.float64)
+
+
+def _power_of_two_scale(a: np.ndarray) -> np.ndarray:
+    """Per-matrix power of two near max|a|: dividing by it is exact and avoids overflow."""
+    top = np.max(np.abs(a), axis=(-2, -1), keepdims=True)
+    return np.exp2(np.round(np.log2(np.where(top > 0, top, 1.0))))
+
+
+def _eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 eigendecomposition of the symmetric part, safe at any scale."""
+    scale = _power_of_two_scale(a)
+    b = a / scale
+    lam, q = np.linalg.eigh((b + np.swapaxes(b, -1, -2)) / 2)
+    return lam * scale[..., 0], q
+
+
+def _function_of(lam, q, values) -> np.ndarray:
+    return (q * values[..., None, :]) @ np.swapaxes(q, -1, -2)
+
+
+def oracle_inv_root(a, p: float, eps: float = 0.0) -> np.ndarray:
+    """``(A + eps·I)^(-1/p)`` of the given values (any backend), in float64 via eigh.
+
+    Indefinite or singular matrices give NaN or Inf, as they have no real inverse root.
+    """
+    lam, q = _eigh(host_float64(a))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _function_of(lam, q, (lam + eps) ** (-1.0 / p))
+
+
+def relative_error(x, ref) -> np.ndarray:
+    """Per-matrix relative Frobenius error ``‖x − ref‖_F / ‖ref‖_F``, safe at any scale."""
+    x, ref = host_float64(x), np.asarray(ref, dtype=np.float64)
+    scale = _power_of_two_scale(ref)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (np.linalg.norm((x - ref) / scale, axis=(-2, -1))
+                / np.linalg.norm(ref / scale, axis=(-2, -1)))
+
+
+def spd_stack(rng: np.random.Generator, batch: tuple, n: int, kappa: float, *,
+              lam_max: float = 1.0, spread: str = "geometric"):
+    """Stack ``Q diag(λ) Qᵀ`` with λmax = lam_max and λmax/λmin = kappa, Q random.
+
+    ``spread`` is a spectral family of :mod:`matroot.testing.spectra` ("geometric",
+    "uniform", "clustered", ...). Returns ``(a, q, lam)`` in float64.
+    """
+    batch = tuple(batch)
+    lam = lam_max * spectrum(spread, rng, batch, n, kappa)
+    q = random_orthogonal(rng, batch, n)
+    a = _function_of(lam, q, lam)
+    return (a + np.swapaxes(a, -1, -2)) / 2, q, lam
+
+
+@dataclass(frozen=True, repr=False)
+class SPDCase:
+    """A test stack with its float64 eigendecomposition and the ridge to solve it with.
+
+    Attributes
+    ----------
+    a : array
+        The input stack ``(*batch, n, n)`` in the requested namespace, device and dtype.
+    eps : float
+        The ridge: the solver is asked for ``(a + eps·I)^(-1/p)``.
+    family : str
+        The spectrum family it was drawn from (:data:`matroot.testing.FAMILIES`).
+    lam, q : numpy.ndarray
+        Float64 eigenvalues and eigenvectors of the values of ``a`` (after rounding
+        to its dtype), so the oracles answer for exactly what the solver is given.
+    """
+
+    a: Any
+    eps: float
+    family: str
+    lam: np.ndarray = field(init=False)
+    q: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        lam, q = _eigh(host_float64(self.a))
+        object.__setattr__(self, "lam", lam)
+        object.__setattr__(self, "q", q)
+
+    @property
+    def n(self) -> int:
+        return int(self.a.shape[-1])
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.a.shape[:-2])
+
+    @property
+    def dtype(self) -> str:
+        """The dtype's name ("float32", "float64")."""
+        return str(self.a.dtype).rsplit(".", 1)[-1]
+
+    @property
+    def kappa(self) -> np.ndarray:
+        """Per-matrix condition number of ``a + eps·I`` (float64 eigenvalues)."""
+        return (self.lam[..., -1] + self.eps) / (self.lam[..., 0] + self.eps)
+
+    def inv_root(self, p: float, eps: float | None = None) -> np.ndarray:
+        """Float64 ``(a + eps·I)^(-1/p)`` for any real p > 0 (eps defaults to the case's)."""
+        return self._power(-1.0 / p, eps)
+
+    def root(self, p: float, eps: float | None = None) -> np.ndarray:
+        """Float64 ``(a + eps·I)^(1/p)`` for any real p > 0 (eps defaults to the case's)."""
+        return self._power(1.0 / p, eps)
+
+    def _power(self, exponent: float, eps: float | None) -> np.ndarray:
+        shifted = self.lam + (self.eps if eps is None else eps)
+        return _function_of(self.lam, self.q, np.maximum(shifted, 0.0) ** exponent)
+
+    def asarray(self, values: np.ndarray):
+        """``values`` (float64 NumPy) in this case's namespace, device and dtype."""
+        return _like(self.a, values)
+
+    def describe(self, index: tuple[int, ...] | None = None) -> str:
+        """One line saying what the case (or one matrix of it) is."""
+        kappa = self.kappa if index is None else self.kappa[index]
+        where = "" if index is None else f"matrix {index} of batch {self.batch_shape}, "
+        return (f"{where}family {self.family!r}, n={self.n}, κ={np.max(kappa):.3g}, "
+                f"eps={self.eps:.3g}, {self.dtype}")
+
+    def __repr__(self) -> str:
+        shown = host_float64(self.a)
+        text = (np.array2string(shown, precision=6, separator=", ", threshold=64)
+                if shown.size <= 32 else f"<{self.dtype} array {tuple(self.a.shape)}>")
+        return (f"SPDCase(family={self.family!r}, n={self.n}, batch={self.batch_shape}, "
+                f"kappa={np.max(self.kappa):.4g}, eps={self.eps!r}, dtype={self.dtype}, "
+                f"a={text})")
+
+
+def _like(reference, values: np.ndarray):
+    """Put float64 ``values`` into the namespace, device and dtype of ``reference``."""
+    xp = array_namespace(reference)
+    moved = xp.asarray(np.ascontiguousarray(values), device=device_of(reference))
+    return xp.astype(moved, reference.dtype)

@@ -1,0 +1,180 @@
+"""Hypothesis strategies for SPD stacks that carry their float64 oracle.
+
+Examples
+--------
+>>> from hypothesis import given, settings
+>>> from matroot.testing import spd_stacks
+>>> @settings(max_examples=5, deadline=None)
+... @given(spd_stacks(n=(2, 6), kappa=(10.0, 1e4), families=["gram", "hilbert"]))
+... def test_kappa_in_range(case):
+...     assert 10.0 <= case.kappa.min() and case.kappa.max() <= 1e4
+>>> test_kappa_in_range()
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from .oracle import SPDCase
+from .spectra import FAMILIES, family_stack
+
+__all__ = ["available_namespaces", "safe_exponent_range", "spd_stacks"]
+
+#: Exponent (base 2) of λmax for the ordinary families.
+_ORDINARY_SCALE = (-10, 10)
+#: Keep the eigenvalues within this power of the dtype's extremes (0.8: a margin
+#: for the n-fold sums a matmul makes, without which no solver could stay finite).
+_RANGE_FRACTION = 0.8
+_DEFAULT_BATCH_SHAPES = ((), (1,), (3,), (2, 2))
+
+
+def available_namespaces() -> dict[str, Any]:
+    """The array namespaces installed here: numpy, array_api_strict, torch, jax."""
+    found = {}
+    for name, module in (("numpy", "numpy"), ("array_api_strict", "array_api_strict"),
+                         ("torch", "torch"), ("jax", "jax.numpy")):
+        try:
+            found[name] = importlib.import_module(module)
+        except ImportError:
+            continue
+    return found
+
+
+def safe_exponent_range(dtype: str, kappa: float) -> tuple[int, int]:
+    """Exponents k for which λmax = 2**k keeps λmax and λmax/κ well inside ``dtype``."""
+    info = np.finfo(dtype)
+    low = np.log2(float(info.smallest_normal)) * _RANGE_FRACTION + np.log2(kappa)
+    high = np.log2(float(info.max)) * _RANGE_FRACTION
+    return int(np.ceil(low)), int(np.floor(high))
+
+
+def _as_range(value, name: str) -> tuple[float, float]:
+    low, high = (value, value) if np.isscalar(value) else tuple(value)
+    if not low <= high:
+        raise ValueError(f"{name}={value!r} is not a (low, high) range with low <= high")
+    return low, high
+
+
+def _check_dtype(name: str) -> str:
+    if name not in ("float32", "float64"):
+        raise ValueError(f"dtype {name!r} is not supported; use 'float32' or 'float64'")
+    return name
+
+
+@st.composite
+def _cases(draw, *, n_range, batch_shapes, kappa_range, log_kappa, families, dtypes, xp,
+           device, eps):
+    family = draw(st.sampled_from(families))
+    min_n = n_range[0] if kappa_range[0] == 1.0 else max(n_range[0], 2)
+    n = draw(st.sampled_from([1, 2] if min_n == 1 else [2]) if family == "small"
+             else st.integers(min_n, n_range[1]))
+    batch = draw(batch_shapes)
+    dtype = draw(st.sampled_from(dtypes))
+    kappa = 10.0 ** draw(st.floats(*log_kappa)) if n > 1 else 1.0
+    low, high = safe_exponent_range(dtype, kappa)
+    if family == "scale_extremes":
+        exponent = draw(st.sampled_from([high, low]))
+    else:
+        exponent = draw(st.integers(max(low, _ORDINARY_SCALE[0]), min(high, _ORDINARY_SCALE[1])))
+    scale = 2.0 ** exponent
+    if eps is None:
+        ridge = 1.0 if family == "gram" else draw(st.sampled_from([0.0, 0.5, 1.0]))
+    else:
+        ridge = float(eps)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    regularised = scale * family_stack(family, rng, batch, n, kappa)
+    ridge_abs = ridge * scale / kappa
+    values = regularised - ridge_abs * np.eye(n)
+    moved = xp.asarray(values.astype(dtype), **({} if device is None else {"device": device}))
+    if not str(moved.dtype).endswith(dtype):
+        raise ValueError(f"{xp.__name__} turned {dtype} into {moved.dtype}"
+                         + (": enable jax_enable_x64 for float64" if "jax" in xp.__name__
+                            else ""))
+    case = SPDCase(moved, eps=ridge_abs, family=family)
+    # Rounding to float32 can push a nearly singular matrix past zero (no oracle then),
+    # or its κ out of the range asked for.
+    assume(bool(np.all(case.lam[..., 0] + ridge_abs > 0)))
+    if kappa_range[0] < kappa_range[1]:
+        assume(bool(np.all((case.kappa >= kappa_range[0]) & (case.kappa <= kappa_range[1]))))
+    return case
+
+
+def spd_stacks(*, n: int | tuple[int, int] = (1, 8),
+               batch_shape: tuple[int, ...] | st.SearchStrategy | None = None,
+               kappa: float | tuple[float, float] = (1.0, 1e4),
+               families: Sequence[str] | None = None,
+               dtype: str | Sequence[str] = "float64", xp=None, device=None,
+               eps: float | None = None) -> st.SearchStrategy[SPDCase]:
+    """A hypothesis strategy of :class:`SPDCase`: an SPD stack and its float64 oracle.
+
+    Parameters
+    ----------
+    n : int or (int, int)
+        Matrix size, or an inclusive range. n = 1 is drawn only when κ = 1 is allowed;
+        the "small" family draws n ∈ {1, 2} whatever this says.
+    batch_shape : tuple or strategy of tuples, optional
+        Leading batch shape; by default one of (), (1,), (3,), (2, 2).
+    kappa : float or (float, float)
+        Condition number of ``a + eps·I`` (each matrix), or a range drawn log-uniformly.
+        Exact up to float64 rounding for float64 stacks; a float32 stack's κ is that of
+        its rounded values, which may differ a little at large κ.
+    families : sequence of str, optional
+        Spectrum families to draw from (:data:`matroot.testing.FAMILIES`), default all:
+        geometric, uniform, clustered, isolated_top, tiny_one, repeated (exactly
+        repeated eigenvalues), scale_extremes (λmax or λmin near the dtype's range),
+        small (1×1 and 2×2), gram (Shampoo-like EMA of low-rank Gram matrices plus the
+        ridge), hilbert, lehmer, kms, tridiagonal (shifted to the drawn κ).
+    dtype : str or sequence of str
+        "float32" and/or "float64".
+    xp : namespace, optional
+        numpy (default), array_api_strict, torch, jax.numpy, ... (jax needs
+        ``jax_enable_x64`` for float64).
+    device : optional
+        Device for the arrays, passed to ``xp.asarray``.
+    eps : float, optional
+        The ridge as a fraction of λmin(a + eps·I): 0 for none, 1 for a singular ``a``.
+        By default drawn from {0, 0.5, 1} (always 1 for "gram": the ridge makes it SPD).
+
+    Returns
+    -------
+    SearchStrategy[SPDCase]
+        Shrinking goes towards the first family (geometric), small n, the first batch
+        shape, κ = the range's low end, λmax = 1 and no ridge.
+
+    Raises
+    ------
+    ValueError
+        For an unknown family, an unsupported dtype or an empty range.
+    """
+    n_range = tuple(int(v) for v in _as_range(n, "n"))
+    kappa_low, kappa_high = _as_range(kappa, "kappa")
+    if kappa_low < 1.0:
+        raise ValueError(f"kappa={kappa!r}: a condition number is at least 1")
+    if n_range[0] < 1 or (kappa_low > 1.0 and n_range[1] < 2):
+        raise ValueError(f"n={n!r} cannot hold κ >= {kappa_low:g}: use n >= 2")
+    families = tuple(FAMILIES if families is None else
+                     ([families] if isinstance(families, str) else families))
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or not families:
+        raise ValueError(f"unknown spectrum families {unknown}; choose from {FAMILIES}")
+    if eps is not None and not 0.0 <= eps <= 1.0:
+        raise ValueError(f"eps={eps!r} is a fraction of λmin(a + eps·I): give 0 to 1")
+    dtypes = tuple(_check_dtype(d) for d in ([dtype] if isinstance(dtype, str) else dtype))
+    if isinstance(batch_shape, tuple):
+        batch_shape = st.just(batch_shape)
+    # Keep a float64 κ strictly inside the range despite rounding in the construction.
+    margin = 1e-9 if kappa_high > kappa_low else 0.0
+    log_kappa = (np.log10(kappa_low) + margin, max(np.log10(kappa_high) - margin,
+                                                   np.log10(kappa_low) + margin))
+    return _cases(n_range=n_range, kappa_range=(kappa_low, kappa_high),
+                  log_kappa=(float(log_kappa[0]), float(log_kappa[1])),
+                  batch_shapes=(st.sampled_from(_DEFAULT_BATCH_SHAPES) if batch_shape is None
+                                else batch_shape),
+                  families=families, dtypes=dtypes, xp=np if xp is None else xp,
+                  device=device, eps=eps)
