@@ -103,7 +103,7 @@ def has_float64(xp) -> bool:
     if is_jax_namespace(xp):
         import jax
 
-        return bool(jax.config.jax_enable_x64)
+        return bool(jax.config.read("jax_enable_x64"))
     return True
 
 
@@ -192,7 +192,7 @@ def host_constant(fn):
     return cached
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def register_jax_pytree(cls, static_fields: tuple = ()):
     """Make a NamedTuple ``cls`` a JAX pytree (once), its ``static_fields`` (e.g. a
     method name) kept as auxiliary data, so ``jax.jit`` can return it."""
