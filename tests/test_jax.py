@@ -134,3 +134,20 @@ def test_evd_without_x64_warns_and_computes_float32():
             matroot.inv_root(x, 4, method="evd", compute_dtype="float32")
         with pytest.raises(ValueError, match="jax_enable_x64"):
             matroot.inv_root(x, 4, method="evd", compute_dtype="float64")
+
+
+@pytest.mark.parametrize("method", ["coupled_newton", "minimax"])
+def test_16bit_matmuls_under_jit(method):
+    """float16 operands under jit: the steps eager takes, at least its accuracy
+    (minimax keeps ZY and q·Z in float32 there)."""
+    a, eps = _problem(1e3, 32, with_eps=True, seed=11)
+    x = jnp.asarray(a, dtype=jnp.float32)
+    options = dict(method=method, eps=eps, matmul_dtype="float16")
+    traced = jit_info(2, **options)(x)
+    eager = matroot.inv_root_info(x, 2, **options)
+    ref = oracle_inv_root(np.asarray(x), 2, eps)
+    np.testing.assert_array_equal(np.asarray(traced.iterations), np.asarray(eager.iterations))
+    assert np.all(np.asarray(traced.converged))
+    traced_err = relative_error(np.asarray(traced.root), ref)
+    assert np.all(traced_err <= 1.01 * relative_error(np.asarray(eager.root), ref))
+    assert np.all(traced_err <= 2e-3)
