@@ -34,6 +34,7 @@ BACKEND_COLUMNS = (
     BackendColumn("torch (CUDA)", "torch", "cuda:0", True, True, True),
     BackendColumn("cupy", "cupy", "cuda:0", True, False, False),
     BackendColumn("array_api_strict", "array_api_strict", "cpu", False, False, False),
+    BackendColumn("jax (CPU)", "jax", "cpu", True, True, False),
 )
 
 

@@ -83,10 +83,10 @@ def check_matmul_dtype(xp, value, compute_dtype_name: str):
             f"matmul_dtype={value!r} is for float32 computation; the input (or "
             "compute_dtype) asks for float64"
         )
-    if value == "bfloat16" and backend_name(xp) != "torch":
+    if value == "bfloat16" and backend_name(xp) not in ("torch", "jax"):
         raise ValueError(
             f"matmul_dtype='bfloat16' is not available in the {backend_name(xp)} backend "
-            "(only PyTorch has bfloat16)"
+            "(only PyTorch and JAX have bfloat16)"
         )
     if value == "float16" and not hasattr(xp, "float16"):
         raise ValueError(

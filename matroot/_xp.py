@@ -2,11 +2,14 @@
 
 Everything else in matroot receives ``xp`` (an array-API namespace) and calls the
 helpers here for what the standard leaves out: identity stacks, host transfers,
-device kinds, 16-bit rounding and the fused ``c*I + alpha*(a @ b)`` product that
-torch can do in one kernel.
+device kinds, 16-bit rounding, the fused ``c*I + alpha*(a @ b)`` product that
+torch can do in one kernel, and loops whose exit depends on the data (a host
+check on eager backends, ``lax.while_loop`` under ``jax.jit``).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import array_api_compat
@@ -14,6 +17,7 @@ from array_api_compat import (
     array_namespace,
     device as device_of,
     is_cupy_namespace,
+    is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
 )
@@ -24,7 +28,16 @@ __all__ = [
     "is_torch_namespace",
     "is_cupy_namespace",
     "is_numpy_namespace",
+    "is_jax_namespace",
     "backend_name",
+    "is_traced",
+    "has_float64",
+    "bounded_loop",
+    "counted_loop",
+    "trip_count",
+    "host_constant",
+    "cond",
+    "register_jax_pytree",
     "is_accelerator",
     "identity_stack",
     "add_scaled_identity",
@@ -51,6 +64,8 @@ def backend_name(xp) -> str:
         return "torch"
     if is_cupy_namespace(xp):
         return "cupy"
+    if is_jax_namespace(xp):
+        return "jax"
     if array_api_compat.is_array_api_strict_namespace(xp):
         return "array_api_strict"
     return getattr(xp, "__name__", "unknown")
@@ -62,7 +77,74 @@ def is_accelerator(xp, x) -> bool:
         return True
     if is_torch_namespace(xp):
         return x.device.type != "cpu"
+    if is_jax_namespace(xp):
+        import jax
+
+        # A tracer has no device; jit places it on the default backend.
+        devices = jax.devices() if is_traced(x) else x.devices()
+        return any(d.platform != "cpu" for d in devices)
     return False
+
+
+def is_traced(x) -> bool:
+    """True where ``x``'s values cannot be read on the host (no ``bool()``/``float()``):
+    a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``), or a torch tensor while
+    ``torch.compile`` traces (a read would break the graph)."""
+    if array_api_compat.is_jax_array(x):
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    if array_api_compat.is_torch_array(x):
+        import torch
+
+        return torch.compiler.is_compiling()
+    return False
+
+
+def has_float64(xp) -> bool:
+    """Whether ``xp`` can hold float64 arrays (JAX only with ``jax_enable_x64``)."""
+    if is_jax_namespace(xp):
+        import jax
+
+        return bool(jax.config.read("jax_enable_x64"))
+    return True
+
+
+def bounded_loop(body, carry, *, max_iter: int, running, check_every: int, traced: bool):
+    """``carry = body(carry, k)`` for ``k = 0, 1, …`` until ``max_iter`` or none runs.
+
+    ``running(carry)`` is a 0-d boolean array: whether any matrix still iterates.
+    Eagerly the host reads it every ``check_every`` steps (the only syncs of the
+    loop) and ``k`` is a Python int. Under ``torch.compile`` all ``max_iter``
+    steps are traced (frozen matrices pass through unchanged), so a compiled
+    graph holds no data-dependent exit: use a small ``max_iter``. Under
+    ``jax.jit`` the loop is a ``lax.while_loop`` that checks on the device every
+    step: ``k = 0`` runs first as plain Python (so a first step may differ in
+    structure, e.g. start from the identity), later ``k`` are traced int32
+    scalars. The carry must keep its shapes and dtypes from step to step.
+    """
+    if not traced or not is_jax_namespace(array_namespace(running(carry))):
+        for k in range(max_iter):
+            carry = body(carry, k)
+            if not traced and (k + 1) % check_every == 0 and not bool(running(carry)):
+                break
+        return carry
+    if max_iter < 1:
+        return carry
+    import jax.numpy as jnp
+    from jax import lax
+
+    carry = body(carry, 0)
+
+    def keep_going(counted):
+        k, inner = counted
+        return (k < max_iter) & running(inner)
+
+    def advance(counted):
+        k, inner = counted
+        return k + 1, body(inner, k)
+
+    return lax.while_loop(keep_going, advance, (jnp.asarray(1, dtype=jnp.int32), carry))[1]
 
 
 def identity_stack(xp, n: int, dtype, device):
@@ -95,6 +177,77 @@ def shifted_product(c, alpha: float, a, b, eye):
     return c * eye + alpha * (a @ b)
 
 
+def host_constant(fn):
+    """Mark ``fn`` (host arguments → NumPy constants) as a constant for ``torch.compile``.
+
+    Dynamo then calls it once while tracing and bakes the result into the graph
+    instead of tracing its NumPy code (this sets the marker that
+    ``torch._dynamo.assume_constant_result`` sets, without importing torch).
+    The result is cached: it depends on the arguments only.
+    """
+    results: dict = {}
+
+    @functools.wraps(fn)
+    def cached(*args):
+        if args not in results:
+            results[args] = fn(*args)
+        return results[args]
+
+    cached._dynamo_marked_constant = True
+    return cached
+
+
+@functools.cache
+def register_jax_pytree(cls, static_fields: tuple = ()):
+    """Make a NamedTuple ``cls`` a JAX pytree (once), its ``static_fields`` (e.g. a
+    method name) kept as auxiliary data, so ``jax.jit`` can return it."""
+    import jax
+
+    fields = tuple(cls._fields)
+    arrays = tuple(f for f in fields if f not in static_fields)
+
+    def flatten(value):
+        return tuple(getattr(value, f) for f in arrays), tuple(
+            getattr(value, f) for f in static_fields)
+
+    def unflatten(static, children):
+        return cls(**dict(zip(arrays, children)), **dict(zip(static_fields, static)))
+
+    jax.tree_util.register_pytree_node(cls, flatten, unflatten)
+
+
+def cond(predicate, if_true, if_false, *operands):
+    """``if_true(*operands)`` where the 0-d boolean ``predicate`` holds, else
+    ``if_false(*operands)``: a host branch eagerly, ``lax.cond`` under ``jax.jit``
+    (both results must then have the same structure, shapes and dtypes)."""
+    if is_traced(predicate) and array_api_compat.is_jax_array(predicate):
+        from jax import lax
+
+        return lax.cond(predicate, if_true, if_false, *operands)
+    return if_true(*operands) if bool(predicate) else if_false(*operands)
+
+
+def trip_count(count, upper: int):
+    """What :func:`counted_loop` can run for a 0-d integer array ``count ≤ upper``:
+    ``int(count)`` eagerly, ``count`` itself under ``jax.jit`` (a device-side
+    bound), ``upper`` under ``torch.compile`` (the graph needs a static count)."""
+    if not is_traced(count):
+        return int(count)
+    return count if array_api_compat.is_jax_array(count) else upper
+
+
+def counted_loop(body, carry, count):
+    """``carry = body(carry, k)`` for ``k = 0 … count − 1``; ``count`` may be a
+    traced JAX scalar (``lax.fori_loop``, a while loop for a traced bound)."""
+    if is_traced(count):
+        from jax import lax
+
+        return lax.fori_loop(0, count, lambda k, c: body(c, k), carry)
+    for k in range(int(count)):
+        carry = body(carry, k)
+    return carry
+
+
 def to_numpy(x) -> np.ndarray:
     """Copy an array of any supported backend to a host NumPy array."""
     xp = array_namespace(x)
@@ -109,10 +262,8 @@ def to_numpy(x) -> np.ndarray:
 
 def from_numpy(xp, arr: np.ndarray, *, dtype=None, device=None):
     """Move a host NumPy array into namespace ``xp`` on ``device``."""
-    arr = np.ascontiguousarray(arr)
-    if not arr.flags.writeable:
-        # torch warns on read-only NumPy memory (cached coefficient tables are).
-        arr = arr.copy()
+    # A copy: torch would share the buffer of a (possibly cached, read-only) array.
+    arr = np.ascontiguousarray(arr).copy()
     if dtype is None:
         return xp.asarray(arr, device=device)
     return xp.astype(xp.asarray(arr, device=device), dtype)

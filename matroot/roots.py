@@ -188,6 +188,8 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     ([True, True], (2,))
     """
     xp = check_stack(a)
+    if _xp.is_jax_namespace(xp):
+        _xp.register_jax_pytree(InvRootResult, ("method",))
     check_method(method)
     p = check_p(p)
     require_support(method, p)
@@ -198,13 +200,22 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     max_iter = check_max_iter(max_iter)
     if tol is not None:
         tol = check_nonnegative(tol, "tol")
+    if compute_dtype == "float64" and not _xp.has_float64(xp):
+        raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
+                         "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1)")
     work_name = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
     spec = get_solver(method)
     if compute_dtype is None and spec.default_compute_dtype is not None:
-        work_name = spec.default_compute_dtype
+        if spec.default_compute_dtype == "float64" and not _xp.has_float64(xp):
+            warnings.warn(f"{method} computes in float32: JAX's float64 is off. Enable "
+                          "it (jax.config.update('jax_enable_x64', True)) for its float64 "
+                          "default, or pass compute_dtype='float32' to accept float32",
+                          UserWarning, stacklevel=3)
+        else:
+            work_name = spec.default_compute_dtype
     require_dtypes(spec, work_name, matmul_dtype)
     if tol is None:
         tol = default_tol(method, work_name)
@@ -214,7 +225,15 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     dev = _xp.device_of(a)
-    if check_finite and not bool(xp.all(xp.isfinite(a))):
+    traced = _xp.is_traced(a)
+    if traced and fallback is not None:
+        raise ValueError("fallback= re-solves the matrices that failed their check, which "
+                         "reads them from the host: not possible under jax.jit or "
+                         "torch.compile. Pass fallback=None and re-solve where "
+                         "result.converged is False outside the compiled function")
+    # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
+    # come back NaN.
+    if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
         raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
                          "roots for those matrices instead)")
     b = math.prod(batch)
@@ -250,7 +269,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if spec.needs_lower_bound:
-        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale,
+        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale, has_ridge=eps > 0,
                                               from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
     if lam_max is None:
@@ -276,7 +295,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     nan_b = xp.full_like(lam_max, float("nan"))
     residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
                         nan_b)
-    if not bool(xp.all(cast_ok | ~computed)):
+    if not traced and not bool(xp.all(cast_ok | ~computed)):
         warnings.warn(
             f"inv_root_info: some roots overflow or lose their precision when cast back "
             f"from {work_name} to {a.dtype} (entries beyond its range); they are "
@@ -428,6 +447,8 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     """
     result = inv_root_info(a, p, **options)
     xp = _xp.array_namespace(result.root)
+    if _xp.is_traced(result.root):
+        return result.root  # no host read when traced: inv_root_info says which failed
     failed = ~usable_roots(result, options.get("tol"))
     count = int(xp.sum(xp.astype(failed, xp.int32)))
     if count:
@@ -459,21 +480,20 @@ def usable_roots(result: InvRootResult, tol: float | None) -> Array:
     return result.converged
 
 
-def _lower_bound(scaled, eps_scaled, *, from_spectrum=False):
+def _lower_bound(scaled, eps_scaled, *, has_ridge: bool, from_spectrum: bool):
     """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
     else the Lanczos estimate (its Ritz value errs high, hence its safety factor).
 
     ``from_spectrum``: the Lanczos estimate, never below the ridge, even with one
     (chebyshev's degree grows with the interval, and a ridge far below the
     spectrum would push it to its cap; a bound that is too high is caught by the
-    a-posteriori check)."""
-    xp = _xp.array_namespace(scaled)
-    if bool(xp.all(eps_scaled > 0)) and not from_spectrum:
+    a-posteriori check). Under jax.jit / torch.compile the estimate is formed on
+    the device, with no host read."""
+    if has_ridge and not from_spectrum:
         return eps_scaled
+    xp = _xp.array_namespace(scaled)
     estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
-    if from_spectrum:
-        return xp.maximum(estimate, eps_scaled)
-    return xp.where(eps_scaled > 0, eps_scaled, estimate)
+    return xp.maximum(estimate, eps_scaled)
 
 
 def _empty_result(xp, a, batch, method):

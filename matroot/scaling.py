@@ -36,6 +36,17 @@ LANCZOS_STEPS = 64
 LANCZOS_SAFETY = 4.0
 
 
+@_xp.host_constant
+def _start_matrix(n: int, k: int) -> np.ndarray:
+    # A fixed-seed host draw: reproducible, never touches the global RNG, and the
+    # same start on every backend so results agree across them.
+    rng = np.random.default_rng(_START_SEED + 7919 * n + k)
+    v = rng.standard_normal((n, k))
+    v /= np.linalg.norm(v, axis=0, keepdims=True)
+    v.flags.writeable = False
+    return v
+
+
 #: Start vectors kept on their devices, keyed by (backend, device, dtype, n, k)
 #: as strings (not every backend's device object is hashable); oldest dropped first.
 _START_VECTORS: dict = {}
@@ -43,18 +54,17 @@ _START_VECTORS_KEPT = 64
 
 
 def _start_vectors(xp, n: int, k: int, dtype, device):
-    # A fixed-seed host draw: reproducible, never touches the global RNG, and the
-    # same start on every backend so results agree across them. Kept, so the host
-    # draw and its copy to the device happen once per size; callers only read it.
+    # Kept, so the copy to the device happens once per size; callers only read it.
     key = (_xp.backend_name(xp), str(device), str(dtype), n, k)
-    if key not in _START_VECTORS:
-        rng = np.random.default_rng(_START_SEED + 7919 * n + k)
-        v = rng.standard_normal((n, k))
-        v /= np.linalg.norm(v, axis=0, keepdims=True)
-        if len(_START_VECTORS) >= _START_VECTORS_KEPT:
-            del _START_VECTORS[next(iter(_START_VECTORS))]
-        _START_VECTORS[key] = _xp.from_numpy(xp, v, dtype=dtype, device=device)
-    return _START_VECTORS[key]
+    if key in _START_VECTORS:
+        return _START_VECTORS[key]
+    vectors = _xp.from_numpy(xp, _start_matrix(n, k), dtype=dtype, device=device)
+    if _xp.is_traced(vectors):  # a traced value must not outlive its trace
+        return vectors
+    if len(_START_VECTORS) >= _START_VECTORS_KEPT:
+        del _START_VECTORS[next(iter(_START_VECTORS))]
+    _START_VECTORS[key] = vectors
+    return vectors
 
 
 def _entry_scale(xp, a):
@@ -123,7 +133,7 @@ def power_iteration_core(a: Array, *, num_vectors: int = _POWER_VECTORS,
         w = v @ b
         norms = xp.linalg.vector_norm(w, axis=-1)
         best = xp.maximum(best, xp.max(norms, axis=-1))
-        v = w / xp.maximum(norms, tiny)[..., None]
+        v = w / xp.clip(norms, min=tiny)[..., None]
     return best * scale
 
 
@@ -208,10 +218,12 @@ def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY) -> Certif
     bound = guaranteed
     open_ = xp.ones(guaranteed.shape, dtype=xp.bool, device=_xp.device_of(a))
     cost = xp.zeros_like(guaranteed) + POWER_MATVECS / n
+    traced = _xp.is_traced(a)
     for factor in CERTIFY_FACTORS:
         candidate = estimate * factor
         trying = open_ & (candidate < guaranteed)
-        if not bool(xp.any(trying)):
+        # Traced, nothing can be read: every factor is tried (a Cholesky each).
+        if not traced and not bool(xp.any(trying)):
             break
         proved = trying & verified_upper(b, candidate)
         bound = xp.where(proved, candidate, bound)
@@ -267,13 +279,13 @@ def lambda_max_bound_core(a: Array, *, scaling: str = "power",
     return xp.reshape(certified_lambda_max(flat, safety=safety).bound, batch)
 
 
-def _lanczos(a, num_steps: int):
-    """Batched Lanczos with full reorthogonalisation; host-side results.
+def _lanczos_coefficients(a, num_steps: int):
+    """Batched Lanczos with full reorthogonalisation, on the device.
 
-    Returns ``(tridiagonal, last_beta, scale)``: the ``(b, m, m)`` float64
-    tridiagonal matrices of ``a / scale``, the coupling ``β_m`` to the next
-    Lanczos vector (0 once the Krylov space is exhausted) and the per-matrix
-    entry scale, all NumPy, after a single device-to-host transfer.
+    Returns ``(coefficients, steps)``: a ``(b, 2m + 1)`` array holding the
+    ``m = steps`` diagonal entries α of the tridiagonal matrix of ``a / scale``,
+    its ``m`` couplings β (the last one couples to the next Lanczos vector: 0
+    once the Krylov space is exhausted) and the per-matrix entry scale.
     """
     xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
@@ -315,14 +327,36 @@ def _lanczos(a, num_steps: int):
         norm = _xp.frobenius_norm(w)
         v = w / xp.where(norm > 0, norm, xp.ones_like(norm))[:, None, None]
         basis = xp.concat([basis, v], axis=-2)
-    packed = _xp.to_numpy(xp.stack(alphas + betas + [scale], axis=-1)).astype(np.float64)
-    tri = np.zeros((b, steps, steps))
-    idx = np.arange(steps)
-    tri[:, idx, idx] = packed[:, :steps]
-    tri[:, idx[:-1], idx[1:]] = packed[:, steps:2 * steps - 1]
-    tri[:, idx[1:], idx[:-1]] = packed[:, steps:2 * steps - 1]
-    last_beta = packed[:, 2 * steps - 1] if steps < n else np.zeros(b)
-    return tri, last_beta, packed[:, -1]
+    return xp.stack(alphas + betas + [scale], axis=-1), steps
+
+
+def _ritz_pairs(a, num_steps: int):
+    """The extreme Ritz values of a Lanczos run and the residual bound of the smallest.
+
+    Returns ``(θmin, θmax, spread, scale, ns)``: per matrix of ``a / scale``, its
+    smallest and largest Ritz values and ``β_m·|s_m|`` (an eigenvalue lies within
+    it of θmin), with ``ns`` the namespace they are in: host float64 NumPy after
+    one transfer, or under jax.jit / torch.compile (nothing can be read back)
+    the device arrays in ``a``'s dtype.
+    """
+    xp = _xp.array_namespace(a)
+    coefficients, m = _lanczos_coefficients(a, num_steps)
+    if _xp.is_traced(a):
+        ns, dev = xp, _xp.device_of(a)
+
+        def band(k):
+            return _xp.from_numpy(xp, np.eye(m, k=k), dtype=a.dtype, device=dev)
+    else:
+        ns, coefficients = np, _xp.to_numpy(coefficients).astype(np.float64)
+
+        def band(k):
+            return np.eye(m, k=k)
+    upper = coefficients[:, m:2 * m, None] * band(1)  # β_i at (i, i+1); β_m falls off
+    tri = coefficients[:, :m, None] * band(0) + upper + ns.matrix_transpose(upper)
+    ritz, vectors = ns.linalg.eigh(tri)
+    last_beta = coefficients[:, 2 * m - 1] if m < a.shape[-1] else ns.zeros_like(ritz[:, 0])
+    spread = last_beta * ns.abs(vectors[:, -1, 0])
+    return ritz[:, 0], ritz[:, -1], spread, coefficients[:, -1], ns
 
 
 def lanczos_ritz_extremes(a: Array, /, *,
@@ -367,9 +401,8 @@ def lanczos_ritz_extremes_core(a: Array, *, num_steps: int = LANCZOS_STEPS
     batch = tuple(a.shape[:-2])
     if a.shape[-1] == 0 or 0 in batch:
         return np.zeros(batch), np.zeros(batch)
-    tri, _, scale = _lanczos(a, num_steps)
-    ritz = np.linalg.eigvalsh(tri)
-    return (ritz[:, 0] * scale).reshape(batch), (ritz[:, -1] * scale).reshape(batch)
+    low, high, _, scale, ns = _ritz_pairs(a, num_steps)
+    return ns.reshape(low * scale, batch), ns.reshape(high * scale, batch)
 
 
 def lambda_min_estimate(a: Array, /, lambda_max: Array, *, num_iter: int = LANCZOS_STEPS,
@@ -425,16 +458,13 @@ def lambda_min_estimate_core(a: Array, lambda_max: Array, *,
     batch = tuple(a.shape[:-2])
     if a.shape[-1] == 0 or 0 in batch:
         return xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
-    tri, last_beta, scale = _lanczos(a, num_iter)
-    ritz, vectors = np.linalg.eigh(tri)
-    theta = ritz[:, 0]
-    spread = last_beta * np.abs(vectors[:, -1, 0])
+    theta, _, spread, scale, ns = _ritz_pairs(a, num_iter)
     converged = spread <= (1.0 - 1.0 / safety) * theta
-    estimate = np.where(converged, theta - spread, theta / safety)
-    estimate = (np.maximum(estimate, 0.0) * scale).reshape(batch)
+    estimate = ns.where(converged, theta - spread, theta / safety)
+    estimate = ns.reshape(ns.maximum(estimate, ns.zeros_like(estimate)) * scale, batch)
     # from_numpy makes 0-d arrays 1-d; restore the batch shape.
-    out = xp.reshape(_xp.from_numpy(xp, estimate, dtype=a.dtype, device=_xp.device_of(a)),
-                     batch)
+    out = estimate if ns is xp else xp.reshape(
+        _xp.from_numpy(xp, estimate, dtype=a.dtype, device=_xp.device_of(a)), batch)
     return xp.minimum(out, xp.astype(xp.asarray(lambda_max), a.dtype))
 
 

@@ -126,9 +126,13 @@ def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
     eye = _xp.identity_stack(xp, n, root.dtype, _xp.device_of(root))
     safe = _xp.batched_where(finite, _xp.symmetric_part(root), eye)
     low, high = lanczos_ritz_extremes_core(scaled)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ritz_ratio = np.where(low > 0, high / low, np.inf)
-    kappa = _xp.from_numpy(xp, ritz_ratio, dtype=root.dtype, device=_xp.device_of(root))
+    if _xp.is_traced(scaled):  # the Ritz values stayed on the device
+        kappa = xp.where(low > 0, high / xp.where(low > 0, low, xp.ones_like(low)),
+                         xp.full_like(low, float("inf")))
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ritz_ratio = np.where(low > 0, high / low, np.inf)
+        kappa = _xp.from_numpy(xp, ritz_ratio, dtype=root.dtype, device=_xp.device_of(root))
     cost = min(LANCZOS_STEPS, n) / n
     nan = xp.full_like(kappa, float("nan"))
     if isinstance(p, int):

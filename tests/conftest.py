@@ -1,8 +1,9 @@
 """Backends for the test suite: every test taking ``backend`` runs on each of them.
 
 They come from matroot's one backend registry (``matroot.bench.backends``), as the
-CLI's and the benchmarks' do: numpy, torch, array_api_strict, and torch-cuda and cupy
-where a GPU is present; a backend not installed here is skipped with the reason.
+CLI's and the benchmarks' do: numpy, torch, array_api_strict, jax (eager, float64
+enabled), and torch-cuda and cupy where a GPU is present; a backend not installed
+here is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ BACKEND_PARAMS = [
                  marks=pytest.mark.skipif(missing is not None, reason=str(missing)))
     for target, missing in candidate_targets()
 ]
+
+# The jax target's namespace turns JAX's float64 on (the float64 rows of the accuracy
+# table need it); tests of x64-off set it off locally.
+for _target, _missing in candidate_targets():
+    if _target.backend == "jax" and _missing is None:
+        _ = _target.xp
 
 
 @pytest.fixture(params=BACKEND_PARAMS)

@@ -118,7 +118,7 @@ def test_info_lists_backends_and_probes_support(capsys):
     assert code == 0
     data = json.loads(out)
     names = [b["name"] for b in data["backends"]]
-    assert names == ["numpy", "torch", "array_api_strict", "cupy"]
+    assert names == ["numpy", "torch", "array_api_strict", "jax", "cupy"]
     numpy_info = data["backends"][0]
     assert numpy_info["version"] == np.__version__ and numpy_info["devices"] == ["cpu"]
     cells = {(s["method"], s["precision"]): s for s in data["support"]}
@@ -136,14 +136,14 @@ def test_info_lists_backends_and_probes_support(capsys):
 def test_info_text_names_every_backend(capsys):
     code, out, _ = run_cli(capsys, "info", "--backend", "numpy")
     assert code == 0
-    for name in ("numpy", "torch", "array_api_strict", "cupy"):
+    for name in ("numpy", "torch", "array_api_strict", "jax", "cupy"):
         assert name in out
     assert "root orders p each method accepts" in out
 
 
 @pytest.mark.parametrize("argv, fragments", [
     (["--backend", "tensorflow"], ["unknown backend 'tensorflow'", "numpy"]),
-    (["info", "--backend", "jax"], ["unknown backend 'jax'"]),
+    (["info", "--backend", "mxnet"], ["unknown backend 'mxnet'"]),
     (["--method", "magic"], ["unknown method 'magic'", "evd"]),
     (["--batch", "0", "--no-plot"], ["--batch must be a positive integer"]),
     (["--eps", "0"], ["--eps must be > 0"]),
@@ -270,7 +270,7 @@ def test_module_entry_point_runs():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("matroot demo: error: unknown backend 'no-such'; choose "
-                                   "from numpy, torch, array_api_strict, cupy")
+                                   "from numpy, torch, array_api_strict, jax, cupy")
     version = subprocess.run([sys.executable, "-m", "matroot", "--version"],
                              capture_output=True, text=True, timeout=120)
     assert version.returncode == 0 and version.stdout.startswith("matroot ")

@@ -108,7 +108,7 @@ def test_support_page_matches_what_info_finds():
     rows = registry_tables.support_rows()
     column = {("numpy", "cpu"): "numpy", ("torch", "cpu"): "torch (CPU)",
               ("array_api_strict", "cpu"): "array_api_strict", ("cupy", "cuda:0"): "cupy",
-              ("torch", "cuda:0"): "torch (CUDA)"}
+              ("torch", "cuda:0"): "torch (CUDA)", ("jax", "cpu"): "jax (CPU)"}
     claims = {(r["method"], r["precision"], col): r[col] for r in rows for col in column.values()}
     probed = [s for s in collect()["support"] if (s["backend"], s["device"]) in column]
     assert probed, "no backend to compare with"

@@ -5,7 +5,7 @@ arrays). Tools have to create arrays, so ``matroot info``, the demo, the
 benchmarks and the test suite all find libraries and devices here, lazily and
 without failing when one is missing or has no driver. A :class:`Target` is one
 backend on one device; its :attr:`~Target.name` (``"numpy"``, ``"torch"``,
-``"torch-cuda"``, ``"array_api_strict"``, ``"cupy"``) is what every tool prints
+``"torch-cuda"``, ``"array_api_strict"``, ``"jax"``, ``"cupy"``) is what every tool prints
 and accepts.
 """
 
@@ -20,14 +20,15 @@ __all__ = ["BACKENDS", "Target", "BackendInfo", "UnavailableError", "discover",
            "select_targets", "candidate_targets", "parse_target", "target_named"]
 
 #: Backends in the order every tool lists them; the first device is each one's default.
-BACKENDS = ("numpy", "torch", "array_api_strict", "cupy")
-_DEFAULT_DEVICE = {"numpy": "cpu", "torch": "cpu", "array_api_strict": "cpu",
+BACKENDS = ("numpy", "torch", "array_api_strict", "jax", "cupy")
+_DEFAULT_DEVICE = {"numpy": "cpu", "torch": "cpu", "array_api_strict": "cpu", "jax": "cpu",
                    "cupy": "cuda:0"}
 _ALIASES = {"array-api-strict": "array_api_strict", "strict": "array_api_strict"}
 _INSTALL_HINT = {
     "torch": 'pip install "matroot[torch]" (CPU-only: pip install torch --index-url '
              "https://download.pytorch.org/whl/cpu)",
     "array_api_strict": "pip install array-api-strict",
+    "jax": 'pip install "matroot[jax]"',
     "cupy": 'pip install "matroot[cupy]" (needs an NVIDIA GPU and its driver)',
 }
 
@@ -91,6 +92,11 @@ class Target:
     @property
     def xp(self):
         """The array-API namespace of this backend (array-api-compat's wrapper)."""
+        if self.backend == "jax":
+            # The tools' float64 rows and oracles need JAX's float64, which is off
+            # by default; a tool turns it on for the process it runs in.
+            importlib.import_module("jax").config.update("jax_enable_x64", True)
+            return importlib.import_module("jax.numpy")
         if self.backend == "array_api_strict":
             return importlib.import_module("array_api_strict")
         return importlib.import_module(f"array_api_compat.{self.backend}")
@@ -126,7 +132,7 @@ class Target:
             return x.detach().cpu().numpy()
         if self.backend == "cupy":
             return x.get()
-        if self.backend == "numpy":
+        if self.backend in ("numpy", "jax"):
             return np.asarray(x)
         return np.from_dlpack(x)
 
@@ -228,8 +234,18 @@ def _probe_cupy() -> BackendInfo:
     return BackendInfo("cupy", cupy.__version__, devices, names)
 
 
+def _probe_jax() -> BackendInfo:
+    try:
+        import jax
+    except Exception as err:
+        return BackendInfo("jax", missing=_missing(err))
+    # Only its CPU device is a target: jax on a GPU is jax's own install choice.
+    return BackendInfo("jax", jax.__version__, ("cpu",))
+
+
 _PROBES = {"numpy": _probe_numpy, "torch": _probe_torch,
-           "array_api_strict": _probe_array_api_strict, "cupy": _probe_cupy}
+           "array_api_strict": _probe_array_api_strict, "jax": _probe_jax,
+           "cupy": _probe_cupy}
 
 
 def discover(names=BACKENDS) -> list[BackendInfo]:

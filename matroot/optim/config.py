@@ -246,7 +246,10 @@ class ShampooConfig:
                             max_preconditioned_dim=self.max_preconditioned_dim,
                             skip_dims=self.skip_dims)
 
-    def refreshes_roots_at(self, step: int) -> bool:
-        """Whether the inverse roots are recomputed at (1-based) ``step``."""
+    def refreshes_roots_at(self, step):
+        """Whether the inverse roots are recomputed at (1-based) ``step`` (an int, or
+        a 0-d integer array giving a boolean array)."""
         start = self.first_preconditioned_step
-        return step >= start and (step - start) % self.precondition_frequency == 0
+        if isinstance(step, numbers.Integral):
+            return bool(step >= start and (step - start) % self.precondition_frequency == 0)
+        return (step >= start) & ((step - start) % self.precondition_frequency == 0)

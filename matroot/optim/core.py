@@ -18,12 +18,17 @@ The update of one step, for every parameter with a gradient ``g``:
 5. ``update = −lr·(direction + weight_decay·param)`` (decoupled weight decay;
    momentum on the direction first when ``momentum > 0``).
 
-The state's arrays are updated in place (NumPy, CuPy and PyTorch arrays are
-mutable); ``update`` returns the state with its counters advanced. Copy the
-state first (:func:`copy_state`) to keep the old one. A state made with
-``init(..., lazy=True)`` holds None for every array until the step that first
-needs it: moments from a parameter's first gradient, factor and root stacks
-from the first gradient of a block in them.
+``update`` is a pure function: it returns new arrays and a new state and never
+writes into its inputs, on every backend (JAX included). ``in_place=True`` is
+the fast path for mutable arrays (NumPy, CuPy, PyTorch): moments and factors
+are overwritten where they lie (:func:`matroot.optim.preconditioner.assign` is
+the one seam). The counters ``step`` and ``param_steps`` may be Python ints or
+0-d integer arrays; with arrays (the optax shell under ``jax.jit``) the root
+refresh is a device-side branch and the start of preconditioning a select. A
+state made with ``init(..., lazy=True)`` holds None for every array until the
+step that first needs it: moments from a parameter's first gradient, factor and
+root stacks from the first gradient of a block in them (eager only: a traced
+step needs every array to exist).
 """
 
 from __future__ import annotations
@@ -266,7 +271,8 @@ def _present_runs(group, present):
 
 
 def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None,
-           weight_decay=None, check_grads: bool = True, on_phase: Callable | None = None):
+           weight_decay=None, check_grads: bool = True, on_phase: Callable | None = None,
+           in_place: bool = False):
     """One Shampoo step: updates to add to the parameters, and the advanced state.
 
     Parameters
@@ -275,7 +281,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         One per parameter; None means the parameter is left as it is this step
         (its moments, factors and step count untouched).
     state : ShampooState
-        From :func:`init` or a previous ``update``; its arrays are updated in place.
+        From :func:`init` or a previous ``update``; left untouched unless ``in_place``.
     config : ShampooConfig
     lr, weight_decay : float or sequence of float, optional
         Per-parameter overrides of ``config.lr`` / ``config.weight_decay``.
@@ -288,6 +294,9 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     on_phase : callable, optional
         Called with "moments", "factors", "roots" (only on refresh steps),
         "precondition" and "updates" as each phase ends (for profiling).
+    in_place : bool
+        Overwrite the state's moments and factors instead of making new arrays
+        (NumPy, CuPy, PyTorch; ignored on JAX, whose arrays are immutable).
 
     Returns
     -------
@@ -365,8 +374,9 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
             if config.second_moment_beta is not None:
                 exp_avg_sq[i] = xp.zeros_like(g)
         g_work[i] = effective_gradient(xp, g, params[i], decays[i], config)
-        m_hat[i], adam[i] = grafting_direction(xp, g_work[i], exp_avg[i], exp_avg_sq[i],
-                                               param_steps[i], config)
+        exp_avg[i], exp_avg_sq[i], m_hat[i], adam[i] = grafting_direction(
+            xp, g_work[i], exp_avg[i], exp_avg_sq[i], param_steps[i], config,
+            in_place=in_place)
     phase("moments")
 
     # 2. Factors, one batched product per group of equal-shape blocks.
@@ -382,23 +392,39 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                 factors[stack], roots[stack], failures[stack] = empty_stack(
                     spec, xp, _xp.device_of(g_work[run.blocks[0].param]),
                     root_dtype=_root_dtype(xp, config, spec), packed=config.symmetric_packing)
-        update_factors(run, gather_blocks(run, views, xp), factors, config.betas[1])
+        factors = update_factors(run, gather_blocks(run, views, xp), factors,
+                                 config.betas[1], in_place=in_place)
     phase("factors")
 
     # 3. Inverse roots, one solver call per stack that has factors.
-    refreshes = state.root_refreshes
-    if config.refreshes_roots_at(step) and plan.stacks:
+    def refresh(roots, failures):
+        roots, failures = list(roots), list(failures)
         for s, spec in enumerate(plan.stacks):
             if factors[s] is not None:
                 roots[s], failures[s], _ = refresh_inverse_roots(
                     spec, factors[s], roots[s], failures[s], method=config.root_method,
                     eps=config.matrix_eps, options=config.root_options)
-        refreshes += 1
-        phase("roots")
+        return roots, failures
+
+    refreshes = state.root_refreshes
+    if plan.stacks:
+        due = config.refreshes_roots_at(step)
+        if isinstance(due, bool):
+            if due:
+                roots, failures = refresh(roots, failures)
+                refreshes += 1
+                phase("roots")
+        else:  # counters on the device (jax.jit): a device-side branch
+            roots, failures = _xp.cond(due, refresh, lambda r, f: (list(r), list(f)),
+                                       roots, failures)
+            refreshes = refreshes + xp.astype(due, xp.int32)
 
     # 4. Directions: grafted Shampoo blocks once preconditioning has started.
     directions = list(adam)
-    if step >= config.first_preconditioned_step and runs:
+    started = step >= config.first_preconditioned_step
+    if isinstance(step, numbers.Integral):
+        started = bool(started)
+    if not isinstance(started, bool) or (started and runs):
         m_views = [None if m is None else xp.reshape(m, layout.view)
                    for m, layout in zip(m_hat, plan.params)]
         a_views = [None if a is None else xp.reshape(a, layout.view)
@@ -408,10 +434,14 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                      for a, layout in zip(adam, plan.params)]
         for run in runs:
             shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), roots)
-            scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)), out_views)
+            out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
+                                       out_views)
         for i, (out, layout) in enumerate(zip(out_views, plan.params)):
             if out is not None:
-                directions[i] = xp.reshape(out, layout.shape)
+                shaped = xp.reshape(out, layout.shape)
+                # Counters on the device: select instead of branching on the host.
+                directions[i] = shaped if isinstance(started, bool) else xp.where(
+                    started, shaped, adam[i])
     phase("precondition")
 
     # 5. Updates: momentum, then decoupled weight decay.
@@ -425,7 +455,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
             continue
         if config.momentum and momentum[i] is None:
             momentum[i] = xp.zeros_like(d)
-        updates[i] = final_update(xp, d, momentum[i], params[i], lrs[i], decays[i], config)
+        updates[i], momentum[i] = final_update(xp, d, momentum[i], params[i], lrs[i],
+                                               decays[i], config, in_place=in_place)
     phase("updates")
 
     new_state = state._replace(

@@ -15,9 +15,8 @@ definitions (``t`` is the parameter's step, ``m``/``v`` its moments):
 
 from __future__ import annotations
 
-import math
-
 from .config import ShampooConfig
+from .preconditioner import assign
 
 __all__ = ["effective_gradient", "grafting_direction", "final_update"]
 
@@ -31,8 +30,9 @@ def effective_gradient(xp, grad, param, weight_decay: float, config: ShampooConf
     return grad
 
 
-def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step: int, config: ShampooConfig):
-    """Advance the moments in place; return ``m̂`` and the grafting direction.
+def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfig, *,
+                       in_place: bool = True):
+    """Advance the moments; return them with ``m̂`` and the grafting direction.
 
     Parameters
     ----------
@@ -42,40 +42,45 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step: int, config: Shampoo
     exp_avg : array
     exp_avg_sq : array or None
         None exactly when ``config.grafting == "sgd"``.
-    step : int
+    step : int or 0-d integer array
         The parameter's 1-based step (for bias correction).
     config : ShampooConfig
+    in_place : bool
+        Overwrite the moments (NumPy, CuPy, PyTorch) rather than return new arrays.
 
     Returns
     -------
-    m_hat, direction : arrays
+    exp_avg, exp_avg_sq, m_hat, direction : arrays (``exp_avg_sq`` None for sgd)
     """
     beta1 = config.betas[0]
-    exp_avg += (1.0 - beta1) * (grad - exp_avg)
+    exp_avg = assign(exp_avg, ..., exp_avg + (1.0 - beta1) * (grad - exp_avg),
+                     in_place=in_place)
     corr1 = 1.0 - beta1 ** step if config.bias_correction else 1.0
     first = beta1 * exp_avg + (1.0 - beta1) * grad if config.nesterov else exp_avg
     m_hat = first / corr1
     beta2 = config.second_moment_beta
     if beta2 is None:
-        return m_hat, m_hat
+        return exp_avg, exp_avg_sq, m_hat, m_hat
     if beta2 == 1.0:
-        exp_avg_sq += grad * grad
+        advanced = exp_avg_sq + grad * grad
     else:
-        exp_avg_sq *= beta2
-        exp_avg_sq += (1.0 - beta2) * (grad * grad)
+        advanced = beta2 * exp_avg_sq + (1.0 - beta2) * (grad * grad)
+    exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place)
     corrected = config.grafting == "adam" and config.bias_correction and beta2 < 1.0
     corr2 = 1.0 - beta2 ** step if corrected else 1.0
-    return m_hat, m_hat / (xp.sqrt(exp_avg_sq) / math.sqrt(corr2) + config.eps)
+    return exp_avg, exp_avg_sq, m_hat, m_hat / (xp.sqrt(exp_avg_sq) / corr2 ** 0.5
+                                                + config.eps)
 
 
 def final_update(xp, direction, momentum_buffer, param, lr: float, weight_decay: float,
-                 config: ShampooConfig):
-    """``−lr·(u + wd·param)``; ``momentum_buffer`` (None without momentum) advances in place."""
+                 config: ShampooConfig, *, in_place: bool = True):
+    """``(−lr·(u + wd·param), momentum_buffer)``; the buffer (None without momentum)
+    is advanced, in place when ``in_place``."""
     if momentum_buffer is not None:
-        momentum_buffer *= config.momentum
-        momentum_buffer += direction
+        momentum_buffer = assign(momentum_buffer, ..., config.momentum * momentum_buffer
+                                 + direction, in_place=in_place)
         direction = momentum_buffer
     update = -lr * direction
     if config.weight_decay_type == "decoupled" and weight_decay:
         update = update - (lr * weight_decay) * xp.astype(param, direction.dtype, copy=False)
-    return update
+    return update, momentum_buffer

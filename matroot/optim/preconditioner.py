@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import array_api_extra as xpx
 import numpy as np
 
 from .. import _xp
@@ -34,6 +35,7 @@ __all__ = [
     "init_stacks",
     "gather_blocks",
     "scatter_blocks",
+    "assign",
     "update_factors",
     "refresh_inverse_roots",
     "usable_roots",
@@ -104,10 +106,25 @@ def gather_blocks(group: BlockGroup, views, xp):
     return xp.stack([views[b.param][b.index] for b in group.blocks])
 
 
-def scatter_blocks(group: BlockGroup, blocks, outputs) -> None:
-    """Write ``blocks[j]`` into ``outputs[group.blocks[j].param]`` at its block's place."""
+def assign(array, index, value, *, in_place: bool):
+    """``array[index] = value``, in ``array`` itself when ``in_place`` (NumPy, CuPy,
+    PyTorch), else on a copy, and always functionally on JAX. Returns the result.
+
+    The one seam between the functional core and its in-place fast paths.
+    """
+    return xpx.at(array, index).set(value, copy=None if in_place else True)
+
+
+def scatter_blocks(group: BlockGroup, blocks, outputs, *, in_place: bool = True) -> list:
+    """Write ``blocks[j]`` into ``outputs[group.blocks[j].param]`` at its block's place.
+
+    Returns the list of outputs (new arrays where they could not be written in place).
+    """
+    outputs = list(outputs)
     for j, b in enumerate(group.blocks):
-        outputs[b.param][b.index] = blocks[j, ...]
+        outputs[b.param] = assign(outputs[b.param], b.index, blocks[j, ...],
+                                  in_place=in_place)
+    return outputs
 
 
 _INDEX_CACHE: dict = {}
@@ -162,20 +179,21 @@ def unpack(packed, n: int):
     return xp.reshape(xp.take(packed, index, axis=1), (packed.shape[0], n, n))
 
 
-def _accumulate(stack, first: int, statistic, beta2: float) -> None:
+def _accumulate(stack, first: int, statistic, beta2: float, in_place: bool):
     # Only the group's own slots are rewritten: no copy of the whole stack. A packed
     # stack takes the statistic's upper triangle: the same arithmetic per entry.
     if stack.ndim == 2:
         statistic = pack(statistic)
-    slots = slice(first, first + statistic.shape[0])
+    slots = (slice(first, first + statistic.shape[0]), ...)
     if beta2 == 1.0:
-        stack[slots, ...] = stack[slots, ...] + statistic
-    else:
-        stack[slots, ...] = beta2 * stack[slots, ...] + (1.0 - beta2) * statistic
+        return assign(stack, slots, stack[slots] + statistic, in_place=in_place)
+    return assign(stack, slots, beta2 * stack[slots] + (1.0 - beta2) * statistic,
+                  in_place=in_place)
 
 
-def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> None:
-    """Fold one step's gradients into the group's factors, in place.
+def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float, *,
+                   in_place: bool = True) -> list:
+    """Fold one step's gradients into the group's factors.
 
     ``L ← β₂L + (1−β₂)GGᵀ`` and ``R ← β₂R + (1−β₂)GᵀG`` (for vector blocks
     ``L ← β₂L + (1−β₂)ggᵀ``); with ``β₂ = 1`` the factors are running sums.
@@ -186,20 +204,32 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float) -> Non
     grad_blocks : array, shape (k, *group.shape)
         From :func:`gather_blocks`, in the stacks' dtype.
     factors : list of arrays
-        The factor stacks; the group's slots are overwritten.
+        The factor stacks.
     beta2 : float
+    in_place : bool
+        Overwrite the group's slots of ``factors`` (not possible on JAX) or
+        leave ``factors`` untouched.
+
+    Returns
+    -------
+    list of arrays
+        The factor stacks after the update.
     """
     xp = _xp.array_namespace(grad_blocks)
+    factors = list(factors)
     if grad_blocks.ndim == 2:
         stack, first = group.factor_slots[0]
-        _accumulate(factors[stack], first,
-                    grad_blocks[:, :, None] * grad_blocks[:, None, :], beta2)
-        return
+        factors[stack] = _accumulate(factors[stack], first,
+                                     grad_blocks[:, :, None] * grad_blocks[:, None, :],
+                                     beta2, in_place)
+        return factors
     transposed = xp.matrix_transpose(grad_blocks)
-    if group.left is not None:
-        _accumulate(factors[group.left[0]], group.left[1], grad_blocks @ transposed, beta2)
-    if group.right is not None:
-        _accumulate(factors[group.right[0]], group.right[1], transposed @ grad_blocks, beta2)
+    for side, statistic in ((group.left, grad_blocks @ transposed),
+                            (group.right, transposed @ grad_blocks)):
+        if side is not None:
+            factors[side[0]] = _accumulate(factors[side[0]], side[1], statistic, beta2,
+                                           in_place)
+    return factors
 
 
 def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: str,

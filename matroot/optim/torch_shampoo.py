@@ -252,7 +252,7 @@ class Shampoo(torch.optim.Optimizer):
             updates, family.state = core.update(
                 fam_grads, family.state, [p.detach() for p in family.params], config,
                 lr=[g["lr"] for g in groups], weight_decay=[g["weight_decay"] for g in groups],
-                check_grads=False)
+                check_grads=False, in_place=True)
             self._publish_family_state(family)
             if family.sharding is not None:
                 family.sharding.share_updates(updates)

@@ -4,11 +4,14 @@ Each matrix of a stack stops on its own once its residual is at most ``tol``, on
 the residual stalls at the rounding floor (it fell below ``sqrt(tol)`` and then did
 not halve in a step: quadratic convergence has ended, and more steps only add
 rounding error), or once it turns non-finite. Its iterate is frozen, so it does
-not degrade while the others go on. The loop reads which matrices are still active
-only every ``check_every`` steps, which bounds the host syncs; at those check points
-the stack is compacted to the active matrices (the finished ones are set aside), so
-the work shrinks as matrices converge and a step in which every matrix stays active
-writes no per-matrix select at all.
+not degrade while the others go on. Eagerly the loop reads which matrices are still
+active only every ``check_every`` steps, which bounds the host syncs; at those check
+points the stack is compacted to the active matrices (the finished ones are set
+aside), so the work shrinks as matrices converge and a step in which every matrix
+stays active writes no per-matrix select at all. Under ``jax.jit`` or
+``torch.compile`` the shapes must stay fixed: the loop is
+:func:`matroot._xp.bounded_loop` (a device-side ``lax.while_loop``, or all steps
+unrolled) with per-matrix freezing and no host reads.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def iterate_frozen(
     check_every: int,
     stall_level: float | None = None,
 ) -> IterationOutcome:
-    """Run ``state = step(state)`` per matrix until its residual is at most ``tol``.
+    """Run ``state = step(state, k)`` per matrix until its residual is at most ``tol``.
 
     Parameters
     ----------
@@ -49,8 +52,10 @@ def iterate_frozen(
         The coupled iterates (b, n, n), plus any per-matrix parameters the step
         reads (they are compacted with the iterates).
     step : callable
-        ``step(state) -> (residual_of_state, next_state)``; the residual belongs to
-        the *incoming* state, so a product it shares with the update is formed once.
+        ``step(state, k) -> (residual_of_state, next_state)`` for step number ``k``
+        (a Python int, or from ``k = 1`` on a traced scalar under ``jax.jit``);
+        the residual belongs to the *incoming* state, so a product it shares with
+        the update is formed once.
     residual_of : callable
         ``residual_of(state) -> residual``, used only when ``max_iter`` is hit.
     tol : float
@@ -66,23 +71,68 @@ def iterate_frozen(
         ``tol`` passes a multiple of its unit roundoff.
     """
     xp = _xp.array_namespace(state[0])
-    b = state[0].shape[0]
-    dev = _xp.device_of(state[0])
-    active = xp.ones((b,), dtype=xp.bool, device=dev)
-    residual = xp.full((b,), float("inf"), dtype=state[0].dtype, device=dev)
-    iterations = xp.zeros((b,), dtype=xp.int32, device=dev)
-    stalled = xp.zeros((b,), dtype=xp.bool, device=dev)
+    traced = _xp.is_traced(state[0])
     if stall_level is None:
         stall_level = tol ** 0.5
+    if traced:
+        state, residual, iterations, active, stalled = _iterate_traced(
+            xp, state, step, tol=tol, max_iter=max_iter, check_every=check_every,
+            stall_level=stall_level)
+        residual = xp.where(active, residual_of(state), residual)
+    else:
+        state, residual, iterations, stalled = _iterate_compacting(
+            xp, state, step, residual_of, tol=tol, max_iter=max_iter,
+            check_every=check_every, stall_level=stall_level)
+    finite = xp.isfinite(residual)
+    converged = finite & ((residual <= tol) | stalled) if tol > 0 else xp.zeros_like(finite)
+    return IterationOutcome(state, residual, iterations, converged)
+
+
+def _judge(xp, res, residual, active, stalled, *, tol, stall_level):
+    """One step's verdict: the new residual record, who stays active, who stalled."""
+    previous = residual
+    residual = xp.where(active, res, residual)
+    still = active & xp.isfinite(res)
+    if tol > 0:
+        stalled = stalled | (still & (res <= stall_level) & (res > previous / 2))
+        still = still & (res > tol) & ~stalled
+    return residual, still, stalled
+
+
+def _fresh_records(xp, b, dtype, dev):
+    return (xp.full((b,), float("inf"), dtype=dtype, device=dev),
+            xp.zeros((b,), dtype=xp.int32, device=dev),
+            xp.ones((b,), dtype=xp.bool, device=dev),
+            xp.zeros((b,), dtype=xp.bool, device=dev))
+
+
+def _iterate_traced(xp, state, step, *, tol, max_iter, check_every, stall_level):
+    """Fixed shapes: frozen matrices pass through every step unchanged."""
+    b, dev = state[0].shape[0], _xp.device_of(state[0])
+
+    def advance(carry, k):
+        state, residual, iterations, active, stalled = carry
+        res, new_state = step(state, k)
+        residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
+                                          stall_level=stall_level)
+        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
+        return state, residual, iterations + xp.astype(still, xp.int32), still, stalled
+
+    carry = (tuple(state), *_fresh_records(xp, b, state[0].dtype, dev))
+    return _xp.bounded_loop(advance, carry, max_iter=max_iter, running=lambda c: xp.any(c[3]),
+                            check_every=check_every, traced=True)
+
+
+def _iterate_compacting(xp, state, step, residual_of, *, tol, max_iter, check_every,
+                        stall_level):
+    """Eager: at check points the finished matrices leave the stack."""
+    b, dev = state[0].shape[0], _xp.device_of(state[0])
+    residual, iterations, active, stalled = _fresh_records(xp, b, state[0].dtype, dev)
     finished = _SetAside(xp, b, dev)
     for k in range(max_iter):
-        res, new_state = step(state)
-        previous = residual
-        residual = xp.where(active, res, residual)
-        still = active & xp.isfinite(res)
-        if tol > 0:
-            stalled = stalled | (still & (res <= stall_level) & (res > previous / 2))
-            still = still & (res > tol) & ~stalled
+        res, new_state = step(state, k)
+        residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
+                                          stall_level=stall_level)
         iterations = iterations + xp.astype(still, xp.int32)
         if (k + 1) % check_every or k + 1 == max_iter:
             state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
@@ -101,12 +151,10 @@ def iterate_frozen(
             break
     else:
         if bool(xp.any(active)):
+            # Matrices still active hit max_iter: their residual is of the state
+            # before the last step, so form the final state's.
             residual = xp.where(active, residual_of(state), residual)
-    state, residual, iterations, stalled = finished.merge(state, residual, iterations,
-                                                          stalled)
-    finite = xp.isfinite(residual)
-    converged = finite & ((residual <= tol) | stalled) if tol > 0 else xp.zeros_like(finite)
-    return IterationOutcome(state, residual, iterations, converged)
+    return finished.merge(state, residual, iterations, stalled)
 
 
 class _SetAside:

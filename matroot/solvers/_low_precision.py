@@ -52,7 +52,8 @@ def run_phases(start: tuple, step: Callable, residual_of: Callable, *, matmul, t
         The initial coupled iterates.
     step : callable
         ``step(state, k, main) -> (residual_of_state, next_state)``: step ``k``
-        (counted from 0 within its phase) of the main phase (``main=True``, whose
+        (counted from 0 within its phase; a Python int for k = 0, traced after
+        it under ``jax.jit``) of the main phase (``main=True``, whose
         products may round to 16 bits when ``matmul`` has an operand dtype) or of
         the polish (``main=False``: working precision throughout).
     residual_of : callable
@@ -71,10 +72,8 @@ def run_phases(start: tuple, step: Callable, residual_of: Callable, *, matmul, t
     low = matmul.operand_dtype is not None
 
     def run(state, *, main, tol, max_iter, stall_level=None):
-        counter = iter(range(max_iter))
-
-        def one_step(state):
-            return step(state, next(counter), main)
+        def one_step(state, k):
+            return step(state, k, main)
 
         return iterate_frozen(state, one_step, residual_of, tol=tol, max_iter=max_iter,
                               check_every=check_every, stall_level=stall_level)

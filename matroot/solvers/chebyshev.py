@@ -9,7 +9,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import _xp
-from ._lower_grid import quantize_lower
+from ._lower_grid import device_grid_index, lower_grid, quantize_lower
 from ._result import SolverOutput
 from .registry import INTEGER_P, SolverSpec
 
@@ -83,40 +83,60 @@ def _device_coefficients(xp, lowers: tuple, p: int, tol: float, max_degree: int,
     if hit is not None:
         _DEVICE_COEFFS.move_to_end(key)
         return hit
-    fits = [fit(p, lower, tol, max_degree) for lower in lowers]
-    width = max(f[0] for f in fits) + 1
-    table = np.zeros((len(lowers), width))
-    for row, (d, coeffs, _) in zip(table, fits):
-        row[: d + 1] = coeffs
-    entry = (_xp.from_numpy(xp, table, dtype=dtype, device=device),
-             np.array([f[0] for f in fits]), np.array([f[2] for f in fits]))
+    table, degrees, errors = _stack_fits([fit(p, lower, tol, max_degree) for lower in lowers])
+    entry = (_xp.from_numpy(xp, table, dtype=dtype, device=device), degrees, errors)
     _DEVICE_COEFFS[key] = entry
     if len(_DEVICE_COEFFS) > _DEVICE_CACHE_SIZE:
         _DEVICE_COEFFS.popitem(last=False)
     return entry
 
 
-def clenshaw(t, coeffs, matmul):
+@_xp.host_constant
+def _grid_fits(p: int, tol: float, max_degree: int):
+    """Fits for every grid lower bound (for ``jax.jit``, where the bound is traced).
+
+    Returns host arrays: the grid (G,), coefficient rows (G, W) zero-padded to
+    ``W ≥ 3``, degrees (G,) and fit errors (G,).
+    """
+    grid = lower_grid(SMALLEST_LOWER)
+    return (grid, *_stack_fits([fit(p, float(v), tol, max_degree) for v in grid], width=3))
+
+
+def _stack_fits(fits, width=1):
+    """Coefficient rows zero-padded to a common width (at least ``width``), degrees, errors."""
+    table = np.zeros((len(fits), max(width, max(f[0] for f in fits) + 1)))
+    for row, (d, coeffs, _) in zip(table, fits):
+        row[: d + 1] = coeffs
+    return table, np.array([f[0] for f in fits]), np.array([f[2] for f in fits])
+
+
+def clenshaw(t, coeffs, matmul, degree=None):
     """Evaluate ``Σ_k c_k T_k(t)`` for a stack ``t`` and per-matrix rows ``coeffs``.
 
-    Uses ``d − 1`` matmuls for degree ``d``.
+    Uses ``d − 1`` matmuls for degree ``d`` (default: the rows' width − 1; under
+    ``jax.jit`` a traced degree ≥ 2 whose rows are zero beyond it).
     """
     xp = _xp.array_namespace(t)
     eye = _xp.identity_stack(xp, t.shape[-1], t.dtype, _xp.device_of(t))
-    degree = coeffs.shape[1] - 1
-    c = [coeffs[:, k][:, None, None] for k in range(degree + 1)]
-    if degree == 0:
-        return c[0] * xp.broadcast_to(eye, t.shape)
-    b_next = c[degree] * eye
-    b_after = xp.zeros_like(t)
-    for k in range(degree - 1, 0, -1):
-        if k == degree - 1:
-            product = t * c[degree]
-        else:
-            product = matmul(t, b_next)
-        b_next, b_after = c[k] * eye + 2 * product - b_after, b_next
-    last = t * c[degree] if degree == 1 else matmul(t, b_next)
-    return c[0] * eye + last - b_after
+    if degree is None:
+        degree = coeffs.shape[1] - 1
+
+    def c(k):
+        return coeffs[:, k][:, None, None]
+
+    if isinstance(degree, int) and degree == 0:
+        return c(0) * xp.broadcast_to(eye, t.shape)
+    if isinstance(degree, int) and degree == 1:
+        return c(0) * eye + t * c(1)
+
+    def recurrence(carry, j):
+        b_next, b_after = carry
+        return c(degree - 2 - j) * eye + 2 * matmul(t, b_next) - b_after, b_next
+
+    # b_d = c_d·I and b_(d-1) = c_(d-1)·I + 2·c_d·t cost no matmul.
+    first = (c(degree - 1) * eye + 2 * c(degree) * t, c(degree) * xp.broadcast_to(eye, t.shape))
+    b_next, b_after = _xp.counted_loop(recurrence, first, degree - 2)
+    return c(0) * eye + matmul(t, b_next) - b_after
 
 
 def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
@@ -145,19 +165,35 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
     """
     xp = _xp.array_namespace(a)
     dev = _xp.device_of(a)
-    lowers = tuple(quantize_lower(v, SMALLEST_LOWER) for v in _xp.to_numpy(lower))
-    coeffs, degrees, errors = _device_coefficients(xp, lowers, p, float(tol),
-                                                   int(max_iter), a.dtype, dev)
-    lo = _xp.from_numpy(xp, np.array(lowers), dtype=a.dtype, device=dev)
+    if _xp.is_traced(a):
+        # The bound cannot be read: every grid bound's fit goes to the device.
+        grid, table, degree_table, error_table = _grid_fits(p, float(tol), int(max_iter))
+        index = device_grid_index(lower, grid)
+
+        def pick(values, dtype):
+            return xp.take(_xp.from_numpy(xp, values, dtype=dtype, device=dev), index, axis=0)
+
+        coeffs, lo = pick(table, a.dtype), pick(grid, a.dtype)
+        iterations, fit = pick(degree_table, xp.int32), pick(error_table, a.dtype)
+        # Rows are zero beyond their degree, so a higher start is exact (just slower).
+        degree = _xp.trip_count(xp.max(iterations), table.shape[1] - 1)
+        degree = xp.maximum(degree, xp.asarray(2, dtype=xp.int32)) if _xp.is_traced(
+            degree) else max(degree, 2)
+    else:
+        lowers = tuple(quantize_lower(v, SMALLEST_LOWER) for v in _xp.to_numpy(lower))
+        coeffs, degrees, errors = _device_coefficients(xp, lowers, p, float(tol),
+                                                       int(max_iter), a.dtype, dev)
+        lo = _xp.from_numpy(xp, np.array(lowers), dtype=a.dtype, device=dev)
+        iterations = _xp.from_numpy(xp, degrees, dtype=xp.int32, device=dev)
+        fit = _xp.from_numpy(xp, errors, dtype=a.dtype, device=dev)
+        degree = None
     eye = _xp.identity_stack(xp, a.shape[-1], a.dtype, dev)
     t = (2 * a - (1 + lo)[:, None, None] * eye) / (1 - lo)[:, None, None]
-    root = clenshaw(t, coeffs, matmul)
-    fit = _xp.from_numpy(xp, errors, dtype=a.dtype, device=dev)
-    iterations = _xp.from_numpy(xp, degrees, dtype=xp.int32, device=dev)
+    root = clenshaw(t, coeffs, matmul, degree)
     if tol > 0:
         converged = fit <= tol
     else:
-        converged = xp.zeros(degrees.shape, dtype=xp.bool, device=dev)
+        converged = xp.zeros(iterations.shape, dtype=xp.bool, device=dev)
     matmuls = xp.maximum(iterations - 1, xp.zeros_like(iterations))
     return SolverOutput(root, fit, iterations, converged, matmuls)
 

@@ -106,7 +106,8 @@ def coupled_newton(a, p: int, *, tol, max_iter, check_every, matmul, **_):
         rounded = matmul if low and main else matmul.full
         step_matrix = ((p + 1) * eye - m) / p
         # The first X·N is a scaling, not a product.
-        new_x = x_scale * step_matrix if main and k == 0 else rounded(x, step_matrix)
+        first = main and isinstance(k, int) and k == 0  # k is traced from 1 on under jit
+        new_x = x_scale * step_matrix if first else rounded(x, step_matrix)
         new_m = matmul.full(matrix_power(step_matrix, p, rounded), m)
         return residual_of(state), (new_x, new_m)
 

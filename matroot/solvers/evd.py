@@ -141,7 +141,9 @@ def evd(a, p, *, float64_retry: bool = True, **_):
     else:
         lam, q = decomposition
         root = _root_from_eigh(xp, lam, q, p)
-    if decomposition is not None and narrow and not _xp.eigh_runs_in_float64(xp):
+    # Under tracing nothing can be read back, so no matrix is retried there.
+    if (decomposition is not None and narrow and not _xp.eigh_runs_in_float64(xp)
+            and not _xp.is_traced(a)):
         redo = ~float32_eigh_suffices(lam, p)
         if bool(xp.any(redo)):
             lam, root = _retry_in_float64(xp, a, lam, root, redo, p)

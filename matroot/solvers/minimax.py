@@ -71,9 +71,9 @@ from .. import _xp
 from ._low_precision import LowPrecisionPhase, run_phases, unit_roundoff
 from ._stages import StageOutcome, square_root_stages, stage_count
 from .registry import POWER_OF_TWO_P, SolverSpec
-from ._lower_grid import quantize_lower
+from ._lower_grid import device_grid_index, quantize_lower
 from .minimax_coefficients import (FIRST_MARGIN, SMALLEST_LOWER, TAIL, rounding_margin,
-                                   schedule)
+                                   schedule, schedule_grid)
 
 #: Matmuls of the first step (``X₀ = A``, ``Z₀ = I``) and of every later one.
 FIRST_STEP_MATMULS = 2
@@ -94,15 +94,34 @@ Z_ROUNDING_LIMIT = 0.1
 STAGE_SLACK = 0.9
 
 
-def _coefficient_table(lowers, margin, steps):
+def _padded(rows, steps):
+    """Schedule rows (..., K, 3) cut or padded with :data:`TAIL` to ``max(steps, 1)``."""
+    out = np.empty((*rows.shape[:-2], max(steps, 1), 3))
+    out[:] = TAIL
+    kept = min(rows.shape[-2], out.shape[-2])
+    out[..., :kept, :] = rows[..., :kept, :]
+    return out
+
+
+def _host_coefficient_table(lowers, margin, steps):
     """Host (steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end
     :data:`TAIL`."""
-    table = np.empty((max(steps, 1), len(lowers), 3))
-    table[:] = TAIL
-    for i, lower in enumerate(lowers):
-        rows = schedule(lower, margin).coefficients[:steps]
-        table[: len(rows), i] = rows
-    return table
+    return np.stack([_padded(schedule(v, margin).coefficients, steps) for v in lowers], axis=1)
+
+
+def _device_coefficient_table(xp, lowers, margin, steps, dtype, device):
+    """Under tracing: (b, steps, 3), every grid bound's schedule indexed on the device
+    by the bounds ``lowers`` (a device array)."""
+    grid, rows = _grid_rows(margin, steps)
+    rows = _xp.from_numpy(xp, rows, dtype=dtype, device=device)
+    return xp.take(rows, device_grid_index(lowers, grid), axis=0)
+
+
+@_xp.host_constant
+def _grid_rows(margin, steps):
+    """The grid and its schedules cut or padded to ``steps`` rows: (G,), (G, steps, 3)."""
+    grid, table = schedule_grid(margin)
+    return grid, _padded(table, steps)
 
 
 def z_norm_bounds(lowers, margin, steps):
@@ -163,7 +182,8 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         Symmetric stack with spectrum in ``[lower, 1]`` (the first step has
         headroom up to ``λ = 1.21``).
     lower : sequence of float, length b
-        Host-side lower bounds on each matrix's spectrum.
+        Host-side lower bounds on each matrix's spectrum; under ``jax.jit`` a
+        device array of shape (b,) instead.
     tol, max_iter, check_every
         As in :func:`matroot.solvers._iteration.iterate_frozen`; the residual is
         ``‖I − ZY‖_F/√n``. ``tol = 0`` runs exactly ``max_iter`` steps.
@@ -204,25 +224,37 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     u = unit_roundoff(xp, matmul.operand_dtype if low else a.dtype)
     if margin is None:
         margin = rounding_margin(u)
-    lowers = [quantize_lower(v, SMALLEST_LOWER) for v in lower]
+    traced = _xp.is_traced(a)
+    # Traced (jax.jit, torch.compile): the bounds stay on the device and index
+    # the grid's schedules.
+    lowers = lower if traced else [quantize_lower(v, SMALLEST_LOWER) for v in lower]
     steps = max_iter
     if low and tol == 0:
         steps = max_iter - 1
     elif low:
         # More 16-bit steps than the schedule plus two TAIL steps cannot help,
-        # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged).
-        longest = max(len(schedule(v, margin).errors) for v in lowers)
+        # and at κ ≳ 1e6 dozens of them drift (bfloat16 diverged). Traced: the
+        # longest schedule of the grid.
+        longest = (schedule_grid(margin)[1].shape[1] if traced
+                   else max(len(schedule(v, margin).errors) for v in lowers))
         steps = min(max_iter - 1, longest + LOW_PRECISION_EXTRA_STEPS)
-    host_table = _coefficient_table(lowers, margin, steps)
-    shared_rows = np.all(host_table == host_table[:, :1], axis=(1, 2))
     # Per-matrix rows travel with the iterates (as (b, steps, 3)), so that the
     # loop's compaction to the active matrices keeps them aligned.
-    table = _xp.from_numpy(xp, np.transpose(host_table, (1, 0, 2)), dtype=a.dtype, device=dev)
+    if traced:
+        host_table = shared_rows = None
+        table = _device_coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
+    else:
+        host_table = _host_coefficient_table(lowers, margin, steps)
+        shared_rows = np.all(host_table == host_table[:, :1], axis=(1, 2))
+        table = _xp.from_numpy(xp, np.transpose(host_table, (1, 0, 2)), dtype=a.dtype,
+                               device=dev)
 
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
 
-    z_rounding = u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT
+    # The ‖Z‖ bound needs host bounds; under jax.jit ZY and q·Z stay unrounded.
+    z_rounding = None if traced else (
+        u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT)
 
     def full_shifted(c, alpha, left, right):
         return matmul.shifted(c, alpha, left, right, eye, full=True)
@@ -230,16 +262,18 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     def coefficients(rows, k, main):
         if not main:
             return TAIL
-        if shared_rows[k]:
+        if host_table is not None and shared_rows[k]:
             return tuple(float(v) for v in host_table[k, 0])
         return rows[:, k, :]
 
     def step(state, k, main):
         y, z, rows = state
         sixteen_bit = low and main
+        round_z = sixteen_bit and not traced and bool(z_rounding[k])
         x, new_state = minimax_step(
-            y, z, coefficients(rows, k, main), first=main and k == 0,
-            z_product=matmul if sixteen_bit and z_rounding[k] else matmul.full,
+            y, z, coefficients(rows, k, main),
+            first=main and isinstance(k, int) and k == 0,  # k is traced from 1 on under jit
+            z_product=matmul if round_z else matmul.full,
             x_product=matmul if sixteen_bit else matmul.full,
             y_product=matmul.full, eye=eye,
             x_shifted=None if sixteen_bit else full_shifted)
@@ -291,7 +325,8 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
     (array([2., 3., 1.]), [9])
     """
     xp = _xp.array_namespace(a)
-    bounds = [float(v) for v in _xp.to_numpy(lower)]
+    traced = _xp.is_traced(a)
+    bounds = lower if traced else [float(v) for v in _xp.to_numpy(lower)]
 
     def run_stage(current, stage, stages):
         nonlocal bounds
@@ -300,7 +335,8 @@ def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):
         outcome, spent = minimax_sqrt(current, bounds, tol=tol * damping,
                                       max_iter=max_iter, check_every=check_every,
                                       matmul=matmul)
-        bounds = [STAGE_SLACK * math.sqrt(v) for v in bounds]
+        bounds = (STAGE_SLACK * xp.sqrt(bounds) if traced
+                  else [STAGE_SLACK * math.sqrt(v) for v in bounds])
         return StageOutcome(*outcome.state, outcome.residual / damping, outcome.iterations,
                             outcome.converged, xp.astype(spent, xp.int32))
 

@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._lower_grid import lower_grid
+
 __all__ = [
     "FIRST_MARGIN",
     "TAIL",
@@ -35,6 +37,7 @@ __all__ = [
     "rounding_margin",
     "Schedule",
     "schedule",
+    "schedule_grid",
 ]
 
 #: Relative headroom above the top of the first interval (in s, so λ may exceed
@@ -168,3 +171,25 @@ def schedule(lower: float, margin: float, first_margin: float = FIRST_MARGIN) ->
     coefficients.flags.writeable = False
     errors.flags.writeable = False
     return Schedule(coefficients, errors)
+
+
+@functools.lru_cache(maxsize=16)
+def schedule_grid(margin: float):
+    """The schedules of every grid lower bound, for indexing on the device.
+
+    Returns
+    -------
+    grid : ndarray, shape (G,)
+        The lower bounds :func:`quantize_lower` can return, ascending.
+    coefficients : ndarray, shape (G, K, 3)
+        Row g is ``schedule(grid[g], margin).coefficients`` padded with
+        :data:`TAIL` to the longest schedule's K steps.
+    """
+    grid = lower_grid(SMALLEST_LOWER)
+    rows = [schedule(float(v), margin).coefficients for v in grid]
+    table = np.empty((len(grid), max(len(r) for r in rows), 3))
+    table[:] = TAIL
+    for g, r in enumerate(rows):
+        table[g, : len(r)] = r
+    table.flags.writeable = False
+    return grid, table

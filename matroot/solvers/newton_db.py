@@ -36,7 +36,7 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
     eye = _xp.identity_stack(xp, n, a.dtype, _xp.device_of(a))
     root_n = math.sqrt(n)
 
-    def step(state):
+    def step(state, k):
         y, z = state
         e = matmul.shifted(1.5, -0.5, z, y, eye)
         res = _xp.frobenius_norm(e - eye) * (2 / root_n)

@@ -1,0 +1,160 @@
+"""inv_root under ``jax.jit``: the accuracy table, batch independence, bad input, x64.
+
+The eager JAX backend runs through the ``backend`` fixture with the other
+backends; these tests trace the same calls. Under tracing the solver loops are
+``lax.while_loop``s and the minimax / chebyshev coefficients come from tables
+indexed on the device, so nothing here may read a value back to the host.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import matroot
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+from matroot.testing import oracle_inv_root, relative_error  # noqa: E402
+from test_core_accuracy import CASES, KAPPAS, _problem, target  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def jit_info(p, **options):
+    """``inv_root_info`` compiled with ``jax.jit`` (p and options static)."""
+    return jax.jit(lambda a: matroot.inv_root_info(a, p, **options))
+
+
+#: Compiling costs seconds per case on two cores: p = 4 for every method in
+#: float32 by default, the other (method, p) and float64 marked slow. Every κ
+#: shares one compiled function where eps is 0.
+JIT_CASES = [pytest.param(m, p, dtype, marks=[] if (p, dtype) == (4, "float32")
+                          else [pytest.mark.slow])
+             for dtype in ("float32", "float64") for m, p in CASES]
+
+
+@pytest.mark.parametrize("method,p,dtype", JIT_CASES)
+def test_accuracy_table_under_jit(method, p, dtype):
+    with_eps = method in ("chebyshev", "minimax")  # under jit their lower bound is eps
+    compiled = {}
+    for kappa in KAPPAS:
+        a, eps = _problem(kappa, 32, with_eps=with_eps, seed=int(kappa) % 97 + p)
+        x = jnp.asarray(a, dtype=dtype)
+        if eps not in compiled:
+            compiled[eps] = jit_info(p, method=method, eps=eps)
+        res = compiled[eps](x)
+        assert res.method == method
+        err = relative_error(np.asarray(res.root), oracle_inv_root(np.asarray(x), p, eps))
+        converged = np.asarray(res.converged)
+        tol = target(method, dtype, kappa, p)
+        if tol is None or (method == "chebyshev" and kappa > 1e2):
+            assert np.all(err[converged] <= (tol or 0.5)), (kappa, err, converged)
+            continue
+        assert np.all(converged), (kappa, np.asarray(res.residual))
+        assert np.all(err <= tol), f"κ={kappa:.0e}: max error {err.max():.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("method", ["evd", "newton_db", "coupled_newton", "minimax",
+                                    "chebyshev"])
+def test_jit_matches_eager(method):
+    """Same schedules, same iteration counts, same roots to rounding."""
+    a, eps = _problem(1e3, 16, with_eps=True, seed=3)
+    x = jnp.asarray(a, dtype=jnp.float32)
+    eager = matroot.inv_root_info(x, 4, method=method, eps=eps)
+    traced = jit_info(4, method=method, eps=eps)(x)
+    np.testing.assert_array_equal(np.asarray(traced.iterations), np.asarray(eager.iterations))
+    np.testing.assert_array_equal(np.asarray(traced.converged), np.asarray(eager.converged))
+    np.testing.assert_allclose(np.asarray(traced.root), np.asarray(eager.root),
+                               rtol=1e-4, atol=1e-6 * float(np.abs(eager.root).max()))
+
+
+@pytest.mark.parametrize("method", ["evd", "coupled_newton", "minimax"])
+def test_nonfinite_matrix_isolated_under_jit(method):
+    """No host check under jit: the bad matrix comes back NaN, not converged, and
+    the others are bit-identical to a batch without it."""
+    a, eps = _problem(1e2, 8, with_eps=True, seed=7)
+    poisoned = a.copy()
+    poisoned[1, 0, 3] = np.nan
+    compiled = jit_info(2, method=method, eps=eps)
+    bad = compiled(jnp.asarray(poisoned))
+    clean = jit_info(2, method=method, eps=eps)(jnp.asarray(a[[0, 2]]))
+    assert np.asarray(bad.converged).tolist() == [True, False, True]
+    assert np.all(np.isnan(np.asarray(bad.root[1])))
+    np.testing.assert_array_equal(np.asarray(bad.root)[[0, 2]], np.asarray(clean.root))
+
+
+def test_inv_root_under_jit_returns_the_root_without_host_reads():
+    x = jnp.asarray(np.diag([16.0, 81.0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        root = jax.jit(lambda a: matroot.inv_root(a, 4, method="newton_db"))(x)
+    np.testing.assert_allclose(np.diag(np.asarray(root)), [0.5, 1 / 3], rtol=1e-10)
+
+
+def test_fixed_steps_under_jit():
+    a, _ = _problem(1e4, 16, with_eps=False, seed=2)
+    x = jnp.asarray(a, dtype=jnp.float32)
+    res = jit_info(2, method="newton_db", tol=0.0, max_iter=5)(x)
+    assert np.asarray(res.iterations).tolist() == [5, 5, 5]
+    assert not np.any(np.asarray(res.converged))
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    (np.ones(3), ValueError, "at least 2 dimensions"),
+    (np.ones((2, 3)), ValueError, "square"),
+    (np.ones((2, 2), dtype=np.int32), TypeError, "integer"),
+])
+def test_bad_input_raises_at_trace_time(bad, error, match):
+    with pytest.raises(error, match=match):
+        jax.jit(lambda a: matroot.inv_root(a, 2))(jnp.asarray(bad))
+
+
+@pytest.mark.parametrize("method", ["minimax", "chebyshev"])
+def test_lower_bound_estimated_on_the_device_under_jit(method):
+    """eps = 0: the Lanczos λmin estimate runs on the device (no host read), and
+    the converged roots meet the table."""
+    a, _ = _problem(1e3, 16, with_eps=False, seed=5)
+    x = jnp.asarray(a, dtype=jnp.float32)
+    res = jit_info(2, method=method)(x)
+    err = relative_error(np.asarray(res.root), oracle_inv_root(np.asarray(x), 2, 0.0))
+    converged = np.asarray(res.converged)
+    assert converged.any(), np.asarray(res.residual)
+    assert np.all(err[converged] <= target(method, "float32", 1e3, 2)), err
+
+
+def test_evd_without_x64_warns_and_computes_float32():
+    with jax.enable_x64(False):
+        x = jnp.asarray(np.diag([16.0, 81.0]), dtype=jnp.float32)
+        with pytest.warns(UserWarning, match="evd computes in float32"):
+            root = matroot.inv_root(x, 4, method="evd")
+        assert root.dtype == jnp.float32
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            matroot.inv_root(x, 4, method="evd", compute_dtype="float32")
+        with pytest.raises(ValueError, match="jax_enable_x64"):
+            matroot.inv_root(x, 4, method="evd", compute_dtype="float64")
+
+
+@pytest.mark.parametrize("method", ["coupled_newton", "minimax"])
+def test_16bit_matmuls_under_jit(method):
+    """float16 operands under jit: the steps eager takes, at least its accuracy
+    (minimax keeps ZY and q·Z in float32 there)."""
+    a, eps = _problem(1e3, 32, with_eps=True, seed=11)
+    x = jnp.asarray(a, dtype=jnp.float32)
+    options = dict(method=method, eps=eps, matmul_dtype="float16")
+    traced = jit_info(2, **options)(x)
+    eager = matroot.inv_root_info(x, 2, **options)
+    ref = oracle_inv_root(np.asarray(x), 2, eps)
+    np.testing.assert_array_equal(np.asarray(traced.iterations), np.asarray(eager.iterations))
+    assert np.all(np.asarray(traced.converged))
+    traced_err = relative_error(np.asarray(traced.root), ref)
+    assert np.all(traced_err <= 1.01 * relative_error(np.asarray(eager.root), ref))
+    assert np.all(traced_err <= 2e-3)
