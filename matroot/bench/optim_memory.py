@@ -59,22 +59,25 @@ POLICIES: dict[str, dict[str, Any]] = {
 
 #: Distributed Shampoo settings measured, by name. Its own defaults precondition
 #: vectors and pack factors and roots; "no 1-D" sets ``inverse_exponent_override``
-#: {1: 0.0} (matroot's default ``precondition_1d=False``); "one-sided" also gives the
-#: long dimensions an exponent of 0 (matroot's ``max_preconditioned_dim``).
+#: {1: 0.0} (matroot's default ``precondition_1d=False``); "bf16 roots" sets
+#: ``inv_factor_matrix_dtype=torch.bfloat16`` (matroot's ``root_storage_dtype``);
+#: "one-sided" gives the long dimensions an exponent of 0 (``max_preconditioned_dim``).
 META_POLICIES: dict[str, dict[str, Any]] = {
-    "distributed_shampoo": {"vectors": True, "one_sided": False},
-    "distributed_shampoo, no 1-D": {"vectors": False, "one_sided": False},
+    "distributed_shampoo": {"vectors": True},
+    "distributed_shampoo, no 1-D": {"vectors": False},
+    "distributed_shampoo, no 1-D, bf16 roots": {"vectors": False, "bf16_roots": True},
     "distributed_shampoo, no 1-D, one-sided > 4096": {"vectors": False, "one_sided": True},
 }
 
-#: Like-for-like pairs (same preconditioned dimensions): matroot policy → Meta policy.
-MATCHED = {
-    "shampoo, packed": "distributed_shampoo, no 1-D",
-    "shampoo, packed, bf16 roots": "distributed_shampoo, no 1-D",
-    "shampoo, 1-D, packed, bf16 roots": "distributed_shampoo",
-    "shampoo, one-sided > 4096, packed, bf16 roots":
-        "distributed_shampoo, no 1-D, one-sided > 4096",
-}
+#: Like-for-like pairs (matroot policy, Meta policy): the same preconditioned dimensions.
+MATCHED = [
+    ("shampoo, packed", "distributed_shampoo, no 1-D"),
+    ("shampoo, packed, bf16 roots", "distributed_shampoo, no 1-D"),
+    ("shampoo, packed, bf16 roots", "distributed_shampoo, no 1-D, bf16 roots"),
+    ("shampoo, 1-D, packed, bf16 roots", "distributed_shampoo"),
+    ("shampoo, one-sided > 4096, packed, bf16 roots",
+     "distributed_shampoo, no 1-D, one-sided > 4096"),
+]
 
 
 def tensor_bytes(obj, seen=None) -> int:
@@ -111,12 +114,15 @@ def _one_step(make, shapes) -> int:
     return tensor_bytes([list(opt.state.values()), opt.state_dict()["state"]])
 
 
-def _meta_groups(ds, params, *, vectors: bool, one_sided: bool) -> list[dict]:
+def _meta_groups(ds, params, *, vectors: bool, one_sided: bool = False,
+                 bf16_roots: bool = False) -> list[dict]:
     """Parameter groups carrying the ``inverse_exponent_override`` of one Meta policy.
 
     Meta's override is per tensor order, so parameters whose long dimensions differ
     go into groups of their own.
     """
+    import torch
+
     groups: dict[tuple, list] = {}
     for p in params:
         long_dims = tuple(d for d, n in enumerate(p.shape) if one_sided and n > _ONE_SIDED_LIMIT)
@@ -129,11 +135,12 @@ def _meta_groups(ds, params, *, vectors: bool, one_sided: bool) -> list[dict]:
         out.append({"params": members, "preconditioner_config":
                     ds.RootInvShampooPreconditionerConfig(
                         amortized_computation_config=ds.DefaultEigenConfig,
-                        inverse_exponent_override=override)})
+                        inverse_exponent_override=override,
+                        inv_factor_matrix_dtype=torch.bfloat16 if bf16_roots else torch.float32)})
     return out
 
 
-def _distributed_shampoo(block_size, *, vectors: bool, one_sided: bool):
+def _distributed_shampoo(block_size, **policy):
     if importlib.util.find_spec("distributed_shampoo") is None:
         return None
     import distributed_shampoo as ds
@@ -141,7 +148,7 @@ def _distributed_shampoo(block_size, *, vectors: bool, one_sided: bool):
     def make(params):
         # matroot's defaults, in Meta's names (docs/optimizer.rst, migration table).
         return ds.DistributedShampoo(
-            _meta_groups(ds, params, vectors=vectors, one_sided=one_sided),
+            _meta_groups(ds, params, **policy),
             lr=1e-3, betas=(0.9, 0.999), epsilon=1e-8, weight_decay=1e-2,
             weight_decay_type=ds.WeightDecayType.DECOUPLED,
             max_preconditioner_dim=block_size, precondition_frequency=_NO_REFRESH,
@@ -158,8 +165,8 @@ def memory_report(block_size: int = 1024, models=None) -> dict:
     -------
     dict
         ``{model: {"parameters": int, "bytes_per_parameter": {optimizer: float or None},
-        "vs_distributed_shampoo": {matroot policy: ratio or None}}}``; None where
-        Distributed Shampoo is not installed. The ratios are those of :data:`MATCHED`.
+        "vs_distributed_shampoo": {"ours / theirs": ratio or None}}}`` over the pairs
+        of :data:`MATCHED`; None where Distributed Shampoo is not installed.
     """
     import torch
 
@@ -178,9 +185,9 @@ def memory_report(block_size: int = 1024, models=None) -> dict:
                          for name, make in makers.items()}
         out[model] = {"parameters": count, "bytes_per_parameter": per_parameter,
                       "vs_distributed_shampoo": {
-                          ours: None if per_parameter[theirs] is None
+                          f"{ours} / {theirs}": None if per_parameter[theirs] is None
                           else per_parameter[ours] / per_parameter[theirs]
-                          for ours, theirs in MATCHED.items()}}
+                          for ours, theirs in MATCHED}}
     return out
 
 
@@ -201,8 +208,8 @@ def format_memory_table(report: dict) -> str:
     lines += ["", "matroot / Distributed Shampoo, same preconditioned dimensions:", "",
               "| matroot | Distributed Shampoo | " + " | ".join(models) + " |",
               "|---|---|" + "---|" * len(models)]
-    for ours, theirs in MATCHED.items():
-        ratios = [report[m]["vs_distributed_shampoo"][ours] for m in models]
+    for ours, theirs in MATCHED:
+        ratios = [report[m]["vs_distributed_shampoo"][f"{ours} / {theirs}"] for m in models]
         lines.append(f"| {ours} | {theirs} | " + " | ".join(
             "not installed" if r is None else f"{r:.2f}×" for r in ratios) + " |")
     return ("Optimizer-state bytes per parameter (ratio to AdamW), block_size "
