@@ -4,15 +4,14 @@ Pure metadata, no arrays and no torch: the same code sizes a cluster in
 ``python -m matroot plan`` and shards the optimizer in
 :mod:`matroot.optim.distributed`.
 
-Every block of a group has the same shape, hence the same cost, so a split only
-has to say how many blocks of each group a rank owns; each rank then owns a
-contiguous run of the group's blocks (rank 0 first). The counts come from
-longest-processing-time greedy (groups in decreasing block cost, each block to
-the least-loaded rank) with one constraint: no rank takes more than
-``ceil(k / world_size)`` of a group's ``k`` blocks. The constraint bounds the
-padding of the per-group all-gather (every rank sends ``ceil(k / world_size)``
-blocks) to less than one block per rank and group, and on models made of many
-equal blocks costs nothing in balance.
+Every rank owns one contiguous piece of the model: the blocks in model order
+(parameter by parameter, each parameter's blocks row by row) are cut into
+``world_size`` runs whose largest cost is as small as any such cut allows. A
+parameter therefore has one owner unless a cut falls inside it (at most
+``world_size − 1`` parameters), and a rank keeps the moments of its own parameters
+only: per-rank memory is close to 1/world of one process's. Restricted to one group,
+model order is the group's block order, so each rank still owns a contiguous run of
+every group's blocks (rank 0 first) and a split is stored as counts per group.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
     "block_cost",
+    "factor_bytes",
+    "block_bytes",
     "best_balance",
     "ShardPlan",
     "shard_plan",
@@ -59,6 +60,25 @@ def block_cost(shape) -> int:
         return n ** 3 + n ** 2
     rows, cols = shape
     return rows ** 3 + cols ** 3 + rows * cols * (rows + cols)
+
+
+def factor_bytes(group: BlockGroup) -> int:
+    """State bytes of one block's factors: factor, inverse root and failure counter each.
+
+    Examples
+    --------
+    >>> from matroot.optim.blocking import plan_blocks
+    >>> [factor_bytes(g) for g in plan_blocks([(8, 4)], ["float32"], block_size=8).groups]
+    [648]
+    """
+    sizes = [n for n, side in zip(group.shape, (group.left, group.right)) if side is not None]
+    return sum(2 * n * n * DTYPE_BYTES[group.dtype] + 4 for n in sizes)
+
+
+def block_bytes(group: BlockGroup) -> int:
+    """State bytes one block of ``group`` brings its owner: factors, roots and the two
+    moments of its elements (a momentum buffer or packed storage shift all blocks alike)."""
+    return factor_bytes(group) + 2 * math.prod(group.shape) * DTYPE_BYTES[group.dtype]
 
 
 @dataclass(frozen=True)
@@ -133,10 +153,39 @@ def best_balance(plan: BlockPlan, world_size: int) -> float:
     return max(bound, mean) / mean
 
 
-def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
-    """Split the blocks of ``plan`` over ``world_size`` ranks, balancing :func:`block_cost`.
+def _model_order(plan: BlockPlan) -> list[int]:
+    """The group of every block of ``plan``, blocks in model order."""
+    keyed = sorted(((block.param, block.rows, block.cols or (0, 0)), g)
+                   for g, group in enumerate(plan.groups) for block in group.blocks)
+    return [g for _, g in keyed]
 
-    Deterministic: every rank computes the same split from the same plan.
+
+def _pieces(weights, bound: float) -> list[int]:
+    """The run of each block when a run is closed before any of its loads would exceed
+    ``bound``; ``weights`` are per block ``(cost share, bytes share)``."""
+    piece, load, out = 0, (0.0, 0.0), []
+    for weight in weights:
+        if any(load) and any(l + w > bound for l, w in zip(load, weight)):
+            piece, load = piece + 1, (0.0, 0.0)
+        load = (load[0] + weight[0], load[1] + weight[1])
+        out.append(piece)
+    return out
+
+
+#: Bisection steps of the cut's bound: far below any block's share of the loads.
+_BISECTIONS = 60
+
+
+def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
+    """Cut the blocks of ``plan``, in model order, into ``world_size`` balanced runs.
+
+    A run's load is its share of the total :func:`block_cost` (compute) and of the
+    total :func:`block_bytes` (memory), each times ``world_size``, so 1.0 is a fair
+    share. The cut minimises the largest load over all contiguous cuts, to
+    ``2**-60``: a bisection on the bound, each trial a greedy fill. The largest rank
+    then carries less than a fair share plus one block of compute and of memory.
+    Deterministic: every rank computes the same split from the same plan. Trailing
+    ranks may own nothing when there are fewer blocks than ranks.
 
     Parameters
     ----------
@@ -159,27 +208,33 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     >>> [(g.shape, len(g.blocks)) for g in plan.groups]
     [((4, 2), 2), ((4, 4), 6)]
     >>> split = shard_plan(plan, 2)
-    >>> split.counts, split.costs
-    (((1, 1), (3, 3)), (888, 888))
+    >>> split.counts, split.costs  # rank 0 the 8×8 parameter, rank 1 the 8×6 one
+    (((0, 2), (4, 2)), (1024, 752))
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     unit = [block_cost(g.shape) for g in plan.groups]
-    order = sorted(range(len(plan.groups)), key=lambda g: (-unit[g], g))
-    loads = [0] * world_size
+    order = _model_order(plan)
     counts = [[0] * world_size for _ in plan.groups]
-    for g in order:
-        k = len(plan.groups[g].blocks)
-        cap = math.ceil(k / world_size)
-        # Least-loaded rank first, lowest rank on ties; ranks at the cap sit out.
-        heap = [(loads[r], r) for r in range(world_size)]
-        heapq.heapify(heap)
-        for _ in range(k):
-            load, r = heapq.heappop(heap)
-            counts[g][r] += 1
-            loads[r] = load + unit[g]
-            if counts[g][r] < cap:
-                heapq.heappush(heap, (loads[r], r))
+    loads = [0] * world_size
+    if not order:
+        return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
+    memory = [block_bytes(g) for g in plan.groups]
+    total_cost = sum(unit[g] for g in order)
+    total_bytes = sum(memory[g] for g in order)
+    weights = [(unit[g] * world_size / total_cost, memory[g] * world_size / total_bytes)
+               for g in order]
+    # One run holding everything (loads of world_size, up to rounding) fits below high.
+    low, high = 0.0, 2.0 * world_size
+    for _ in range(_BISECTIONS):
+        bound = (low + high) / 2
+        if _pieces(weights, bound)[-1] < world_size:
+            high = bound
+        else:
+            low = bound
+    for g, rank in zip(order, _pieces(weights, high)):
+        counts[g][rank] += 1
+        loads[rank] += unit[g]
     return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
 
 
@@ -209,9 +264,9 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
     >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
     >>> local, owned = local_plan(plan, shard_plan(plan, 2), 1)
     >>> owned
-    ((0, 1, 2), (1, 3, 6))
+    ((0, 0, 2), (1, 4, 6))
     >>> [(s.size, s.count) for s in local.stacks]
-    [(2, 1), (4, 7)]
+    [(2, 2), (4, 6)]
     """
     if not 0 <= rank < split.world_size:
         raise ValueError(f"rank {rank} is outside a world of {split.world_size}")
