@@ -6,12 +6,12 @@ Pure metadata, no arrays and no torch: the same code sizes a cluster in
 
 Every rank owns one contiguous piece of the model: the blocks in model order
 (parameter by parameter, each parameter's blocks row by row) are cut into
-``world_size`` runs whose largest cost is as small as any such cut allows. A
-parameter therefore has one owner unless a cut falls inside it (at most
-``world_size − 1`` parameters), and a rank keeps the moments of its own parameters
-only: per-rank memory is close to 1/world of one process's. Restricted to one group,
-model order is the group's block order, so each rank still owns a contiguous run of
-every group's blocks (rank 0 first) and a split is stored as counts per group.
+``world_size`` runs balancing compute and memory (:func:`shard_plan`). A parameter
+therefore has one owner unless a cut falls inside it (at most ``world_size − 1``
+parameters), and a rank keeps the moments of its own parameters only, so per-rank
+memory is close to 1/world of one process's. Restricted to one group, model order
+is the group's block order, so each rank still owns a contiguous run of every
+group's blocks (rank 0 first) and a split is stored as counts per group.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
+    "COMPUTE_SLACK",
     "block_cost",
     "factor_bytes",
-    "block_bytes",
     "best_balance",
     "ShardPlan",
     "shard_plan",
@@ -73,12 +73,6 @@ def factor_bytes(group: BlockGroup) -> int:
     """
     sizes = [n for n, side in zip(group.shape, (group.left, group.right)) if side is not None]
     return sum(2 * n * n * DTYPE_BYTES[group.dtype] + 4 for n in sizes)
-
-
-def block_bytes(group: BlockGroup) -> int:
-    """State bytes one block of ``group`` brings its owner: factors, roots and the two
-    moments of its elements (a momentum buffer or packed storage shift all blocks alike)."""
-    return factor_bytes(group) + 2 * math.prod(group.shape) * DTYPE_BYTES[group.dtype]
 
 
 @dataclass(frozen=True)
@@ -153,39 +147,64 @@ def best_balance(plan: BlockPlan, world_size: int) -> float:
     return max(bound, mean) / mean
 
 
-def _model_order(plan: BlockPlan) -> list[int]:
-    """The group of every block of ``plan``, blocks in model order."""
+def _model_order(plan: BlockPlan) -> list[tuple[int, int]]:
+    """``(group, parameter)`` of every block of ``plan``, blocks in model order."""
     keyed = sorted(((block.param, block.rows, block.cols or (0, 0)), g)
                    for g, group in enumerate(plan.groups) for block in group.blocks)
-    return [g for _, g in keyed]
+    return [(g, key[0]) for key, g in keyed]
 
 
-def _pieces(weights, bound: float) -> list[int]:
-    """The run of each block when a run is closed before any of its loads would exceed
-    ``bound``; ``weights`` are per block ``(cost share, bytes share)``."""
-    piece, load, out = 0, (0.0, 0.0), []
-    for weight in weights:
-        if any(load) and any(l + w > bound for l, w in zip(load, weight)):
-            piece, load = piece + 1, (0.0, 0.0)
-        load = (load[0] + weight[0], load[1] + weight[1])
+#: Bisection steps of the cut's bounds: far below any block's share of the loads.
+_BISECTIONS = 60
+#: How much compute balance the cut gives up for memory: the largest rank's compute
+#: stays within this fraction of the best contiguous cut's.
+COMPUTE_SLACK = 0.05
+
+
+def _pieces(blocks, cost_bound: float, memory_bound: float) -> list[int]:
+    """The run of each block when a run is closed before one of its loads would exceed
+    its bound. ``blocks``: per block, its compute share, its factors' memory share, its
+    parameter and that parameter's moments' share (held once per run touching it)."""
+    piece, cost, memory, param, out = 0, 0.0, 0.0, None, []
+    for block_cost_share, factor_share, block_param, moment_share in blocks:
+        added = factor_share + (moment_share if block_param != param else 0.0)
+        if out and (cost + block_cost_share > cost_bound or memory + added > memory_bound):
+            piece, cost, memory = piece + 1, 0.0, 0.0
+            added = factor_share + moment_share
+        cost, memory, param = cost + block_cost_share, memory + added, block_param
         out.append(piece)
     return out
 
 
-#: Bisection steps of the cut's bound: far below any block's share of the loads.
-_BISECTIONS = 60
+def _smallest_bound(fits, world_size: int) -> float:
+    """The smallest bound ``fits`` accepts, by bisection (``fits`` is monotone)."""
+    # One run holding everything (loads of world_size, up to rounding) fits below high.
+    low, high = 0.0, 2.0 * world_size
+    for _ in range(_BISECTIONS):
+        bound = (low + high) / 2
+        if fits(bound):
+            high = bound
+        else:
+            low = bound
+    return high
+
+
 
 
 def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     """Cut the blocks of ``plan``, in model order, into ``world_size`` balanced runs.
 
-    A run's load is its share of the total :func:`block_cost` (compute) and of the
-    total :func:`block_bytes` (memory), each times ``world_size``, so 1.0 is a fair
-    share. The cut minimises the largest load over all contiguous cuts, to
-    ``2**-60``: a bisection on the bound, each trial a greedy fill. The largest rank
-    then carries less than a fair share plus one block of compute and of memory.
-    Deterministic: every rank computes the same split from the same plan. Trailing
-    ranks may own nothing when there are fewer blocks than ranks.
+    A run has two loads, each a share of the single-process total times
+    ``world_size`` (1.0 is a fair share): compute, the sum of its blocks'
+    :func:`block_cost`, and memory, its blocks' :func:`factor_bytes` plus the two
+    moments of every parameter it touches (a parameter cut between two runs counts
+    in both, as its moments are kept by both owners). The cut first finds the
+    smallest largest compute load of any contiguous cut, then, allowing
+    :data:`COMPUTE_SLACK` more compute, the smallest largest memory load: each a
+    bisection on a bound whose trials are greedy fills, optimal because a part of a
+    run never loads more than the run. Deterministic: every rank computes the same
+    split from the same plan. The greedy fill leaves the last ranks light, or empty
+    when blocks are few.
 
     Parameters
     ----------
@@ -219,20 +238,19 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     loads = [0] * world_size
     if not order:
         return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
-    memory = [block_bytes(g) for g in plan.groups]
-    total_cost = sum(unit[g] for g in order)
-    total_bytes = sum(memory[g] for g in order)
-    weights = [(unit[g] * world_size / total_cost, memory[g] * world_size / total_bytes)
-               for g in order]
-    # One run holding everything (loads of world_size, up to rounding) fits below high.
-    low, high = 0.0, 2.0 * world_size
-    for _ in range(_BISECTIONS):
-        bound = (low + high) / 2
-        if _pieces(weights, bound)[-1] < world_size:
-            high = bound
-        else:
-            low = bound
-    for g, rank in zip(order, _pieces(weights, high)):
+    moments = {p: 2 * math.prod(plan.params[p].shape) * DTYPE_BYTES[plan.groups[g].dtype]
+               for g, p in order}
+    total_cost = sum(unit[g] for g, _ in order)
+    total_bytes = sum(factor_bytes(plan.groups[g]) for g, _ in order) + sum(moments.values())
+    blocks = [(unit[g] * world_size / total_cost,
+               factor_bytes(plan.groups[g]) * world_size / total_bytes,
+               p, moments[p] * world_size / total_bytes) for g, p in order]
+    def fits(cost_bound, memory_bound):
+        return _pieces(blocks, cost_bound, memory_bound)[-1] < world_size
+
+    cost_bound = (1 + COMPUTE_SLACK) * _smallest_bound(lambda b: fits(b, math.inf), world_size)
+    memory_bound = _smallest_bound(lambda b: fits(cost_bound, b), world_size)
+    for (g, _), rank in zip(order, _pieces(blocks, cost_bound, memory_bound)):
         counts[g][rank] += 1
         loads[rank] += unit[g]
     return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
