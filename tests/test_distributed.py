@@ -51,7 +51,6 @@ from matroot.optim.sharding import (
     COMPUTE_SLACK,
     best_balance,
     block_cost,
-    gather_buckets,
     local_plan,
     shard_plan,
 )

@@ -1,4 +1,4 @@
-"""Which rank owns which Shampoo block: a cost-balanced split of a :class:`BlockPlan`.
+"""Which rank owns which Shampoo block: a balanced, contiguous split of a :class:`BlockPlan`.
 
 Pure metadata, no arrays and no torch: the same code sizes a cluster in
 ``python -m matroot plan`` and shards the optimizer in
@@ -16,7 +16,6 @@ group's blocks (rank 0 first) and a split is stored as counts per group.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
@@ -165,7 +164,8 @@ def _pieces(blocks, cost_bound: float, memory_bound: float) -> list[int]:
     """The run of each block when a run is closed before one of its loads would exceed
     its bound. ``blocks``: per block, its compute share, its factors' memory share, its
     parameter and that parameter's moments' share (held once per run touching it)."""
-    piece, cost, memory, param, out = 0, 0.0, 0.0, None, []
+    piece, cost, memory, param = 0, 0.0, 0.0, None
+    out: list[int] = []
     for block_cost_share, factor_share, block_param, moment_share in blocks:
         added = factor_share + (moment_share if block_param != param else 0.0)
         if out and (cost + block_cost_share > cost_bound or memory + added > memory_bound):
