@@ -2,14 +2,14 @@
 
 Under data parallelism every rank holds the same (averaged) gradients, so every
 rank would compute the same factors, inverse roots and preconditioned blocks.
-:class:`BlockSharding` splits that work instead: with the cost-balanced split of
-:func:`matroot.optim.sharding.shard_plan`, each rank keeps factor and root stacks
+:class:`BlockSharding` splits that work instead: with the balanced, contiguous split
+of :func:`matroot.optim.sharding.shard_plan`, each rank keeps factor and root stacks
 for its own blocks only (the core runs on the rank's
 :func:`~matroot.optim.sharding.local_plan`), computes their updates, and one
 all-gather per block shape (:func:`~matroot.optim.sharding.gather_buckets`)
 copies every block's update from its owner to all ranks, at every step. A rank
-keeps the moments of the parameters it owns a block of (owners take contiguous
-runs of each group, so most parameters have one owner) and of the elementwise
+keeps the moments of the parameters it owns a block of (each rank owns one piece
+of the model, so most parameters have one owner) and of the elementwise
 (AdamW) parameters, which stay replicated; a parameter whose blocks all belong to
 other ranks costs this rank nothing but its transient update.
 
