@@ -211,9 +211,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         gathered = padding = collectives = 0
         if w > 1:
             for bucket in gather_buckets(plan, split):
-                size = math.prod(bucket.shape) * nbytes
-                gathered += w * bucket.padded * size
-                padding += (w * bucket.padded - bucket.blocks) * size
+                gathered += w * bucket.padded * nbytes
+                padding += (w * bucket.padded - bucket.elements) * nbytes
                 collectives += 1
         worlds.append({
             "world_size": w,
@@ -288,6 +287,6 @@ def format_summary(summary: dict, title: str) -> str:
                  "block; best: a lower bound on max/mean for any split")
     lines.append("  precond: factors + inverse roots, sharded (largest rank); moments: Adam "
                  "m and v of the parameters a rank owns blocks of, and of the elementwise ones")
-    lines.append("  all-gather/step: output of the per-step all-gathers on each rank, one per "
-                 "block shape")
+    lines.append("  all-gather/step: output of the per-step all-gather on each rank, one per "
+                 "dtype of the flattened blocks")
     return "\n".join(lines)

@@ -324,55 +324,53 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
 
 @dataclass(frozen=True)
 class GatherBucket:
-    """One all-gather of a step: every block of one shape and dtype.
+    """One all-gather of a step: the updates of every block of one dtype, flattened.
 
     Attributes
     ----------
-    shape : tuple of int
-        The block shape.
     dtype : str
     groups : tuple of int
-        Indices into ``plan.groups`` (one group when the plan is stacked).
+        Indices into ``plan.groups``, in the order their blocks are packed.
     per_rank : tuple of int
-        Blocks of the bucket each rank owns, in group order.
+        Elements of the bucket's blocks each rank owns.
     """
 
-    shape: tuple[int, ...]
     dtype: str
     groups: tuple[int, ...]
     per_rank: tuple[int, ...]
 
     @property
-    def blocks(self) -> int:
-        """Blocks in the bucket."""
+    def elements(self) -> int:
+        """Elements of all blocks in the bucket."""
         return sum(self.per_rank)
 
     @property
     def padded(self) -> int:
-        """Blocks every rank sends: the largest rank's count."""
+        """Elements every rank sends: the largest rank's count."""
         return max(self.per_rank)
 
 
 def gather_buckets(plan: BlockPlan, split: ShardPlan) -> list[GatherBucket]:
-    """The all-gathers that share one step's updates: one per block shape and dtype.
+    """The all-gathers that share one step's updates: one per dtype.
 
-    Every rank sends the blocks of the bucket it owns (group by group, each
-    group's run in block order), zero-padded to :attr:`GatherBucket.padded`
-    blocks, so every rank sends the same number of elements.
+    Every rank packs the updates of the blocks it owns (group by group, each
+    group's run in block order) into one flat buffer, zero-padded to
+    :attr:`GatherBucket.padded` elements, so every rank sends the same number of
+    elements. Ranks own balanced pieces of the model, so the padding is small
+    whatever mix of block shapes each rank holds.
 
     Examples
     --------
     >>> from matroot.optim.blocking import plan_blocks
     >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
-    >>> [(b.shape, b.per_rank, b.padded) for b in gather_buckets(plan, shard_plan(plan, 4))]
-    [((4, 2), (0, 0, 1, 1), 1), ((4, 4), (2, 2, 1, 1), 2)]
+    >>> buckets = gather_buckets(plan, shard_plan(plan, 4))
+    >>> [(b.dtype, b.groups, b.per_rank, b.padded) for b in buckets]
+    [('float32', (0, 1), (32, 32, 24, 24), 32)]
     """
-    keyed: dict[tuple, list[int]] = {}
+    keyed: dict[str, list[int]] = {}
     for g, group in enumerate(plan.groups):
-        keyed.setdefault((group.dtype, group.shape), []).append(g)
-    out = []
-    for (dtype, shape), groups in sorted(keyed.items()):
-        per_rank = tuple(sum(split.counts[g][r] for g in groups)
-                         for r in range(split.world_size))
-        out.append(GatherBucket(shape, dtype, tuple(groups), per_rank))
-    return out
+        keyed.setdefault(group.dtype, []).append(g)
+    return [GatherBucket(dtype, tuple(groups), tuple(
+                sum(split.counts[g][r] * math.prod(plan.groups[g].shape) for g in groups)
+                for r in range(split.world_size)))
+            for dtype, groups in sorted(keyed.items())]
