@@ -65,5 +65,30 @@ def test_memory_table_shows_the_one_sided_embedding_near_adamw(tmp_path, capsys,
     assert emb["adamw"] == pytest.approx(8.0, rel=1e-3)
     assert emb["shampoo, one-sided > 4096"] <= 1.2 * emb["adamw"] < emb["shampoo"]
     assert emb["shampoo, bf16 roots"] < emb["shampoo"]
+    # Packing keeps n(n+1)/2 of each factor's and root's n² numbers.
+    assert emb["shampoo, packed"] - 8 < 0.55 * (emb["shampoo"] - 8)
     table = capsys.readouterr().out
-    assert "distributed_shampoo" in table and "| mlp |" in table
+    assert "distributed_shampoo" in table and "| mlp (1,584 parameters) |" in table
+
+
+def test_memory_counts_distributed_shampoos_factors_and_matches_its_packing():
+    """Meta keeps its factors outside ``opt.state``: the count must still find them.
+
+    Runs only where Distributed Shampoo is importable (it is not on PyPI; see
+    matroot/bench/optim_memory.py for how to put it on the path).
+    """
+    pytest.importorskip("distributed_shampoo")
+    from matroot.bench import optim_memory
+
+    report = optim_memory.memory_report(block_size=64, models={
+        "mlp": [(96, 32), (32, 32), (32,)], "embedding": [(6000, 16), (16, 16)]})
+    mlp = report["mlp"]["bytes_per_parameter"]
+    assert mlp["distributed_shampoo, no 1-D"] > 1.5 * mlp["adamw"]
+    ratios = report["mlp"]["vs_distributed_shampoo"]
+    # Both keep the same packed factors and roots: equal bytes, up to counters.
+    assert ratios["shampoo, packed / distributed_shampoo, no 1-D"] == pytest.approx(1, abs=0.01)
+    assert ratios["shampoo, packed, bf16 roots / distributed_shampoo, no 1-D, bf16 roots"] == \
+        pytest.approx(1, abs=0.01)
+    assert ratios["shampoo, packed, bf16 roots / distributed_shampoo, no 1-D"] < 0.95
+    emb = report["embedding"]["bytes_per_parameter"]
+    assert emb["distributed_shampoo, no 1-D, one-sided > 4096"] < 0.5 * emb["distributed_shampoo"]

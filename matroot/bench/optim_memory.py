@@ -1,18 +1,20 @@
 """Optimizer-state memory: bytes per parameter for AdamW, matroot's Shampoo policies and
-Distributed Shampoo (when importable), on the same models.
+Meta's Distributed Shampoo (when importable), on the same models and hyperparameters.
 
 Each optimizer takes one step on random gradients, after which every array it will
 ever hold exists (matroot allocates a stack's factors and roots together at its first
 gradient; no root needs computing for that, so none is); the bytes are those of the
 tensors it keeps (moments, factors, inverse roots, counters), counted once per storage.
 
-Meta's Distributed Shampoo has no package on PyPI (it is installed from its
-repository), so the requirements cannot pin it; its column appears when
-``distributed_shampoo`` is importable and reads "not installed" otherwise.
+Distributed Shampoo has no package on PyPI, so the requirements cannot pin it; its
+rows read "not installed" unless ``distributed_shampoo`` is importable. To measure it,
+put a checkout of github.com/facebookresearch/optimizers on the path::
 
-Run::
+    git clone https://github.com/facebookresearch/optimizers /tmp/optimizers
+    PYTHONPATH=/tmp/optimizers matroot bench optim --memory
 
-    matroot bench optim --memory
+(``pip install /tmp/optimizers`` installs it as ``torch-shampoo`` but asks for
+Python ≥ 3.12; on the path it imports on Python 3.11 with torch 2.13 too).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from typing import Any
 
 #: A precondition_frequency past the one step taken: memory without solver time.
 _NO_REFRESH = 10**9
+#: Dimensions longer than this get no factor in the one-sided settings.
+_ONE_SIDED_LIMIT = 4096
 
-__all__ = ["MODELS", "POLICIES", "tensor_bytes", "memory_report", "format_memory_table"]
+__all__ = ["MODELS", "POLICIES", "META_POLICIES", "MATCHED", "tensor_bytes", "memory_report",
+           "format_memory_table"]
 
 #: Parameter shapes of the models measured.
 MODELS = {
@@ -38,17 +43,41 @@ MODELS = {
     "embedding-heavy": [(50000, 64), (256, 64), (256,), (64, 256), (64,), (64, 64)],
 }
 
+_PACKED_BF16 = {"symmetric_packing": True, "root_storage_dtype": "bfloat16"}
+_ONE_SIDED = {"max_preconditioned_dim": _ONE_SIDED_LIMIT}
+
 #: matroot Shampoo settings measured, by name (ShampooConfig fields).
 POLICIES: dict[str, dict[str, Any]] = {
     "shampoo": {},
     "shampoo, bf16 roots": {"root_storage_dtype": "bfloat16"},
-    "shampoo, packed, bf16 roots": {"symmetric_packing": True,
-                                            "root_storage_dtype": "bfloat16"},
-    "shampoo, one-sided > 4096": {"max_preconditioned_dim": 4096},
-    "shampoo, one-sided > 4096, packed, bf16 roots": {"max_preconditioned_dim": 4096,
-                                                      "symmetric_packing": True,
-                                                      "root_storage_dtype": "bfloat16"},
+    "shampoo, packed": {"symmetric_packing": True},
+    "shampoo, packed, bf16 roots": _PACKED_BF16,
+    "shampoo, 1-D, packed, bf16 roots": {"precondition_1d": True, **_PACKED_BF16},
+    "shampoo, one-sided > 4096": _ONE_SIDED,
+    "shampoo, one-sided > 4096, packed, bf16 roots": {**_ONE_SIDED, **_PACKED_BF16},
 }
+
+#: Distributed Shampoo settings measured, by name. Its own defaults precondition
+#: vectors and pack factors and roots; "no 1-D" sets ``inverse_exponent_override``
+#: {1: 0.0} (matroot's default ``precondition_1d=False``); "bf16 roots" sets
+#: ``inv_factor_matrix_dtype=torch.bfloat16`` (matroot's ``root_storage_dtype``);
+#: "one-sided" gives the long dimensions an exponent of 0 (``max_preconditioned_dim``).
+META_POLICIES: dict[str, dict[str, Any]] = {
+    "distributed_shampoo": {"vectors": True},
+    "distributed_shampoo, no 1-D": {"vectors": False},
+    "distributed_shampoo, no 1-D, bf16 roots": {"vectors": False, "bf16_roots": True},
+    "distributed_shampoo, no 1-D, one-sided > 4096": {"vectors": False, "one_sided": True},
+}
+
+#: Like-for-like pairs (matroot policy, Meta policy): the same preconditioned dimensions.
+MATCHED = [
+    ("shampoo, packed", "distributed_shampoo, no 1-D"),
+    ("shampoo, packed, bf16 roots", "distributed_shampoo, no 1-D"),
+    ("shampoo, packed, bf16 roots", "distributed_shampoo, no 1-D, bf16 roots"),
+    ("shampoo, 1-D, packed, bf16 roots", "distributed_shampoo"),
+    ("shampoo, one-sided > 4096, packed, bf16 roots",
+     "distributed_shampoo, no 1-D, one-sided > 4096"),
+]
 
 
 def tensor_bytes(obj, seen=None) -> int:
@@ -80,20 +109,51 @@ def _one_step(make, shapes) -> int:
     opt.step()
     if hasattr(opt, "diagnostics"):
         return opt.diagnostics()["state_bytes"]
-    return tensor_bytes(list(opt.state.values()))
+    # Distributed Shampoo keeps its factors and roots in per-group lists outside
+    # ``opt.state``; its state_dict returns those same tensors (no copies).
+    return tensor_bytes([list(opt.state.values()), opt.state_dict()["state"]])
 
 
-def _distributed_shampoo(block_size):
+def _meta_groups(ds, params, *, vectors: bool, one_sided: bool = False,
+                 bf16_roots: bool = False) -> list[dict]:
+    """Parameter groups carrying the ``inverse_exponent_override`` of one Meta policy.
+
+    Meta's override is per tensor order, so parameters whose long dimensions differ
+    go into groups of their own.
+    """
+    import torch
+
+    groups: dict[tuple, list] = {}
+    for p in params:
+        long_dims = tuple(d for d, n in enumerate(p.shape) if one_sided and n > _ONE_SIDED_LIMIT)
+        groups.setdefault(long_dims, []).append(p)
+    out = []
+    for long_dims, members in groups.items():
+        override: dict[int, Any] = {} if vectors else {1: 0.0}
+        if long_dims:
+            override[len(members[0].shape)] = {d: 0.0 for d in long_dims}
+        out.append({"params": members, "preconditioner_config":
+                    ds.RootInvShampooPreconditionerConfig(
+                        amortized_computation_config=ds.DefaultEigenConfig,
+                        inverse_exponent_override=override,
+                        inv_factor_matrix_dtype=torch.bfloat16 if bf16_roots else torch.float32)})
+    return out
+
+
+def _distributed_shampoo(block_size, **policy):
     if importlib.util.find_spec("distributed_shampoo") is None:
         return None
     import distributed_shampoo as ds
 
     def make(params):
+        # matroot's defaults, in Meta's names (docs/optimizer.rst, migration table).
         return ds.DistributedShampoo(
-            params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12, weight_decay=1e-2,
+            _meta_groups(ds, params, **policy),
+            lr=1e-3, betas=(0.9, 0.999), epsilon=1e-8, weight_decay=1e-2,
+            weight_decay_type=ds.WeightDecayType.DECOUPLED,
             max_preconditioner_dim=block_size, precondition_frequency=_NO_REFRESH,
-            use_decoupled_weight_decay=True,
-            grafting_config=ds.AdamGraftingConfig(beta2=0.999, epsilon=1e-8))
+            start_preconditioning_step=_NO_REFRESH,
+            grafting_config=ds.AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8))
 
     return make
 
@@ -104,8 +164,9 @@ def memory_report(block_size: int = 1024, models=None) -> dict:
     Returns
     -------
     dict
-        ``{model: {"parameters": int, "bytes_per_parameter": {optimizer: float or None}}}``;
-        None where the optimizer is not installed.
+        ``{model: {"parameters": int, "bytes_per_parameter": {optimizer: float or None},
+        "vs_distributed_shampoo": {"ours / theirs": ratio or None}}}`` over the pairs
+        of :data:`MATCHED`; None where Distributed Shampoo is not installed.
     """
     import torch
 
@@ -115,25 +176,41 @@ def memory_report(block_size: int = 1024, models=None) -> dict:
     for name, options in POLICIES.items():
         makers[name] = functools.partial(Shampoo, block_size=block_size, distributed=None,
                                          precondition_frequency=_NO_REFRESH, **options)
-    makers["distributed_shampoo"] = _distributed_shampoo(block_size)
+    for name, options in META_POLICIES.items():
+        makers[name] = _distributed_shampoo(block_size, **options)
     out = {}
     for model, shapes in (models or MODELS).items():
         count = sum(math.prod(s) for s in shapes)
-        out[model] = {"parameters": count, "bytes_per_parameter": {
-            name: None if make is None else _one_step(make, shapes) / count
-            for name, make in makers.items()}}
+        per_parameter = {name: None if make is None else _one_step(make, shapes) / count
+                         for name, make in makers.items()}
+        out[model] = {"parameters": count, "bytes_per_parameter": per_parameter,
+                      "vs_distributed_shampoo": {
+                          f"{ours} / {theirs}": None if per_parameter[theirs] is None
+                          else per_parameter[ours] / per_parameter[theirs]
+                          for ours, theirs in MATCHED}}
     return out
 
 
 def format_memory_table(report: dict) -> str:
-    """A markdown table: bytes per parameter, and the ratio to AdamW's."""
-    names = list(next(iter(report.values()))["bytes_per_parameter"])
-    lines = ["| model | parameters | " + " | ".join(names) + " |",
-             "|---|---|" + "---|" * len(names)]
-    for model, r in report.items():
-        adamw = r["bytes_per_parameter"]["adamw"]
-        cells = ["not installed" if b is None else f"{b:.2f} ({b / adamw:.2f}×)"
-                 for b in r["bytes_per_parameter"].values()]
-        lines.append(f"| {model} | {r['parameters']:,} | " + " | ".join(cells) + " |")
+    """Markdown tables: bytes per parameter (ratio to AdamW), and the matched ratios."""
+    models = list(report)
+    names = list(report[models[0]]["bytes_per_parameter"])
+    header = "| optimizer | " + " | ".join(
+        f"{m} ({report[m]['parameters']:,} parameters)" for m in models) + " |"
+    rule = "|---|" + "---|" * len(models)
+    lines = [header, rule]
+    for name in names:
+        cells = []
+        for m in models:
+            b, adamw = (report[m]["bytes_per_parameter"][k] for k in (name, "adamw"))
+            cells.append("not installed" if b is None else f"{b:.2f} ({b / adamw:.2f}×)")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "matroot / Distributed Shampoo, same preconditioned dimensions:", "",
+              "| matroot | Distributed Shampoo | " + " | ".join(models) + " |",
+              "|---|---|" + "---|" * len(models)]
+    for ours, theirs in MATCHED:
+        ratios = [report[m]["vs_distributed_shampoo"][f"{ours} / {theirs}"] for m in models]
+        lines.append(f"| {ours} | {theirs} | " + " | ".join(
+            "not installed" if r is None else f"{r:.2f}×" for r in ratios) + " |")
     return ("Optimizer-state bytes per parameter (ratio to AdamW), block_size "
             "as given, float32 parameters, after one step.\n\n" + "\n".join(lines))

@@ -2,14 +2,14 @@
 
 Under data parallelism every rank holds the same (averaged) gradients, so every
 rank would compute the same factors, inverse roots and preconditioned blocks.
-:class:`BlockSharding` splits that work instead: with the cost-balanced split of
-:func:`matroot.optim.sharding.shard_plan`, each rank keeps factor and root stacks
+:class:`BlockSharding` splits that work instead: with the balanced, contiguous split
+of :func:`matroot.optim.sharding.shard_plan`, each rank keeps factor and root stacks
 for its own blocks only (the core runs on the rank's
 :func:`~matroot.optim.sharding.local_plan`), computes their updates, and one
-all-gather per block shape (:func:`~matroot.optim.sharding.gather_buckets`)
+all-gather per dtype (:func:`~matroot.optim.sharding.gather_buckets`)
 copies every block's update from its owner to all ranks, at every step. A rank
-keeps the moments of the parameters it owns a block of (owners take contiguous
-runs of each group, so most parameters have one owner) and of the elementwise
+keeps the moments of the parameters it owns a block of (each rank owns one piece
+of the model, so most parameters have one owner) and of the elementwise
 (AdamW) parameters, which stay replicated; a parameter whose blocks all belong to
 other ranks costs this rank nothing but its transient update.
 
@@ -24,6 +24,8 @@ device, so gloo works on CPU tensors and NCCL on CUDA tensors.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -181,11 +183,13 @@ class BlockSharding:
         self.buckets = gather_buckets(plan, self.split)
 
     def _bucket_blocks(self, bucket, rank):
-        """The blocks of ``bucket`` that ``rank`` owns, in the order it sends them."""
+        """``(block, shape)`` of the blocks of ``bucket`` that ``rank`` owns, in the order
+        it packs them."""
         out = []
         for g in bucket.groups:
             start, stop = self.split.ranges(g)[rank]
-            out.extend(self.plan.groups[g].blocks[start:stop])
+            group = self.plan.groups[g]
+            out.extend((block, group.shape) for block in group.blocks[start:stop])
         return out
 
     def share_updates(self, updates) -> int:
@@ -194,7 +198,7 @@ class BlockSharding:
         On entry each rank's ``updates`` are right for its own blocks (and for
         the elementwise parameters, which every rank computes); on return every
         block of every rank holds its owner's values, bit for bit. One
-        ``all_gather`` per bucket, entered by every rank in the same order.
+        ``all_gather`` per bucket (per dtype), entered by every rank in the same order.
 
         Parameters
         ----------
@@ -223,21 +227,27 @@ class BlockSharding:
         gathered = 0
         for bucket in self.buckets:
             dtype = getattr(torch, bucket.dtype)
-            send = torch.zeros((bucket.padded, *bucket.shape), dtype=dtype, device=device)
-            for j, block in enumerate(self._bucket_blocks(bucket, self.rank)):
+            send = torch.zeros(bucket.padded, dtype=dtype, device=device)
+            offset = 0
+            for block, shape in self._bucket_blocks(bucket, self.rank):
+                size = math.prod(shape)
                 if views[block.param] is not None:
-                    send[j] = views[block.param][block.index]
-            recv = torch.empty((self.world_size * bucket.padded, *bucket.shape), dtype=dtype,
-                               device=device)
+                    send[offset:offset + size] = views[block.param][block.index].reshape(-1)
+                offset += size
+            recv = torch.empty(self.world_size * bucket.padded, dtype=dtype, device=device)
             _all_gather(recv, send, self.group)
             gathered += recv.numel() * recv.element_size()
-            recv = recv.view(self.world_size, bucket.padded, *bucket.shape)
+            recv = recv.view(self.world_size, bucket.padded)
             for rank in range(self.world_size):
                 if rank == self.rank:
                     continue
-                for j, block in enumerate(self._bucket_blocks(bucket, rank)):
+                offset = 0
+                for block, shape in self._bucket_blocks(bucket, rank):
+                    size = math.prod(shape)
                     if views[block.param] is not None:
-                        views[block.param][block.index] = recv[rank, j]
+                        received = recv[rank, offset:offset + size]
+                        views[block.param][block.index] = received.view(shape)
+                    offset += size
         return gathered
 
     def record(self) -> dict:

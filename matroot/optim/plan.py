@@ -26,6 +26,7 @@ from .sharding import (
     DTYPE_BYTES,
     best_balance,
     block_cost,
+    factor_bytes,
     gather_buckets,
     local_plan,
     shard_plan,
@@ -140,11 +141,6 @@ def load_shapes_json(path: str) -> list:
                      f"got {type(data).__name__}")
 
 
-def _factor_bytes(group, dtype_bytes: int) -> int:
-    """Factor, inverse root and failure counter of every factor of one block."""
-    return sum(2 * n * n * dtype_bytes + 4 for n in group.shape)
-
-
 def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str = "float32",
                  precondition_1d: bool = False) -> dict:
     """The blocking of ``shapes`` and its split over each world size, as numbers.
@@ -205,7 +201,7 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     for w in world_sizes:
         split = shard_plan(plan, w)
         per_rank_blocks = [sum(c[r] for c in split.counts) for r in range(w)]
-        precond = [sum(split.counts[g][r] * _factor_bytes(group, nbytes)
+        precond = [sum(split.counts[g][r] * factor_bytes(group)
                        for g, group in enumerate(plan.groups)) for r in range(w)]
         # A rank keeps the moments of the parameters it owns a block of, and of the
         # elementwise ones (every rank).
@@ -215,9 +211,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         gathered = padding = collectives = 0
         if w > 1:
             for bucket in gather_buckets(plan, split):
-                size = math.prod(bucket.shape) * nbytes
-                gathered += w * bucket.padded * size
-                padding += (w * bucket.padded - bucket.blocks) * size
+                gathered += w * bucket.padded * nbytes
+                padding += (w * bucket.padded - bucket.elements) * nbytes
                 collectives += 1
         worlds.append({
             "world_size": w,
@@ -292,6 +287,6 @@ def format_summary(summary: dict, title: str) -> str:
                  "block; best: a lower bound on max/mean for any split")
     lines.append("  precond: factors + inverse roots, sharded (largest rank); moments: Adam "
                  "m and v of the parameters a rank owns blocks of, and of the elementwise ones")
-    lines.append("  all-gather/step: output of the per-step all-gathers on each rank, one per "
-                 "block shape")
+    lines.append("  all-gather/step: output of the per-step all-gather on each rank, one per "
+                 "dtype of the flattened blocks")
     return "\n".join(lines)

@@ -1,30 +1,30 @@
-"""Which rank owns which Shampoo block: a cost-balanced split of a :class:`BlockPlan`.
+"""Which rank owns which Shampoo block: a balanced, contiguous split of a :class:`BlockPlan`.
 
 Pure metadata, no arrays and no torch: the same code sizes a cluster in
 ``python -m matroot plan`` and shards the optimizer in
 :mod:`matroot.optim.distributed`.
 
-Every block of a group has the same shape, hence the same cost, so a split only
-has to say how many blocks of each group a rank owns; each rank then owns a
-contiguous run of the group's blocks (rank 0 first). The counts come from
-longest-processing-time greedy (groups in decreasing block cost, each block to
-the least-loaded rank) with one constraint: no rank takes more than
-``ceil(k / world_size)`` of a group's ``k`` blocks. The constraint bounds the
-padding of the per-group all-gather (every rank sends ``ceil(k / world_size)``
-blocks) to less than one block per rank and group, and on models made of many
-equal blocks costs nothing in balance.
+Every rank owns one contiguous piece of the model: the blocks in model order
+(parameter by parameter, each parameter's blocks row by row) are cut into
+``world_size`` runs balancing compute and memory (:func:`shard_plan`). A parameter
+therefore has one owner unless a cut falls inside it (at most ``world_size − 1``
+parameters), and a rank keeps the moments of its own parameters only, so per-rank
+memory is close to 1/world of one process's. Restricted to one group, model order
+is the group's block order, so each rank still owns a contiguous run of every
+group's blocks (rank 0 first) and a split is stored as counts per group.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
 from .blocking import BlockGroup, BlockPlan, StackSpec
 
 __all__ = [
+    "COMPUTE_SLACK",
     "block_cost",
+    "factor_bytes",
     "best_balance",
     "ShardPlan",
     "shard_plan",
@@ -59,6 +59,19 @@ def block_cost(shape) -> int:
         return n ** 3 + n ** 2
     rows, cols = shape
     return rows ** 3 + cols ** 3 + rows * cols * (rows + cols)
+
+
+def factor_bytes(group: BlockGroup) -> int:
+    """State bytes of one block's factors: factor, inverse root and failure counter each.
+
+    Examples
+    --------
+    >>> from matroot.optim.blocking import plan_blocks
+    >>> [factor_bytes(g) for g in plan_blocks([(8, 4)], ["float32"], block_size=8).groups]
+    [648]
+    """
+    sizes = [n for n, side in zip(group.shape, (group.left, group.right)) if side is not None]
+    return sum(2 * n * n * DTYPE_BYTES[group.dtype] + 4 for n in sizes)
 
 
 @dataclass(frozen=True)
@@ -133,10 +146,65 @@ def best_balance(plan: BlockPlan, world_size: int) -> float:
     return max(bound, mean) / mean
 
 
-def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
-    """Split the blocks of ``plan`` over ``world_size`` ranks, balancing :func:`block_cost`.
+def _model_order(plan: BlockPlan) -> list[tuple[int, int]]:
+    """``(group, parameter)`` of every block of ``plan``, blocks in model order."""
+    keyed = sorted(((block.param, block.rows, block.cols or (0, 0)), g)
+                   for g, group in enumerate(plan.groups) for block in group.blocks)
+    return [(g, key[0]) for key, g in keyed]
 
-    Deterministic: every rank computes the same split from the same plan.
+
+#: Bisection steps of the cut's bounds: far below any block's share of the loads.
+_BISECTIONS = 60
+#: How much compute balance the cut gives up for memory: the largest rank's compute
+#: stays within this fraction of the best contiguous cut's.
+COMPUTE_SLACK = 0.05
+
+
+def _pieces(blocks, cost_bound: float, memory_bound: float) -> list[int]:
+    """The run of each block when a run is closed before one of its loads would exceed
+    its bound. ``blocks``: per block, its compute share, its factors' memory share, its
+    parameter and that parameter's moments' share (held once per run touching it)."""
+    piece, cost, memory, param = 0, 0.0, 0.0, None
+    out: list[int] = []
+    for block_cost_share, factor_share, block_param, moment_share in blocks:
+        added = factor_share + (moment_share if block_param != param else 0.0)
+        if out and (cost + block_cost_share > cost_bound or memory + added > memory_bound):
+            piece, cost, memory = piece + 1, 0.0, 0.0
+            added = factor_share + moment_share
+        cost, memory, param = cost + block_cost_share, memory + added, block_param
+        out.append(piece)
+    return out
+
+
+def _smallest_bound(fits, world_size: int) -> float:
+    """The smallest bound ``fits`` accepts, by bisection (``fits`` is monotone)."""
+    # One run holding everything (loads of world_size, up to rounding) fits below high.
+    low, high = 0.0, 2.0 * world_size
+    for _ in range(_BISECTIONS):
+        bound = (low + high) / 2
+        if fits(bound):
+            high = bound
+        else:
+            low = bound
+    return high
+
+
+
+
+def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
+    """Cut the blocks of ``plan``, in model order, into ``world_size`` balanced runs.
+
+    A run has two loads, each a share of the single-process total times
+    ``world_size`` (1.0 is a fair share): compute, the sum of its blocks'
+    :func:`block_cost`, and memory, its blocks' :func:`factor_bytes` plus the two
+    moments of every parameter it touches (a parameter cut between two runs counts
+    in both, as its moments are kept by both owners). The cut first finds the
+    smallest largest compute load of any contiguous cut, then, allowing
+    :data:`COMPUTE_SLACK` more compute, the smallest largest memory load: each a
+    bisection on a bound whose trials are greedy fills, optimal because a part of a
+    run never loads more than the run. Deterministic: every rank computes the same
+    split from the same plan. The greedy fill leaves the last ranks light, or empty
+    when blocks are few.
 
     Parameters
     ----------
@@ -159,27 +227,32 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     >>> [(g.shape, len(g.blocks)) for g in plan.groups]
     [((4, 2), 2), ((4, 4), 6)]
     >>> split = shard_plan(plan, 2)
-    >>> split.counts, split.costs
-    (((1, 1), (3, 3)), (888, 888))
+    >>> split.counts, split.costs  # rank 0 the 8×8 parameter, rank 1 the 8×6 one
+    (((0, 2), (4, 2)), (1024, 752))
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     unit = [block_cost(g.shape) for g in plan.groups]
-    order = sorted(range(len(plan.groups)), key=lambda g: (-unit[g], g))
-    loads = [0] * world_size
+    order = _model_order(plan)
     counts = [[0] * world_size for _ in plan.groups]
-    for g in order:
-        k = len(plan.groups[g].blocks)
-        cap = math.ceil(k / world_size)
-        # Least-loaded rank first, lowest rank on ties; ranks at the cap sit out.
-        heap = [(loads[r], r) for r in range(world_size)]
-        heapq.heapify(heap)
-        for _ in range(k):
-            load, r = heapq.heappop(heap)
-            counts[g][r] += 1
-            loads[r] = load + unit[g]
-            if counts[g][r] < cap:
-                heapq.heappush(heap, (loads[r], r))
+    loads = [0] * world_size
+    if not order:
+        return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
+    moments = {p: 2 * math.prod(plan.params[p].shape) * DTYPE_BYTES[plan.groups[g].dtype]
+               for g, p in order}
+    total_cost = sum(unit[g] for g, _ in order)
+    total_bytes = sum(factor_bytes(plan.groups[g]) for g, _ in order) + sum(moments.values())
+    blocks = [(unit[g] * world_size / total_cost,
+               factor_bytes(plan.groups[g]) * world_size / total_bytes,
+               p, moments[p] * world_size / total_bytes) for g, p in order]
+    def fits(cost_bound, memory_bound):
+        return _pieces(blocks, cost_bound, memory_bound)[-1] < world_size
+
+    cost_bound = (1 + COMPUTE_SLACK) * _smallest_bound(lambda b: fits(b, math.inf), world_size)
+    memory_bound = _smallest_bound(lambda b: fits(cost_bound, b), world_size)
+    for (g, _), rank in zip(order, _pieces(blocks, cost_bound, memory_bound)):
+        counts[g][rank] += 1
+        loads[rank] += unit[g]
     return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
 
 
@@ -209,9 +282,9 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
     >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
     >>> local, owned = local_plan(plan, shard_plan(plan, 2), 1)
     >>> owned
-    ((0, 1, 2), (1, 3, 6))
+    ((0, 0, 2), (1, 4, 6))
     >>> [(s.size, s.count) for s in local.stacks]
-    [(2, 1), (4, 7)]
+    [(2, 2), (4, 6)]
     """
     if not 0 <= rank < split.world_size:
         raise ValueError(f"rank {rank} is outside a world of {split.world_size}")
@@ -251,55 +324,53 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
 
 @dataclass(frozen=True)
 class GatherBucket:
-    """One all-gather of a step: every block of one shape and dtype.
+    """One all-gather of a step: the updates of every block of one dtype, flattened.
 
     Attributes
     ----------
-    shape : tuple of int
-        The block shape.
     dtype : str
     groups : tuple of int
-        Indices into ``plan.groups`` (one group when the plan is stacked).
+        Indices into ``plan.groups``, in the order their blocks are packed.
     per_rank : tuple of int
-        Blocks of the bucket each rank owns, in group order.
+        Elements of the bucket's blocks each rank owns.
     """
 
-    shape: tuple[int, ...]
     dtype: str
     groups: tuple[int, ...]
     per_rank: tuple[int, ...]
 
     @property
-    def blocks(self) -> int:
-        """Blocks in the bucket."""
+    def elements(self) -> int:
+        """Elements of all blocks in the bucket."""
         return sum(self.per_rank)
 
     @property
     def padded(self) -> int:
-        """Blocks every rank sends: the largest rank's count."""
+        """Elements every rank sends: the largest rank's count."""
         return max(self.per_rank)
 
 
 def gather_buckets(plan: BlockPlan, split: ShardPlan) -> list[GatherBucket]:
-    """The all-gathers that share one step's updates: one per block shape and dtype.
+    """The all-gathers that share one step's updates: one per dtype.
 
-    Every rank sends the blocks of the bucket it owns (group by group, each
-    group's run in block order), zero-padded to :attr:`GatherBucket.padded`
-    blocks, so every rank sends the same number of elements.
+    Every rank packs the updates of the blocks it owns (group by group, each
+    group's run in block order) into one flat buffer, zero-padded to
+    :attr:`GatherBucket.padded` elements, so every rank sends the same number of
+    elements. Ranks own balanced pieces of the model, so the padding is small
+    whatever mix of block shapes each rank holds.
 
     Examples
     --------
     >>> from matroot.optim.blocking import plan_blocks
     >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
-    >>> [(b.shape, b.per_rank, b.padded) for b in gather_buckets(plan, shard_plan(plan, 4))]
-    [((4, 2), (0, 0, 1, 1), 1), ((4, 4), (2, 2, 1, 1), 2)]
+    >>> buckets = gather_buckets(plan, shard_plan(plan, 4))
+    >>> [(b.dtype, b.groups, b.per_rank, b.padded) for b in buckets]
+    [('float32', (0, 1), (32, 32, 24, 24), 32)]
     """
-    keyed: dict[tuple, list[int]] = {}
+    keyed: dict[str, list[int]] = {}
     for g, group in enumerate(plan.groups):
-        keyed.setdefault((group.dtype, group.shape), []).append(g)
-    out = []
-    for (dtype, shape), groups in sorted(keyed.items()):
-        per_rank = tuple(sum(split.counts[g][r] for g in groups)
-                         for r in range(split.world_size))
-        out.append(GatherBucket(shape, dtype, tuple(groups), per_rank))
-    return out
+        keyed.setdefault(group.dtype, []).append(g)
+    return [GatherBucket(dtype, tuple(groups), tuple(
+                sum(split.counts[g][r] * math.prod(plan.groups[g].shape) for g in groups)
+                for r in range(split.world_size)))
+            for dtype, groups in sorted(keyed.items())]
