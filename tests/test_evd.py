@@ -1,4 +1,5 @@
-"""evd costs one eigh: no scaling pass, float32 where it meets the table, float64 retry."""
+"""evd costs one eigh: no scaling pass, float32 where it meets the table, float64 retry,
+and a check of the root from its eigenvalues."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import matroot
 
 from conftest import to_numpy
-from matroot.testing import oracle_inv_root, relative_error, spd_stack
+from matroot.testing import (ADVERSARIAL_FAMILIES, accuracy_tolerance, oracle_inv_root,
+                             relative_error, spd_stack)
+from matroot.testing.spectra import family_stack
 
 # The module, not the function that matroot.solvers re-exports under the same name.
 evd_module = importlib.import_module("matroot.solvers.evd")
@@ -65,21 +68,32 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("p", [1, 2, 4])
-def test_float32_results_meet_the_table_where_accepted(p):
-    """Where the check keeps a float32 eigh, its root meets the table (torch: MKL ssyevd)."""
-    torch = pytest.importorskip("torch")
+@pytest.mark.parametrize("name", ["numpy", "torch"])
+def test_float32_default_meets_the_table_on_adversarial_spectra(name, p):
+    """float32 input, default compute dtype, κ up to 1e6: every matrix converges, meets
+    the table against the float64 oracle, and its error estimate bounds its error (the
+    float32 eigh where the estimate allows it, float64 for the others)."""
+    xp_module = pytest.importorskip(name)
     rng = np.random.default_rng(p)
-    checked = 0
-    for n in (4, 32, 128):
-        for kappa in (10.0, 60.0, 300.0, 3e3):
-            a = spd_stack(rng, (4,), n, kappa)[0].astype(np.float32)
-            lam = torch.linalg.eigvalsh(torch.asarray(a))
-            if not bool(evd_module.float32_eigh_suffices(lam, p).all()):
-                continue
-            root = matroot.inv_root(torch.asarray(a), p, method="evd", compute_dtype="float32")
-            err = relative_error(root.numpy(),
-                                 oracle_inv_root(a, p)).max()
-            table = 1e-5 if kappa <= 1e2 else 1e-4
-            assert err <= table, (n, kappa, err)
-            checked += 1
-    assert checked >= 3
+    for n in (6, 40):
+        for family in ("geometric", *ADVERSARIAL_FAMILIES):
+            for kappa in (10.0, 300.0, 1e4, 1e6):
+                a = family_stack(family, rng, (3,), n, kappa).astype(np.float32)
+                res = matroot.inv_root_info(xp_module.asarray(a), p, method="evd")
+                err = relative_error(to_numpy(res.root), oracle_inv_root(a, p))
+                case = (n, family, kappa, err)
+                assert np.all(to_numpy(res.converged)), case
+                assert np.all(err <= accuracy_tolerance("float32", kappa, p,
+                                                        method="evd")), case
+                assert np.all(err <= to_numpy(res.error_estimate)), case
+
+
+def test_float32_eigh_kept_where_the_estimate_allows():
+    """torch/MKL's genuinely float32 eigh is kept for well-conditioned matrices (no retry),
+    and the check sends κ = 1e4 at p = 2 to float64."""
+    torch = pytest.importorskip("torch")
+    lam = torch.linalg.eigvalsh(torch.asarray(spd_stack(np.random.default_rng(0), (2,), 64,
+                                                        5.0)[0].astype(np.float32)))
+    assert bool(evd_module.float32_eigh_suffices(lam, 2).all())
+    wide = torch.asarray([[1e-4, 1.0]], dtype=torch.float32)
+    assert not bool(evd_module.float32_eigh_suffices(wide, 2).any())
