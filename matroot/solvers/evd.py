@@ -131,6 +131,8 @@ def _retry_in_float64(xp, a, lam, root, redo, p):
     wide_lam = xp.astype(wide.eigenvalues, a.dtype)
     wide_root = xp.astype(_root_from_eigh(xp, wide.eigenvalues, wide.eigenvectors, p),
                           a.dtype)
+    if picked.shape[0] == a.shape[0]:
+        return wide_lam, wide_root  # all redone: nothing to merge
     # Matrix i of the stack takes row position[i] of the float64 results where redone.
     position = xp.cumulative_sum(xp.astype(redo, xp.int64)) - 1
     position = xp.clip(position, 0, picked.shape[0] - 1)
