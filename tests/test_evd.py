@@ -97,3 +97,15 @@ def test_float32_eigh_kept_where_the_estimate_allows():
     assert bool(evd_module.float32_eigh_suffices(lam, 2).all())
     wide = torch.asarray([[1e-4, 1.0]], dtype=torch.float32)
     assert not bool(evd_module.float32_eigh_suffices(wide, 2).any())
+
+
+def test_a_looser_tol_keeps_float32_and_is_what_converged_promises(monkeypatch):
+    """At κ = 1e4 the table (1e-4) needs float64; tol = 1e-2 does not: no retry, and
+    every root converges within tol of the oracle (its estimate bounding the error)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(evd_module, "_retry_in_float64", None)  # a retry would fail
+    a = spd_stack(np.random.default_rng(4), (3,), 48, 1e4)[0].astype(np.float32)
+    res = matroot.inv_root_info(torch.asarray(a), 2, method="evd", tol=1e-2)
+    err = relative_error(res.root.numpy(), oracle_inv_root(a, 2))
+    assert res.converged.all() and np.all(err <= res.error_estimate.numpy())
+    assert np.all(err <= 1e-2) and np.all(err > 1e-5)  # float32 accuracy, not float64's

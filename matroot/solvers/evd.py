@@ -86,8 +86,8 @@ def eigh_root_check(lam, p, eigh_unit_roundoff, unit_roundoff) -> RootCheck:
     return RootCheck(deficit, estimate, positive, kappa, 0.0)
 
 
-def float32_eigh_suffices(lam, p):
-    """Per matrix: whether a float32 eigh with eigenvalues ``lam`` meets the table.
+def float32_eigh_suffices(lam, p, tol: float = 0.0):
+    """Per matrix: whether a float32 eigh with eigenvalues ``lam`` meets the table (or ``tol``).
 
     Parameters
     ----------
@@ -95,26 +95,31 @@ def float32_eigh_suffices(lam, p):
         Ascending float32 eigenvalues of each matrix.
     p : float
         Root order.
+    tol : float
+        A requested relative error looser than the table's, if any: what
+        ``converged`` then promises (:func:`matroot.inv_root_info`).
 
     Returns
     -------
     array of bool, shape (b,)
         False for non-finite or non-positive spectra, and where the estimated
-        error (:func:`eigh_root_check`) exceeds the table's entry for κ.
+        error (:func:`eigh_root_check`) exceeds both the table's entry for κ and
+        ``tol``.
 
     Examples
     --------
     >>> import numpy as np
     >>> from matroot.solvers.evd import float32_eigh_suffices
     >>> lam = np.array([[1.0, 2.0], [1e-4, 1.0]], dtype=np.float32)
-    >>> float32_eigh_suffices(lam, 2).tolist()
-    [True, False]
+    >>> float32_eigh_suffices(lam, 2).tolist(), float32_eigh_suffices(lam, 2, 1e-2).tolist()
+    ([True, False], [True, True])
     """
     xp = _xp.array_namespace(lam)
     u = _unit_roundoff(xp, xp.float32)
     check = eigh_root_check(lam, p, xp.full(lam.shape[:1], u, dtype=lam.dtype,
                                             device=_xp.device_of(lam)), u)
-    return check.error_estimate <= accuracy_target("evd", "float32", p, check.kappa)
+    target = accuracy_target("evd", "float32", p, check.kappa)
+    return check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))
 
 
 def _root_from_eigh(xp, lam, q, p):
@@ -141,14 +146,14 @@ def _retry_in_float64(xp, a, lam, root, redo, p):
     return lam, root
 
 
-def evd(a, p, *, float64_retry: bool = True, **_):
+def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, **_):
     """``a^(-1/p) = Q diag(λ^(-1/p)) Qᵀ`` from one ``eigh`` per matrix.
 
     Matrices with an eigenvalue ≤ 0 (singular or indefinite: there is no real
     inverse root) come back as NaN with ``converged=False``. For float32 input,
     matrices whose float32 eigh failed, came back non-finite or cannot meet the
-    accuracy table (:func:`float32_eigh_suffices`) are solved again in float64
-    when ``float64_retry``.
+    accuracy table (:func:`float32_eigh_suffices`), nor a looser ``tol``, are
+    solved again in float64 when ``float64_retry``.
 
     Parameters
     ----------
@@ -193,7 +198,7 @@ def evd(a, p, *, float64_retry: bool = True, **_):
         lam, q = decomposition
         root = _root_from_eigh(xp, lam, q, p)
     if decomposition is not None and narrow and eigh_dtype == xp.float32:
-        redo = ~float32_eigh_suffices(lam, p)
+        redo = ~float32_eigh_suffices(lam, p, tol)
         if bool(xp.any(redo)):
             lam, root = _retry_in_float64(xp, a, lam, root, redo, p)
             eigh_unit = xp.where(redo, wide_unit, eigh_unit)
