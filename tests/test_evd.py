@@ -45,7 +45,8 @@ def test_float32_check_flags_ill_conditioned_matrices(backend):
         True, False, False, False]
 
 
-def test_retry_only_what_float32_cannot_do(backend, monkeypatch):
+@pytest.mark.parametrize("n", [24, 64], ids=["unscreened", "screened"])
+def test_retry_only_what_float32_cannot_do(backend, monkeypatch, n):
     """The ill-conditioned matrix meets the κ = 1e5 table entry (via the float64 retry
     where eigh is genuinely float32); the other is bitwise what it is alone."""
     calls = []
@@ -56,7 +57,7 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch):
         return real(xp, a, lam, root, redo, p)
 
     monkeypatch.setattr(evd_module, "_retry_in_float64", spy)
-    a = _mixed_stack()
+    a = _mixed_stack(n)
     x = backend.asarray(a)
     together = to_numpy(matroot.inv_root(x, 4, method="evd", compute_dtype="float32"))
     alone = to_numpy(matroot.inv_root(x[:1, ...], 4, method="evd", compute_dtype="float32"))
@@ -109,3 +110,24 @@ def test_a_looser_tol_keeps_float32_and_is_what_converged_promises(monkeypatch):
     err = relative_error(res.root.numpy(), oracle_inv_root(a, 2))
     assert res.converged.all() and np.all(err <= res.error_estimate.numpy())
     assert np.all(err <= 1e-2) and np.all(err > 1e-5)  # float32 accuracy, not float64's
+
+
+def test_no_float32_eigh_where_every_matrix_surely_needs_float64(monkeypatch):
+    """κ = 1e6 everywhere (n = 64, screened): one float64 eigh, no wasted float32 one,
+    and the same bits as the float32-then-retry path of a stack that is not screened."""
+    torch = pytest.importorskip("torch")
+    dtypes = []
+    real = evd_module._eigh_or_none
+
+    def spy(xp, a):
+        dtypes.append(a.dtype)
+        return real(xp, a)
+
+    monkeypatch.setattr(evd_module, "_eigh_or_none", spy)
+    a = spd_stack(np.random.default_rng(7), (3,), 64, 1e6)[0].astype(np.float32)
+    res = matroot.inv_root_info(torch.asarray(a), 4, method="evd")
+    assert dtypes == [torch.float64] and res.converged.all()
+    monkeypatch.setattr(evd_module, "SCREEN_MIN_N", 65)
+    unscreened = matroot.inv_root(torch.asarray(a), 4, method="evd")
+    assert dtypes[1:] == [torch.float32, torch.float64]
+    assert torch.equal(res.root, unscreened)

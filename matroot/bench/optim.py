@@ -185,7 +185,7 @@ def against_distributed_shampoo(params0, grad_sets, *, method: str, block_size: 
             precondition_frequency=1,
             grafting_config=ds.AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8)),
     }
-    runs = {}
+    runs: dict[str, tuple] = {}
     for name, make in makers.items():
         params = [torch.nn.Parameter(torch.asarray(p.copy(), device=device)) for p in params0]
         runs[name] = (params, make(params), [])

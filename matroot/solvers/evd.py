@@ -27,6 +27,9 @@ from .registry import ANY_REAL_P, SolverSpec
 #: ``C`` and ``F`` of the error estimate (module docstring), measured.
 EIGH_ERROR_FACTOR = 12.0
 FORMATION_ERROR_FACTOR = 6.0
+#: Smallest n screened by :func:`surely_beyond_float32`: from there one LU solve
+#: costs under a tenth of an eigh (torch CPU).
+SCREEN_MIN_N = 64
 
 
 def _eigh_or_none(xp, a):
@@ -38,6 +41,11 @@ def _eigh_or_none(xp, a):
 
 def _unit_roundoff(xp, dtype) -> float:
     return float(xp.finfo(dtype).eps) / 2
+
+
+def _estimated_error(kappa, n, p, eigh_unit_roundoff, unit_roundoff):
+    return (EIGH_ERROR_FACTOR / p * kappa * eigh_unit_roundoff
+            + FORMATION_ERROR_FACTOR * n ** 0.25 * unit_roundoff)
 
 
 def eigh_root_check(lam, p, eigh_unit_roundoff, unit_roundoff) -> RootCheck:
@@ -77,8 +85,8 @@ def eigh_root_check(lam, p, eigh_unit_roundoff, unit_roundoff) -> RootCheck:
     positive = xp.all(xp.isfinite(lam), axis=-1) & (smallest > 0)
     kappa = xp.where(positive, largest / xp.where(positive, smallest, xp.ones_like(smallest)),
                      xp.full_like(smallest, float("inf")))
-    estimate = (EIGH_ERROR_FACTOR / p * kappa * xp.astype(eigh_unit_roundoff, lam.dtype)
-                + FORMATION_ERROR_FACTOR * n ** 0.25 * unit_roundoff)
+    estimate = _estimated_error(kappa, n, p, xp.astype(eigh_unit_roundoff, lam.dtype),
+                                unit_roundoff)
     estimate = xp.where(positive, estimate, xp.full_like(estimate, float("inf")))
     scale = xp.max(xp.abs(lam), axis=-1)
     scale = xp.where(scale > 0, scale, xp.ones_like(scale))
@@ -120,6 +128,46 @@ def float32_eigh_suffices(lam, p, tol: float = 0.0):
                                             device=_xp.device_of(lam)), u)
     target = accuracy_target("evd", "float32", p, check.kappa)
     return check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))
+
+
+def surely_beyond_float32(a, p, tol: float = 0.0):
+    """Per matrix: whether κ is surely too large for a float32 eigh to meet ``max(table, tol)``.
+
+    A lower bound on κ from one inverse-iteration step: ``λmax ≥ max aᵢᵢ`` and
+    ``λmin ≤ xᵀy/yᵀy``, the Rayleigh quotient of ``y = A⁻¹x``. Where even the
+    table's loosest target (or ``tol``) is out of reach at that κ, the float32
+    eigh would be wasted. It costs one LU solve per matrix, so stacks with
+    n < :data:`SCREEN_MIN_N` are not screened, nor a stack the solve rejects
+    (all False): a wrong answer here costs time, never accuracy.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.solvers.evd import surely_beyond_float32
+    >>> lam = np.geomspace(1.0, 1e-8, 64)
+    >>> surely_beyond_float32(np.stack([np.eye(64), np.diag(lam)]), 2).tolist()
+    [False, True]
+    """
+    xp = _xp.array_namespace(a)
+    b, n = a.shape[0], a.shape[-1]
+    dev = _xp.device_of(a)
+    never = xp.zeros((b,), dtype=xp.bool, device=dev)
+    if n < SCREEN_MIN_N:
+        return never
+    # A fixed start with weight on every eigenvector of a generic matrix.
+    start = 1.0 + 0.5 * xp.cos(2.4 * xp.arange(n, dtype=a.dtype, device=dev))
+    try:
+        y = xp.linalg.solve(a, xp.broadcast_to(start[:, None], (b, n, 1)))[..., 0]
+    except Exception:  # LinAlgError differs per backend
+        return never
+    quotient = xp.sum(start * y, axis=-1) / xp.sum(y * y, axis=-1)
+    usable = xp.isfinite(quotient) & (quotient > 0)
+    top = xp.max(xp.linalg.diagonal(a), axis=-1)
+    kappa = top / xp.where(usable, quotient, xp.ones_like(quotient))
+    u = _unit_roundoff(xp, xp.float32)
+    loosest = accuracy_target("evd", "float32", p, xp.full_like(kappa, float("inf")))
+    reachable = xp.maximum(loosest, xp.full_like(loosest, tol))
+    return ~usable | (_estimated_error(kappa, n, p, u, u) > reachable)
 
 
 def _root_from_eigh(xp, lam, q, p):
@@ -184,9 +232,13 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, **_):
     eigh_dtype = xp.float64 if _xp.eigh_runs_in_float64(xp) else a.dtype
     eigh_unit = xp.full((b,), _unit_roundoff(xp, eigh_dtype), dtype=a.dtype, device=dev)
     wide_unit = xp.full_like(eigh_unit, _unit_roundoff(xp, xp.float64))
-    decomposition = _eigh_or_none(xp, a)
+    screened = narrow and eigh_dtype == xp.float32
+    beyond = surely_beyond_float32(a, p, tol) if screened else None
+    # Where every matrix surely needs float64, the float32 eigh is skipped.
+    skip = beyond is not None and bool(xp.all(beyond))
+    decomposition = None if skip else _eigh_or_none(xp, a)
     if decomposition is None and narrow:
-        # The whole float32 call failed: redo every matrix in float64.
+        # The float32 call failed or was skipped: every matrix in float64.
         lam = xp.full((b, a.shape[-1]), float("nan"), dtype=a.dtype, device=dev)
         root = xp.full_like(a, float("nan"))
         redo = xp.ones((b,), dtype=xp.bool, device=dev)
@@ -197,8 +249,9 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, **_):
     else:
         lam, q = decomposition
         root = _root_from_eigh(xp, lam, q, p)
-    if decomposition is not None and narrow and eigh_dtype == xp.float32:
-        redo = ~float32_eigh_suffices(lam, p, tol)
+    if decomposition is not None and beyond is not None:
+        # The screened ones too, so a matrix's bits never depend on its neighbours.
+        redo = ~float32_eigh_suffices(lam, p, tol) | beyond
         if bool(xp.any(redo)):
             lam, root = _retry_in_float64(xp, a, lam, root, redo, p)
             eigh_unit = xp.where(redo, wide_unit, eigh_unit)
