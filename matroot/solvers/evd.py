@@ -20,7 +20,7 @@ eigh runs in float64 anyway (NumPy) never retry.
 from __future__ import annotations
 
 from .. import _xp
-from ..verify import accuracy_target
+from ..verify import BUCKET_SLACK, accuracy_target
 from ._result import RootCheck, SolverOutput
 from .registry import ANY_REAL_P, SolverSpec
 
@@ -165,9 +165,18 @@ def surely_beyond_float32(a, p, tol: float = 0.0):
     top = xp.max(xp.linalg.diagonal(a), axis=-1)
     kappa = top / xp.where(usable, quotient, xp.ones_like(quotient))
     u = _unit_roundoff(xp, xp.float32)
-    loosest = accuracy_target("evd", "float32", p, xp.full_like(kappa, float("inf")))
-    reachable = xp.maximum(loosest, xp.full_like(loosest, tol))
-    return ~usable | (_estimated_error(kappa, n, p, u, u) > reachable)
+    # κ may be anywhere above the bound: float32 must fail at the bound and at the
+    # start of every looser bucket of the table above it (the estimate grows with κ).
+    # (The table lives in matroot.testing, which imports the solver registry.)
+    from ..testing.tolerances import KAPPA_BUCKETS
+
+    missed_everywhere = xp.ones_like(usable)
+    for edge in (0.0, *KAPPA_BUCKETS):
+        at = xp.maximum(kappa, xp.full_like(kappa, edge * BUCKET_SLACK * (1 + 1e-6)))
+        target = accuracy_target("evd", "float32", p, at)
+        reachable = xp.maximum(target, xp.full_like(target, tol))
+        missed_everywhere = missed_everywhere & (_estimated_error(at, n, p, u, u) > reachable)
+    return ~usable | missed_everywhere
 
 
 def _root_from_eigh(xp, lam, q, p):
