@@ -27,8 +27,8 @@ from .registry import ANY_REAL_P, SolverSpec
 #: ``C`` and ``F`` of the error estimate (module docstring), measured.
 EIGH_ERROR_FACTOR = 12.0
 FORMATION_ERROR_FACTOR = 6.0
-#: Smallest n screened by :func:`surely_beyond_float32`: from there one LU solve
-#: costs under a tenth of an eigh (torch CPU).
+#: Smallest n screened by :func:`surely_beyond_float32`: from there its Cholesky
+#: solve costs about a tenth of an eigh (torch CPU).
 SCREEN_MIN_N = 64
 
 
@@ -136,9 +136,10 @@ def surely_beyond_float32(a, p, tol: float = 0.0):
     A lower bound on κ from one inverse-iteration step: ``λmax ≥ max aᵢᵢ`` and
     ``λmin ≤ xᵀy/yᵀy``, the Rayleigh quotient of ``y = A⁻¹x``. Where even the
     table's loosest target (or ``tol``) is out of reach at that κ, the float32
-    eigh would be wasted. It costs one LU solve per matrix, so stacks with
-    n < :data:`SCREEN_MIN_N` are not screened, nor a stack the solve rejects
-    (all False): a wrong answer here costs time, never accuracy.
+    eigh would be wasted; a matrix whose float32 Cholesky fails (torch) is
+    hopeless too. It costs one Cholesky (LU elsewhere) solve per matrix, so
+    stacks with n < :data:`SCREEN_MIN_N` are not screened, nor a stack the solve
+    rejects (all False): a wrong answer here costs time, never accuracy.
 
     Examples
     --------
@@ -157,7 +158,7 @@ def surely_beyond_float32(a, p, tol: float = 0.0):
     # A fixed start with weight on every eigenvector of a generic matrix.
     start = 1.0 + 0.5 * xp.cos(2.4 * xp.arange(n, dtype=a.dtype, device=dev))
     try:
-        y = xp.linalg.solve(a, xp.broadcast_to(start[:, None], (b, n, 1)))[..., 0]
+        y = _xp.spd_solve(a, xp.broadcast_to(start[:, None], (b, n, 1)))[..., 0]
     except Exception:  # LinAlgError differs per backend
         return never
     quotient = xp.sum(start * y, axis=-1) / xp.sum(y * y, axis=-1)
