@@ -223,13 +223,16 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     work_dtype = getattr(xp, work_name)
     stack = xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n))
     finite = _xp.finite_matrices(stack)
+    all_finite = bool(xp.all(finite))
     # The input itself is read again only to tell its NaN/Inf from an overflowing cast.
-    if check_finite and not bool(xp.all(finite)) and not bool(xp.all(xp.isfinite(a))):
+    if check_finite and not all_finite and not bool(xp.all(xp.isfinite(a))):
         raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
                          "roots for those matrices instead)")
     eye = _xp.identity_stack(xp, n, work_dtype, dev)
     # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
-    stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
+    stack = _xp.symmetric_part(stack)
+    if not all_finite:
+        stack = _xp.batched_where(finite, stack, eye)
     if eps > 0:
         stack = stack + eps * eye
 

@@ -270,7 +270,8 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, **_):
     finite = _xp.finite_matrices(root)
     check = check._replace(positive=check.positive & finite, error_estimate=xp.where(
         finite, check.error_estimate, xp.full_like(check.error_estimate, float("inf"))))
-    root = _xp.batched_where(check.positive, root, xp.full_like(root, float("nan")))
+    if not bool(xp.all(check.positive)):
+        root = _xp.batched_where(check.positive, root, xp.full_like(root, float("nan")))
     zeros = xp.zeros((b,), dtype=xp.int32, device=dev)
     return SolverOutput(root, check.residual, zeros, check.positive, zeros,
                         xp.max(lam, axis=-1), check)
