@@ -332,6 +332,23 @@ def cholesky_succeeds(a):
     return xp.all(xp.isfinite(factor), axis=(-2, -1))
 
 
+def spd_solve(a, rhs):
+    """``a⁻¹·rhs`` for a ``(b, n, n)`` symmetric positive definite stack, ``rhs`` (b, n, k).
+
+    torch solves by Cholesky (half an LU's work), reporting failures per matrix:
+    those come back NaN. Elsewhere ``linalg.solve``, which may raise for the
+    whole stack on a singular matrix.
+    """
+    xp = array_namespace(a)
+    if is_torch_namespace(xp):
+        import torch
+
+        factor, info = torch.linalg.cholesky_ex(a)
+        solved = torch.cholesky_solve(rhs, factor)
+        return torch.where((info == 0)[:, None, None], solved, float("nan"))
+    return xp.linalg.solve(a, rhs)
+
+
 def finite_matrices(a):
     """Per matrix of a stack: whether every entry is finite.
 

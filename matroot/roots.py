@@ -46,8 +46,9 @@ class InvRootResult(NamedTuple):
     residual : array, shape (...)
         The true residual of the returned root, ``‖X^p·(A + eps·I) − I‖_F/√n``
         (scale-free, computed from X in the compute dtype; see
-        :mod:`matroot.verify`). For a non-integer p (evd) the relative
-        negative-eigenvalue deficit of A + eps·I.
+        :mod:`matroot.verify`). For evd, which checks its root from its
+        eigenvalues and forms no products, the relative negative-eigenvalue
+        deficit of A + eps·I.
     iterations : array, shape (...)
         Steps taken per matrix (polynomial degree for chebyshev, 0 for evd).
     converged : array of bool, shape (...)
@@ -64,7 +65,8 @@ class InvRootResult(NamedTuple):
     error_estimate : array, shape (...)
         Estimated relative forward error ``‖X̃ − X‖_F/‖X‖_F`` of the returned
         root (derivation in :mod:`matroot.verify`; measured within 0.7–6× of
-        the float64-oracle error), plus the rounding of the cast back to the
+        the float64-oracle error; evd's from its eigenvalues,
+        :func:`matroot.solvers.evd.eigh_root_check`), plus the rounding of the cast back to the
         input dtype; ``inf`` for a root that is not positive definite.
     repaired : array of bool, shape (...)
         Matrices whose check failed and that ``fallback`` re-solved.
@@ -231,21 +233,25 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                          "reads them from the host: not possible under jax.jit or "
                          "torch.compile. Pass fallback=None and re-solve where "
                          "result.converged is False outside the compiled function")
-    # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
-    # come back NaN.
-    if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
-        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
-                         "roots for those matrices instead)")
     b = math.prod(batch)
     if b == 0 or n == 0:
         return _empty_result(xp, a, batch, method)
 
     work_dtype = getattr(xp, work_name)
-    stack = xp.reshape(xp.astype(a, work_dtype), (b, n, n))
-    finite = xp.all(xp.isfinite(stack), axis=(-2, -1))
+    stack = xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n))
+    finite = _xp.finite_matrices(stack)
+    # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
+    # come back NaN, and every matrix takes the select below.
+    all_finite = False if traced else bool(xp.all(finite))
+    # The input itself is read again only to tell its NaN/Inf from an overflowing cast.
+    if check_finite and not traced and not all_finite and not bool(xp.all(xp.isfinite(a))):
+        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
+                         "roots for those matrices instead)")
     eye = _xp.identity_stack(xp, n, work_dtype, dev)
     # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
-    stack = _xp.batched_where(finite, _xp.symmetric_part(stack), eye)
+    stack = _xp.symmetric_part(stack)
+    if not all_finite:
+        stack = _xp.batched_where(finite, stack, eye)
     if eps > 0:
         stack = stack + eps * eye
 
@@ -279,15 +285,18 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     nonzero = lam_max > 0
 
     unit = float(xp.finfo(work_dtype).eps) / 2
-    check = check_root(scaled, out.root, p, unit_roundoff=unit)
+    check = out.check if out.check is not None else check_root(
+        scaled, out.root, p, unit_roundoff=unit)
     precision = work_name if not spec.forms_matmuls or matmul_dtype is None else matmul_dtype
     target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
-    root = out.root * (scale ** (-1.0 / p))[:, None, None]
+    root = out.root
+    if spec.needs_scaling:
+        root = root * (scale ** (-1.0 / p))[:, None, None]
     root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
     returned = xp.astype(root, a.dtype)
     # Only roots finite in the compute dtype can be spoilt by the cast itself.
-    computed = usable & xp.all(xp.isfinite(root), axis=(-2, -1))
+    computed = usable & _xp.finite_matrices(root)
     cast_error, cast_ok = _cast_back_error(returned, root, computed)
     error_estimate = check.error_estimate + cast_error
     converged = (out.converged & usable & check.positive & cast_ok

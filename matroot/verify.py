@@ -42,12 +42,12 @@ Cost: the products of ``X^(p/2)`` (or ``X^p``), then ``·A``, ``·X^(p/2)`` and
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 from . import _xp
 import numpy as np
 
 from .scaling import LANCZOS_STEPS, lanczos_ritz_extremes_core
+from .solvers._result import RootCheck
 
 __all__ = ["LOW_PRECISION_ROWS", "RootCheck", "accuracy_target", "check_root"]
 
@@ -61,16 +61,6 @@ LOW_PRECISION_ROWS = {
 #: κ bucket edges are widened by this factor towards the stricter target: the
 #: Ritz values carry rounding of about n·u·λmax, a few percent at κ = 1e4 in float32.
 BUCKET_SLACK = 1.1
-
-
-class RootCheck(NamedTuple):
-    """Per-matrix results of :func:`check_root`, each of shape (b,)."""
-
-    residual: object
-    error_estimate: object
-    positive: object
-    kappa: object
-    matmul_equivalents: float
 
 
 def _products(root, scaled, p: int):
@@ -183,7 +173,7 @@ def accuracy_target(method: str, precision: str, p, kappa):
     >>> accuracy_target("minimax", "float32", 2, np.array([10.0, 1e3, 1e5, 1e9])).tolist()
     [0.0001, 0.001, 0.02, 0.02]
     """
-    from .solvers import get_solver
+    from .solvers.registry import get_solver
     from .testing.tolerances import (ACCURACY_TABLE, FLOAT32_INVERSE_TOLERANCE,
                                      KAPPA_BUCKETS)
 

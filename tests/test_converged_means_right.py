@@ -199,17 +199,29 @@ def test_bfloat16_newton_db_stops_at_its_floor_and_converges_when_right():
 
 # --- 4: overflow after the cast back -----------------------------------------------------
 
-@pytest.mark.parametrize("a,p,method,eps", [
+OVERFLOWS = [
     (np.diag([1.0, 0.5, 0.0, 0.0]).astype(np.float16), 2, "newton_db", 1e-10),
     (np.diag([1.0, 1e-40]).astype(np.float32), 1, "evd", 0.0),
     (np.diag([1.0, 0.1]).astype(np.float32), 0.02, "evd", 0.0),
-], ids=["float16-ridge", "float32-subnormal", "evd-small-p"])
+]
+OVERFLOW_IDS = ["float16-ridge", "float32-subnormal", "evd-small-p"]
+
+
+@pytest.mark.parametrize("a,p,method,eps", OVERFLOWS, ids=OVERFLOW_IDS)
 def test_overflow_after_cast_back_is_reported(a, p, method, eps):
+    wide = {"compute_dtype": "float64"} if a.dtype == np.float32 else {}
     with pytest.warns(matroot.ConvergenceWarning, match="cast back"), \
             np.errstate(over="ignore"):
-        res = matroot.inv_root_info(a, p, method=method, eps=eps)
+        res = matroot.inv_root_info(a, p, method=method, eps=eps, **wide)
     assert not bool(res.converged)
     assert not np.isfinite(res.error_estimate) or float(res.error_estimate) > 1e-3
+
+
+@pytest.mark.parametrize("a,p,method,eps", OVERFLOWS[1:], ids=OVERFLOW_IDS[1:])
+def test_overflow_in_the_compute_dtype_is_not_converged(a, p, method, eps):
+    with np.errstate(over="ignore", invalid="ignore"):
+        res = matroot.inv_root_info(a, p, method=method, eps=eps)
+    assert not bool(res.converged) and not np.isfinite(res.error_estimate)
 
 
 # --- 5: no foreign warnings --------------------------------------------------------------

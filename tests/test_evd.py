@@ -1,4 +1,5 @@
-"""evd costs one eigh: no scaling pass, float32 where it meets the table, float64 retry."""
+"""evd costs one eigh: no scaling pass, float32 where it meets the table, float64 retry,
+and a check of the root from its eigenvalues."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import matroot
 
 from conftest import to_numpy
-from matroot.testing import oracle_inv_root, relative_error, spd_stack
+from matroot.testing import (ADVERSARIAL_FAMILIES, accuracy_tolerance, oracle_inv_root,
+                             relative_error, spd_stack)
+from matroot.testing.spectra import family_stack
 
 # The module, not the function that matroot.solvers re-exports under the same name.
 evd_module = importlib.import_module("matroot.solvers.evd")
@@ -42,7 +45,8 @@ def test_float32_check_flags_ill_conditioned_matrices(backend):
         True, False, False, False]
 
 
-def test_retry_only_what_float32_cannot_do(backend, monkeypatch):
+@pytest.mark.parametrize("n", [24, 64], ids=["unscreened", "screened"])
+def test_retry_only_what_float32_cannot_do(backend, monkeypatch, n):
     """The ill-conditioned matrix meets the κ = 1e5 table entry (via the float64 retry
     where eigh is genuinely float32); the other is bitwise what it is alone."""
     calls = []
@@ -53,7 +57,7 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch):
         return real(xp, a, lam, root, redo, p)
 
     monkeypatch.setattr(evd_module, "_retry_in_float64", spy)
-    a = _mixed_stack()
+    a = _mixed_stack(n)
     x = backend.asarray(a)
     together = to_numpy(matroot.inv_root(x, 4, method="evd", compute_dtype="float32"))
     alone = to_numpy(matroot.inv_root(x[:1, ...], 4, method="evd", compute_dtype="float32"))
@@ -65,21 +69,65 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("p", [1, 2, 4])
-def test_float32_results_meet_the_table_where_accepted(p):
-    """Where the check keeps a float32 eigh, its root meets the table (torch: MKL ssyevd)."""
-    torch = pytest.importorskip("torch")
+@pytest.mark.parametrize("name", ["numpy", "torch"])
+def test_float32_default_meets_the_table_on_adversarial_spectra(name, p):
+    """float32 input, default compute dtype, κ up to 1e6: every matrix converges, meets
+    the table against the float64 oracle, and its error estimate bounds its error (the
+    float32 eigh where the estimate allows it, float64 for the others)."""
+    xp_module = pytest.importorskip(name)
     rng = np.random.default_rng(p)
-    checked = 0
-    for n in (4, 32, 128):
-        for kappa in (10.0, 60.0, 300.0, 3e3):
-            a = spd_stack(rng, (4,), n, kappa)[0].astype(np.float32)
-            lam = torch.linalg.eigvalsh(torch.asarray(a))
-            if not bool(evd_module.float32_eigh_suffices(lam, p).all()):
-                continue
-            root = matroot.inv_root(torch.asarray(a), p, method="evd", compute_dtype="float32")
-            err = relative_error(root.numpy(),
-                                 oracle_inv_root(a, p)).max()
-            table = 1e-5 if kappa <= 1e2 else 1e-4
-            assert err <= table, (n, kappa, err)
-            checked += 1
-    assert checked >= 3
+    for n in (6, 40):
+        for family in ("geometric", *ADVERSARIAL_FAMILIES):
+            for kappa in (10.0, 300.0, 1e4, 1e6):
+                a = family_stack(family, rng, (3,), n, kappa).astype(np.float32)
+                res = matroot.inv_root_info(xp_module.asarray(a), p, method="evd")
+                err = relative_error(to_numpy(res.root), oracle_inv_root(a, p))
+                case = (n, family, kappa, err)
+                assert np.all(to_numpy(res.converged)), case
+                assert np.all(err <= accuracy_tolerance("float32", kappa, p,
+                                                        method="evd")), case
+                assert np.all(err <= to_numpy(res.error_estimate)), case
+
+
+def test_float32_eigh_kept_where_the_estimate_allows():
+    """torch/MKL's genuinely float32 eigh is kept for well-conditioned matrices (no retry),
+    and the check sends κ = 1e4 at p = 2 to float64."""
+    torch = pytest.importorskip("torch")
+    lam = torch.linalg.eigvalsh(torch.asarray(spd_stack(np.random.default_rng(0), (2,), 64,
+                                                        5.0)[0].astype(np.float32)))
+    assert bool(evd_module.float32_eigh_suffices(lam, 2).all())
+    wide = torch.asarray([[1e-4, 1.0]], dtype=torch.float32)
+    assert not bool(evd_module.float32_eigh_suffices(wide, 2).any())
+
+
+def test_a_looser_tol_keeps_float32_and_is_what_converged_promises(monkeypatch):
+    """At κ = 1e4 the table (1e-4) needs float64; tol = 1e-2 does not: no retry, and
+    every root converges within tol of the oracle (its estimate bounding the error)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(evd_module, "_retry_in_float64", None)  # a retry would fail
+    a = spd_stack(np.random.default_rng(4), (3,), 48, 1e4)[0].astype(np.float32)
+    res = matroot.inv_root_info(torch.asarray(a), 2, method="evd", tol=1e-2)
+    err = relative_error(res.root.numpy(), oracle_inv_root(a, 2))
+    assert res.converged.all() and np.all(err <= res.error_estimate.numpy())
+    assert np.all(err <= 1e-2) and np.all(err > 1e-5)  # float32 accuracy, not float64's
+
+
+def test_no_float32_eigh_where_every_matrix_surely_needs_float64(monkeypatch):
+    """κ = 1e6 everywhere (n = 64, screened): one float64 eigh, no wasted float32 one,
+    and the same bits as the float32-then-retry path of a stack that is not screened."""
+    torch = pytest.importorskip("torch")
+    dtypes = []
+    real = evd_module._eigh_or_none
+
+    def spy(xp, a):
+        dtypes.append(a.dtype)
+        return real(xp, a)
+
+    monkeypatch.setattr(evd_module, "_eigh_or_none", spy)
+    a = spd_stack(np.random.default_rng(7), (3,), 64, 1e6)[0].astype(np.float32)
+    res = matroot.inv_root_info(torch.asarray(a), 4, method="evd")
+    assert dtypes == [torch.float64] and res.converged.all()
+    monkeypatch.setattr(evd_module, "SCREEN_MIN_N", 65)
+    unscreened = matroot.inv_root(torch.asarray(a), 4, method="evd")
+    assert dtypes[1:] == [torch.float32, torch.float64]
+    assert torch.equal(res.root, unscreened)

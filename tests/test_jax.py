@@ -130,17 +130,25 @@ def test_lower_bound_estimated_on_the_device_under_jit(method):
     assert np.all(err[converged] <= target(method, "float32", 1e3, 2)), err
 
 
-def test_evd_without_x64_warns_and_computes_float32():
+def test_evd_without_x64_stays_float32_and_says_where_it_falls_short():
+    """JAX without x64 has no float64 to retry in: evd keeps float32, and a matrix
+    whose float32 root misses the table is converged=False, not silently wrong."""
     with jax.enable_x64(False):
-        x = jnp.asarray(np.diag([16.0, 81.0]), dtype=jnp.float32)
-        with pytest.warns(UserWarning, match="evd computes in float32"):
-            root = matroot.inv_root(x, 4, method="evd")
-        assert root.dtype == jnp.float32
+        good = jnp.asarray(np.diag([16.0, 81.0]), dtype=jnp.float32)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            matroot.inv_root(x, 4, method="evd", compute_dtype="float32")
+            root = matroot.inv_root(good, 4, method="evd")
+        assert root.dtype == jnp.float32
+        np.testing.assert_allclose(np.diag(np.asarray(root)), [0.5, 1 / 3], rtol=1e-6)
+        a, _ = _problem(1e7, 32, with_eps=False, seed=4)
+        res = matroot.inv_root_info(jnp.asarray(a, dtype=jnp.float32), 4, method="evd")
+        with jax.enable_x64(True):
+            err = relative_error(np.asarray(res.root, dtype=np.float64),
+                                 oracle_inv_root(a.astype(np.float32), 4, 0.0))
+        converged = np.asarray(res.converged)
+        assert np.all(err[converged] <= target("evd", "float32", 1e6, 4)), (err, converged)
         with pytest.raises(ValueError, match="jax_enable_x64"):
-            matroot.inv_root(x, 4, method="evd", compute_dtype="float64")
+            matroot.inv_root(good, 4, method="evd", compute_dtype="float64")
 
 
 @pytest.mark.parametrize("method", ["coupled_newton", "minimax"])

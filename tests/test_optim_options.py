@@ -306,9 +306,12 @@ def test_packed_factors_and_roots_hold_the_same_values_in_about_half_the_bytes()
     for spec, *stacks in zip(packed_state.plan.stacks, packed_state.factors,
                              full_state.factors, packed_state.roots, full_state.roots):
         rows, cols = torch.triu_indices(spec.size, spec.size)
-        for packed, full in (stacks[:2], stacks[2:]):
+        # Roots: float32 evd where it meets the table (1e-4 at these κ), from factors that
+        # differ by rounding (packing makes them exactly symmetric).
+        root_atol = 1e-4 * float(stacks[3].abs().amax())
+        for (packed, full), atol in zip((stacks[:2], stacks[2:]), (1e-5, root_atol)):
             assert packed.shape == (spec.count, spec.size * (spec.size + 1) // 2)
-            torch.testing.assert_close(packed, full[:, rows, cols], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(packed, full[:, rows, cols], rtol=1e-4, atol=atol)
     for kind in ("factors", "roots"):
         ratio = core.state_bytes(packed_state)[kind] / core.state_bytes(full_state)[kind]
         assert ratio < 0.6

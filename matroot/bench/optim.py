@@ -10,6 +10,12 @@ same gradients; they differ only in the block plan:
 - ``per_block``: every block and every factor on its own, one ``inv_root`` call
   per factor (the structure of Distributed Shampoo).
 
+When Meta's ``distributed_shampoo`` is importable (it is not on PyPI: a source
+checkout on ``PYTHONPATH``) and the backend is torch, the same model also runs
+through two ``torch.optim`` optimizers side by side, ``matroot.optim.Shampoo`` and
+``DistributedShampoo`` (its default eigh root, float64 retry), with the same
+block size, ridge, Adam grafting and roots every step (:func:`against_distributed_shampoo`).
+
 Roots are refreshed every step, so a step's time is the worst case; the split
 reports factor updates, inverse roots and the rest (moments, preconditioning,
 grafting, updates). Steps of the two contenders alternate, so a burst of
@@ -23,6 +29,7 @@ Run::
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import platform
 import statistics
@@ -35,7 +42,8 @@ from matroot.optim import ShampooConfig, apply_updates, init, state_bytes, updat
 
 from .threads import describe_threads
 
-__all__ = ["model_shapes", "run", "format_table", "DEFAULTS"]
+__all__ = ["model_shapes", "run", "format_table", "against_distributed_shampoo",
+           "DEFAULTS"]
 
 #: Defaults per preset, stated once for the command line and its help.
 DEFAULTS = {"quick": dict(block_size=128, steps=3), "full": dict(block_size=256, steps=5)}
@@ -134,6 +142,11 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
             state_bytes=memory["total"], state_bytes_per_parameter=memory["per_parameter"],
             state_bytes_split={k: memory[k] for k in ("moments", "factors", "roots", "counters")})
     plan = contenders["stacked"]["state"].plan
+    versus = None
+    if target.backend == "torch":
+        versus = against_distributed_shampoo(params0, grad_sets, method=method,
+                                             block_size=block_size, steps=steps,
+                                             warmup=warmup, device=target.device)
     return dict(
         backend=target.name, device=target.device, method=method,
         block_size=block_size, quick=quick, warmup=warmup, steps=steps,
@@ -144,7 +157,53 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
         speedup_stacked_over_per_block=out["per_block"]["step_ms"] / out["stacked"]["step_ms"],
         inverse_root_speedup=(out["per_block"]["split_ms"]["inverse_roots"]
                               / max(out["stacked"]["split_ms"]["inverse_roots"], 1e-9)),
+        distributed_shampoo=versus,
     )
+
+
+def against_distributed_shampoo(params0, grad_sets, *, method: str, block_size: int,
+                                steps: int, warmup: int, device: str = "cpu"):
+    """Median ``step()`` times of ``matroot.optim.Shampoo`` and Meta's ``DistributedShampoo``.
+
+    Both get the same initial parameters and gradients (assigned to ``.grad``),
+    alternating step by step; roots are refreshed every step, ridge 1e-6, Adam
+    grafting (β₂ = 0.999). None when ``distributed_shampoo`` is not importable.
+    """
+    if importlib.util.find_spec("distributed_shampoo") is None:
+        return None
+    import distributed_shampoo as ds
+    import torch
+
+    from matroot.optim import Shampoo
+
+    makers = {
+        "matroot": lambda ps: Shampoo(ps, lr=1e-3, block_size=block_size, distributed=None,
+                                      precondition_frequency=1, start_preconditioning_step=1,
+                                      root_method=method, matrix_eps=1e-6),
+        "distributed_shampoo": lambda ps: ds.DistributedShampoo(
+            ps, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-6, max_preconditioner_dim=block_size,
+            precondition_frequency=1,
+            grafting_config=ds.AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8)),
+    }
+    runs: dict[str, tuple] = {}
+    for name, make in makers.items():
+        params = [torch.nn.Parameter(torch.asarray(p.copy(), device=device)) for p in params0]
+        runs[name] = (params, make(params), [])
+    for k in range(warmup + steps):
+        for name in (list(runs) if k % 2 == 0 else list(reversed(runs))):
+            params, optimizer, times = runs[name]
+            for param, grad in zip(params, grad_sets[k % len(grad_sets)]):
+                param.grad = grad.clone()
+            start = time.perf_counter()
+            optimizer.step()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            if k >= warmup:
+                times.append(time.perf_counter() - start)
+    step_ms = {name: 1e3 * statistics.median(times) for name, (_, _, times) in runs.items()}
+    return dict(step_ms=step_ms, root_method=method,
+                matroot_over_distributed_shampoo=step_ms["matroot"]
+                / step_ms["distributed_shampoo"])
 
 
 def format_table(report: dict) -> str:
@@ -168,4 +227,10 @@ def format_table(report: dict) -> str:
     lines += ["", f"stacked / per-block speedup, whole step: "
               f"{report['speedup_stacked_over_per_block']:.2f}x; inverse roots alone: "
               f"{report['inverse_root_speedup']:.2f}x"]
+    versus = report.get("distributed_shampoo")
+    if versus is not None:
+        ms = versus["step_ms"]
+        lines += ["", f"torch optimizers, roots every step: matroot.optim.Shampoo "
+                  f"{ms['matroot']:.1f} ms, Distributed Shampoo {ms['distributed_shampoo']:.1f} "
+                  f"ms per step: {versus['matroot_over_distributed_shampoo']:.2f}x"]
     return "\n".join(lines)

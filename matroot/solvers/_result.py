@@ -7,6 +7,17 @@ from typing import NamedTuple
 from .._typing import Array
 
 
+class RootCheck(NamedTuple):
+    """Per-matrix results of checking roots (:func:`matroot.verify.check_root`, or a
+    solver's own check), each of shape (b,) but ``matmul_equivalents``, their cost."""
+
+    residual: Array
+    error_estimate: Array
+    positive: Array
+    kappa: Array
+    matmul_equivalents: float
+
+
 class SolverOutput(NamedTuple):
     """What every solver returns for a ``(b, n, n)`` stack.
 
@@ -14,7 +25,9 @@ class SolverOutput(NamedTuple):
     the other fields are per-matrix arrays of shape ``(b,)``. ``matmuls`` counts
     the n×n products each matrix needed (work skipped after it froze excluded).
     ``lambda_max`` is the largest eigenvalue of the given stack where the solver
-    computed it (evd), else None.
+    computed it (evd), else None. ``check`` is the solver's own check of its
+    root where it can bound its error without products (evd, from its
+    eigenvalues), else None: :func:`matroot.verify.check_root` then checks it.
     """
 
     root: Array
@@ -23,3 +36,4 @@ class SolverOutput(NamedTuple):
     converged: Array
     matmuls: Array
     lambda_max: Array | None = None
+    check: RootCheck | None = None
