@@ -31,7 +31,8 @@ FULL = {"batch": 16, "size": 128, "repeats": 3}
 
 
 def configure(parser) -> None:
-    add_target_options(parser)
+    add_target_options(parser, "every installed backend but jax, whose eager first "
+                               "calls time its compiler; --backend jax runs it")
     add_thread_option(parser)
     parser.add_argument("--method", action="append", metavar="NAME",
                         help="a method to run (repeatable; default: every registered one)")
@@ -85,6 +86,10 @@ def _checked(args) -> dict:
 def run(args) -> int:
     options = _checked(args)
     targets = targets_from(args)
+    if not args.backend:
+        # Eager JAX compiles every operation on its first use: the demo's one
+        # warm-up call would time the compiler, not the method (see docs/jax.rst).
+        targets = [t for t in targets if t.backend != "jax"] or targets
     from matroot.bench.demo import format_table, run_demo, write_json, write_plot
     from matroot.bench.progress import Progress
     from matroot.bench.threads import thread_policy
