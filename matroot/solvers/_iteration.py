@@ -125,10 +125,13 @@ def _iterate_traced(xp, state, step, *, tol, max_iter, check_every, stall_level)
 
 def _iterate_compacting(xp, state, step, residual_of, *, tol, max_iter, check_every,
                         stall_level):
-    """Eager: at check points the finished matrices leave the stack."""
+    """Eager: at check points the finished matrices leave the stack (not on JAX)."""
     b, dev = state[0].shape[0], _xp.device_of(state[0])
     residual, iterations, active, stalled = _fresh_records(xp, b, state[0].dtype, dev)
     finished = _SetAside(xp, b, dev)
+    # Eager JAX compiles each operation once per shape: a shrinking stack would
+    # compile every step anew, so there the stack keeps its shape.
+    compact = not _xp.is_jax_namespace(xp)
     for k in range(max_iter):
         res, new_state = step(state, k)
         residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
@@ -141,6 +144,12 @@ def _iterate_compacting(xp, state, step, residual_of, *, tol, max_iter, check_ev
         keep = _xp.to_numpy(still)
         if keep.all():
             state, active = new_state, still
+            continue
+        if not compact:
+            state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
+            active = still
+            if not keep.any():
+                break
             continue
         # The matrices that stopped now keep their incoming state; the others go on.
         finished.add(~keep, state, residual, iterations, stalled)
