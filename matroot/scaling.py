@@ -381,7 +381,8 @@ def lanczos_ritz_extremes(a: Array, /, *,
     -------
     (ndarray, ndarray)
         Host float64 arrays of shape ``a.shape[:-2]``: ``θmin ≥ λmin`` and
-        ``θmax ≤ λmax`` (up to rounding).
+        ``θmax ≤ λmax`` (up to rounding). Under jax.jit / torch.compile, where
+        nothing can be read back, device arrays in ``a``'s dtype instead.
 
     Examples
     --------
