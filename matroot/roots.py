@@ -21,7 +21,8 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import certified_lambda_max, lambda_max_bound_core, lambda_min_estimate_core
+from .scaling import (certified_lambda_max, lambda_max_bound_core, lambda_min_estimate_core,
+                      ritz_values)
 from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
@@ -274,9 +275,10 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
+    ritz = None
     if spec.needs_lower_bound:
-        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale, has_ridge=eps > 0,
-                                              from_spectrum=spec.lower_from_spectrum)
+        solver_kwargs["lower"], ritz = _lower_bound(scaled, eps / scale, has_ridge=eps > 0,
+                                                    from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
     if lam_max is None:
         lam_max = out.lambda_max
@@ -286,7 +288,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     unit = float(xp.finfo(work_dtype).eps) / 2
     check = out.check if out.check is not None else check_root(
-        scaled, out.root, p, unit_roundoff=unit)
+        scaled, out.root, p, unit_roundoff=unit, ritz=ritz)
     precision = work_name if not spec.forms_matmuls or matmul_dtype is None else matmul_dtype
     target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
@@ -497,12 +499,17 @@ def _lower_bound(scaled, eps_scaled, *, has_ridge: bool, from_spectrum: bool):
     (chebyshev's degree grows with the interval, and a ridge far below the
     spectrum would push it to its cap; a bound that is too high is caught by the
     a-posteriori check). Under jax.jit / torch.compile the estimate is formed on
-    the device, with no host read."""
+    the device, with no host read.
+
+    Returns ``(bound, ritz)``: ``ritz`` is the Lanczos run's
+    :class:`~matroot.scaling.RitzValues` (the check reads its κ from them), or
+    None where the ridge alone was used."""
     if has_ridge and not from_spectrum:
-        return eps_scaled
+        return eps_scaled, None
     xp = _xp.array_namespace(scaled)
-    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
-    return xp.maximum(estimate, eps_scaled)
+    ritz = ritz_values(scaled)
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled), ritz=ritz)
+    return xp.maximum(estimate, eps_scaled), ritz
 
 
 def _empty_result(xp, a, batch, method):

@@ -46,7 +46,7 @@ import math
 from . import _xp
 import numpy as np
 
-from .scaling import LANCZOS_STEPS, lanczos_ritz_extremes_core
+from .scaling import LANCZOS_STEPS, RitzValues, ritz_values
 from .solvers._result import RootCheck
 
 __all__ = ["LOW_PRECISION_ROWS", "RootCheck", "accuracy_target", "check_root"]
@@ -78,7 +78,8 @@ def _products(root, scaled, p: int):
     return residual @ root, residual, power_matmuls(p // 2) + 3
 
 
-def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
+def check_root(scaled, root, p, *, unit_roundoff: float,
+               ritz: RitzValues | None = None) -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
 
     Parameters
@@ -93,6 +94,9 @@ def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
         first-order effect of a relative error ``u·κ`` in the smallest eigenvalue.
     unit_roundoff : float
         ``u`` of the compute dtype.
+    ritz : RitzValues, optional
+        :func:`matroot.scaling.ritz_values` of ``scaled``, when the caller ran
+        them already (for the minimax schedule's λmin): κ then costs nothing.
 
     Returns
     -------
@@ -115,7 +119,9 @@ def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
     finite = xp.all(xp.isfinite(root), axis=(-2, -1))
     eye = _xp.identity_stack(xp, n, root.dtype, _xp.device_of(root))
     safe = _xp.batched_where(finite, _xp.symmetric_part(root), eye)
-    low, high = lanczos_ritz_extremes_core(scaled)
+    if ritz is None:
+        ritz = ritz_values(scaled)
+    low, high = ritz.low, ritz.high
     if _xp.is_traced(scaled):  # the Ritz values stayed on the device
         kappa = xp.where(low > 0, high / xp.where(low > 0, low, xp.ones_like(low)),
                          xp.full_like(low, float("inf")))
