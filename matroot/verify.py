@@ -116,7 +116,7 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     """
     xp = _xp.array_namespace(root)
     n = root.shape[-1]
-    finite = xp.all(xp.isfinite(root), axis=(-2, -1))
+    finite = _xp.finite_matrices(root)
     eye = _xp.identity_stack(xp, n, root.dtype, _xp.device_of(root))
     safe = _xp.batched_where(finite, _xp.symmetric_part(root), eye)
     if ritz is None:
