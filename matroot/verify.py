@@ -70,11 +70,13 @@ def _products(root, scaled, p: int):
     xp = _xp.array_namespace(root)
     eye = _xp.identity_stack(xp, root.shape[-1], root.dtype, _xp.device_of(root))
     plain = _xp.Matmul(xp)
+    # The products are fresh: I is subtracted from them in place (on torch).
     if p % 2:
-        residual = matrix_power(root, p, plain) @ scaled - eye
+        residual = _xp.scaled_plus_identity(matrix_power(root, p, plain) @ scaled, 1.0, -1.0,
+                                            eye, overwrite=True)
         return residual @ root, residual, power_matmuls(p) + 2
     half = matrix_power(root, p // 2, plain)
-    residual = half @ scaled @ half - eye
+    residual = _xp.scaled_plus_identity(half @ scaled @ half, 1.0, -1.0, eye, overwrite=True)
     return residual @ root, residual, power_matmuls(p // 2) + 3
 
 
@@ -118,7 +120,9 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     n = root.shape[-1]
     finite = _xp.finite_matrices(root)
     eye = _xp.identity_stack(xp, n, root.dtype, _xp.device_of(root))
-    safe = _xp.batched_where(finite, _xp.symmetric_part(root), eye)
+    safe = _xp.symmetric_part(root)
+    if _xp.is_traced(root) or not bool(xp.all(finite)):
+        safe = _xp.batched_where(finite, safe, eye)
     if ritz is None:
         ritz = ritz_values(scaled)
     low, high = ritz.low, ritz.high
