@@ -185,20 +185,28 @@ def shifted_product(c, alpha: float, a, b, eye):
     return c * eye + alpha * (a @ b)
 
 
-def scaled_plus_identity(a, c, d, eye, *, overwrite: bool = False):
-    """Return ``c * a + d * I`` for a ``(b, n, n)`` stack; ``c`` and ``d`` floats or
-    per-matrix ``(b, 1, 1)`` arrays.
+def scaled_plus_identity(a, c, shifts: tuple, eye, *, overwrite: bool = False):
+    """Return ``c * a + (d₁ + d₂ + …) * I`` for a ``(b, n, n)`` stack.
 
-    With ``overwrite`` torch writes the result into ``a`` (which the caller must
-    own: a temporary it no longer reads): one pass and no new stack, which on a
-    CPU saves the page faults of a fresh allocation as well as a pass.
+    ``c`` and each shift ``dᵢ`` of ``shifts`` are floats or per-matrix
+    ``(b, 1, 1)`` arrays. The shifts are added one after the other, each rounded
+    to the stack's dtype, so a matrix's result does not depend on whether its
+    coefficients came as floats (shared by the stack) or as array entries. With
+    ``overwrite`` torch writes the result into ``a`` (which the caller must own:
+    a temporary it no longer reads): one pass and no new stack, which on a CPU
+    also saves the page faults of a fresh allocation.
     """
     xp = array_namespace(a)
     if overwrite and is_torch_namespace(xp):
         if not (isinstance(c, (int, float)) and c == 1):
             a.mul_(c)
-        return _add_to_diagonal(a, float(d) if isinstance(d, (int, float)) else d)
-    return c * a + d * eye
+        for d in shifts:
+            _add_to_diagonal(a, float(d) if isinstance(d, (int, float)) else d)
+        return a
+    out = a if isinstance(c, (int, float)) and c == 1 else c * a
+    for d in shifts:
+        out = out + d * eye
+    return out
 
 
 def host_constant(fn):

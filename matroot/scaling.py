@@ -186,7 +186,8 @@ def verified_upper(a: Array, bound: Array) -> Array:
     margin = 2 * (n + 2) * u * xp.maximum(diag_max, xp.zeros_like(diag_max))
     eye = _xp.identity_stack(xp, n, a.dtype, _xp.device_of(a))
     shift = (bound - margin)[..., None, None]
-    return _xp.cholesky_succeeds(_xp.scaled_plus_identity(-a, 1.0, shift, eye, overwrite=True))
+    return _xp.cholesky_succeeds(_xp.scaled_plus_identity(-a, 1.0, (shift,), eye,
+                                                               overwrite=True))
 
 
 def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY,

@@ -72,11 +72,12 @@ def _products(root, scaled, p: int):
     plain = _xp.Matmul(xp)
     # The products are fresh: I is subtracted from them in place (on torch).
     if p % 2:
-        residual = _xp.scaled_plus_identity(matrix_power(root, p, plain) @ scaled, 1.0, -1.0,
-                                            eye, overwrite=True)
+        residual = _xp.scaled_plus_identity(matrix_power(root, p, plain) @ scaled, 1.0,
+                                            (-1.0,), eye, overwrite=True)
         return residual @ root, residual, power_matmuls(p) + 2
     half = matrix_power(root, p // 2, plain)
-    residual = _xp.scaled_plus_identity(half @ scaled @ half, 1.0, -1.0, eye, overwrite=True)
+    residual = _xp.scaled_plus_identity(half @ scaled @ half, 1.0, (-1.0,), eye,
+                                        overwrite=True)
     return residual @ root, residual, power_matmuls(p // 2) + 3
 
 

@@ -173,7 +173,9 @@ def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye,
         shared = isinstance(coeff, tuple)
         c0, c1, c2 = coeff if shared else (coeff[:, j][:, None, None] for j in range(3))
         if x_shifted is not None:
-            base = _xp.scaled_plus_identity(x_minus_eye, c2, c1 + c2, eye, overwrite=True)
+            # c(X − I) + cI + bI: each coefficient rounded alone, whether shared or
+            # per matrix (no matrix's bits depend on its neighbours' schedules).
+            base = _xp.scaled_plus_identity(x_minus_eye, c2, (c2, c1), eye, overwrite=True)
             q = x_shifted(c0, 1.0, base, x)
         else:
             q = c0 * eye + c1 * x + c2 * x_product(x, x)
