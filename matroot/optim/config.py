@@ -246,6 +246,23 @@ class ShampooConfig:
                             max_preconditioned_dim=self.max_preconditioned_dim,
                             skip_dims=self.skip_dims)
 
+    def schedule_at(self, step) -> tuple:
+        """``(refresh, started)`` at (1-based) ``step``: whether the inverse roots are
+        recomputed, and whether Shampoo directions have started (Python bools for an
+        int, boolean arrays for a 0-d integer array).
+
+        Examples
+        --------
+        >>> ShampooConfig(precondition_frequency=5).schedule_at(5)
+        (True, True)
+        >>> ShampooConfig(precondition_frequency=5).schedule_at(7)
+        (False, True)
+        """
+        started = step >= self.first_preconditioned_step
+        if isinstance(step, numbers.Integral):
+            started = bool(started)
+        return self.refreshes_roots_at(step), started
+
     def refreshes_roots_at(self, step):
         """Whether the inverse roots are recomputed at (1-based) ``step`` (an int, or
         a 0-d integer array giving a boolean array)."""
