@@ -142,8 +142,10 @@ class ShampooConfig:
         Solve all equal-size factors in one call (True) or one call per factor
         (False, Distributed Shampoo's structure, for comparisons).
     nonfinite_grads : {"raise", "skip"}
-        On a NaN/Inf gradient raise :class:`NonFiniteGradientError`, or skip the
-        step (state untouched except ``skipped_steps``, zero updates).
+        On a NaN/Inf gradient raise :class:`NonFiniteGradientError` (a host read
+        per step), or skip the step (state untouched except ``skipped_steps``, zero
+        updates). The torch optimizer skips on the device, without a host read;
+        such a step still counts in its root schedule.
 
     Examples
     --------

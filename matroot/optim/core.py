@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .. import _xp
 from .blocking import ELEMENTWISE, BlockPlan, plan_blocks, subgroup
@@ -107,15 +107,15 @@ class ShampooState(NamedTuple):
         Per parameter, the momentum of the final update (None without momentum).
     """
 
-    step: int
+    step: Any
     param_steps: tuple
     exp_avg: list
     exp_avg_sq: list
     factors: list
     roots: list
     root_failures: list
-    root_refreshes: int
-    skipped_steps: int
+    root_refreshes: Any
+    skipped_steps: Any
     plan: BlockPlan
     momentum_buffer: list | None = None
 

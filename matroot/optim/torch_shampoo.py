@@ -49,15 +49,17 @@ __all__ = ["Shampoo"]
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig))
 _DEFAULTS = core.ShampooConfig()
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
-_COUNTERS = ("step", "root_refreshes", "skipped_steps")
 #: dtype of the per-parameter ``step`` tensors (bias corrections in float64).
 STEP_DTYPE = torch.float64
 
 
 def _device_counters(state: core.ShampooState, device) -> core.ShampooState:
     """The family counters of ``state`` as int64 tensors on ``device``."""
-    return state._replace(**{name: torch.as_tensor(int(getattr(state, name)), dtype=torch.int64,
-                                                   device=device) for name in _COUNTERS})
+    def counter(value):
+        return torch.as_tensor(int(value), dtype=torch.int64, device=device)
+
+    return state._replace(step=counter(state.step), root_refreshes=counter(state.root_refreshes),
+                          skipped_steps=counter(state.skipped_steps))
 
 
 def _step_tensor(value, device) -> torch.Tensor:
