@@ -44,6 +44,7 @@ __all__ = [
     "identity_stack",
     "add_scaled_identity",
     "shifted_product",
+    "scaled_plus_identity",
     "to_numpy",
     "from_numpy",
     "dtype_from_name",
@@ -162,21 +163,52 @@ def add_scaled_identity(a, c):
     return a + c[..., None, None] * eye
 
 
+def _add_to_diagonal(a, c):
+    """torch: ``a += c·I`` in place, ``c`` a float or a per-matrix (b, 1, 1) tensor."""
+    a.diagonal(dim1=-2, dim2=-1).add_(c if isinstance(c, float) else c[..., 0])
+    return a
+
+
 def shifted_product(c, alpha: float, a, b, eye):
     """Return ``c * I + alpha * (a @ b)`` for ``(b, n, n)`` stacks.
 
     ``c`` is a float or a per-matrix ``(b, 1, 1)`` array (the same arithmetic per
     matrix either way, so a matrix's result does not depend on whether its
-    neighbours share its ``c``). torch fuses this into one ``baddbmm`` call; other
-    backends use the generic expression. Both paths are compared in the tests.
+    neighbours share its ``c``). torch adds ``c`` to the product's diagonal in
+    place (no pass over a ``c·I`` stack, no temporary); other backends use the
+    generic expression. Both paths are compared in the tests.
     """
     xp = array_namespace(a)
     if is_torch_namespace(xp) and a.ndim == 3 and a.dtype == b.dtype:
-        import torch
-
-        base = (c * eye).expand(a.shape[0], -1, -1)
-        return torch.baddbmm(base, a, b, beta=1.0, alpha=alpha)
+        out = a @ b
+        if alpha != 1.0:
+            out.mul_(alpha)
+        return _add_to_diagonal(out, float(c) if isinstance(c, (int, float)) else c)
     return c * eye + alpha * (a @ b)
+
+
+def scaled_plus_identity(a, c, shifts: tuple, eye, *, overwrite: bool = False):
+    """Return ``c * a + (d₁ + d₂ + …) * I`` for a ``(b, n, n)`` stack.
+
+    ``c`` and each shift ``dᵢ`` of ``shifts`` are floats or per-matrix
+    ``(b, 1, 1)`` arrays. The shifts are added one after the other, each rounded
+    to the stack's dtype, so a matrix's result does not depend on whether its
+    coefficients came as floats (shared by the stack) or as array entries. With
+    ``overwrite`` torch writes the result into ``a`` (which the caller must own:
+    a temporary it no longer reads): one pass and no new stack, which on a CPU
+    also saves the page faults of a fresh allocation.
+    """
+    xp = array_namespace(a)
+    if overwrite and is_torch_namespace(xp):
+        if not (isinstance(c, (int, float)) and c == 1):
+            a.mul_(c)
+        for d in shifts:
+            _add_to_diagonal(a, float(d) if isinstance(d, (int, float)) else d)
+        return a
+    out = a if isinstance(c, (int, float)) and c == 1 else c * a
+    for d in shifts:
+        out = out + d * eye
+    return out
 
 
 def host_constant(fn):
@@ -322,7 +354,8 @@ def frobenius_norm(a):
 def symmetric_part(a):
     """Return ``(a + aᵀ) / 2`` computed without overflow near the dtype's maximum."""
     xp = array_namespace(a)
-    return a / 2 + xp.matrix_transpose(a) / 2
+    half = a * 0.5  # one product, read twice: the transposed read is the slow one
+    return half + xp.matrix_transpose(half)
 
 
 def cholesky_succeeds(a):

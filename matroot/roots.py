@@ -21,7 +21,8 @@ from ._checks import (
     check_p,
     check_stack,
 )
-from .scaling import certified_lambda_max, lambda_max_bound_core, lambda_min_estimate_core
+from .scaling import (certified_lambda_max, lambda_max_bound_core, lambda_min_estimate_core,
+                      ritz_values)
 from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
@@ -255,13 +256,19 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     if eps > 0:
         stack = stack + eps * eye
 
+    ritz = None
     if not spec.needs_scaling:
         # A direct method (eigh) takes the spectrum as it is: no bound to certify.
         lam_max = certify_cost = None
         scale = xp.ones(stack.shape[:1], dtype=work_dtype, device=dev)
         scaled = stack
     elif scaling == "power":
-        certified = certified_lambda_max(stack)
+        # One Lanczos run serves the λmax candidate, the λmin estimate and the
+        # check's κ (Ritz values scale with the matrix).
+        ritz = ritz_values(stack)
+        top = ritz.high if traced else _xp.from_numpy(xp, ritz.high, dtype=work_dtype,
+                                                     device=dev)
+        certified = certified_lambda_max(stack, estimate=top)
         lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     else:
         lam_max = lambda_max_bound_core(stack, scaling=scaling)
@@ -269,14 +276,17 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     if lam_max is not None:
         scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
         scaled = stack / scale[:, None, None]
+    if ritz is not None:
+        ritz = ritz.divided(scale)
 
     solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if spec.needs_lower_bound:
-        solver_kwargs["lower"] = _lower_bound(scaled, eps / scale, has_ridge=eps > 0,
-                                              from_spectrum=spec.lower_from_spectrum)
+        solver_kwargs["lower"], ritz = _lower_bound(scaled, eps / scale, ritz,
+                                                    has_ridge=eps > 0,
+                                                    from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
     if lam_max is None:
         lam_max = out.lambda_max
@@ -286,15 +296,14 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     unit = float(xp.finfo(work_dtype).eps) / 2
     check = out.check if out.check is not None else check_root(
-        scaled, out.root, p, unit_roundoff=unit)
+        scaled, out.root, p, unit_roundoff=unit, ritz=ritz)
     precision = work_name if not spec.forms_matmuls or matmul_dtype is None else matmul_dtype
     target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
-    root = out.root
-    if spec.needs_scaling:
-        root = root * (scale ** (-1.0 / p))[:, None, None]
-    root = _xp.batched_where(usable, root, xp.full_like(root, float("nan")))
-    returned = xp.astype(root, a.dtype)
+    # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
+    factor = scale ** (-1.0 / p) if spec.needs_scaling else xp.ones_like(scale)
+    root = out.root * xp.where(usable, factor, xp.full_like(factor, float("nan")))[:, None, None]
+    returned = xp.astype(root, a.dtype, copy=False)
     # Only roots finite in the compute dtype can be spoilt by the cast itself.
     computed = usable & _xp.finite_matrices(root)
     cast_error, cast_ok = _cast_back_error(returned, root, computed)
@@ -489,7 +498,7 @@ def usable_roots(result: InvRootResult, tol: float | None) -> Array:
     return result.converged
 
 
-def _lower_bound(scaled, eps_scaled, *, has_ridge: bool, from_spectrum: bool):
+def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bool):
     """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
     else the Lanczos estimate (its Ritz value errs high, hence its safety factor).
 
@@ -497,12 +506,18 @@ def _lower_bound(scaled, eps_scaled, *, has_ridge: bool, from_spectrum: bool):
     (chebyshev's degree grows with the interval, and a ridge far below the
     spectrum would push it to its cap; a bound that is too high is caught by the
     a-posteriori check). Under jax.jit / torch.compile the estimate is formed on
-    the device, with no host read."""
+    the device, with no host read.
+
+    ``ritz``: the call's :class:`~matroot.scaling.RitzValues` of ``scaled``, or
+    None (then a run is made here when needed). Returns ``(bound, ritz)``, the
+    run passed on to the check, which reads its κ from it."""
     if has_ridge and not from_spectrum:
-        return eps_scaled
+        return eps_scaled, ritz
     xp = _xp.array_namespace(scaled)
-    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled))
-    return xp.maximum(estimate, eps_scaled)
+    if ritz is None:
+        ritz = ritz_values(scaled)
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled), ritz=ritz)
+    return xp.maximum(estimate, eps_scaled), ritz
 
 
 def _empty_result(xp, a, batch, method):

@@ -23,7 +23,8 @@ from ._typing import Array
 
 __all__ = ["power_iteration", "lambda_max_bound", "certified_lambda_max", "verified_upper",
            "CertifiedBound", "lambda_min_estimate",
-           "lanczos_ritz_extremes", "SpectralBounds", "spectral_bounds"]
+           "lanczos_ritz_extremes", "RitzValues", "ritz_values", "SpectralBounds",
+           "spectral_bounds"]
 
 #: Power iteration returns a lower bound on λmax; this margin covers its shortfall.
 POWER_SAFETY = 1.05
@@ -69,7 +70,8 @@ def _start_vectors(xp, n: int, k: int, dtype, device):
 
 def _entry_scale(xp, a):
     """Per-matrix max |entry|, with 1 for all-zero matrices (so a / scale is safe)."""
-    m = xp.max(xp.abs(a), axis=(-2, -1))
+    # Two reductions, no |a| temporary (which costs more than both on torch CPU).
+    m = xp.maximum(xp.max(a, axis=(-2, -1)), -xp.min(a, axis=(-2, -1)))
     return xp.where(m > 0, m, xp.ones_like(m))
 
 
@@ -121,20 +123,27 @@ def power_iteration_core(a: Array, *, num_vectors: int = _POWER_VECTORS,
     if n == 0 or 0 in batch:
         return xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
     scale = _entry_scale(xp, a)
-    b = a / scale[..., None, None]
+    return _power_scaled(a / scale[..., None, None], num_vectors, num_iter) * scale
+
+
+def _power_scaled(b, num_vectors: int = _POWER_VECTORS, num_iter: int = _POWER_STEPS):
+    """:func:`power_iteration_core` of a stack whose entries are at most 1 in size."""
+    xp = _xp.array_namespace(b)
+    n = b.shape[-1]
+    batch = b.shape[:-2]
     k = max(1, min(num_vectors, n))
     # Row vectors: for symmetric b, vᵀb = (bv)ᵀ, and a few rows times a matrix stream
     # it row by row (4 vectors, n = 256: 3-9× faster than b @ v on torch and NumPy CPU).
-    v = xp.matrix_transpose(_start_vectors(xp, n, k, a.dtype, _xp.device_of(a)))
+    v = xp.matrix_transpose(_start_vectors(xp, n, k, b.dtype, _xp.device_of(b)))
     v = xp.broadcast_to(v, (*batch, k, n))
-    best = xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
-    tiny = xp.finfo(a.dtype).smallest_normal
+    best = xp.zeros(batch, dtype=b.dtype, device=_xp.device_of(b))
+    tiny = xp.finfo(b.dtype).smallest_normal
     for _ in range(num_iter):
         w = v @ b
         norms = xp.linalg.vector_norm(w, axis=-1)
         best = xp.maximum(best, xp.max(norms, axis=-1))
         v = w / xp.clip(norms, min=tiny)[..., None]
-    return best * scale
+    return best
 
 
 #: Factors tried on the power estimate, in order, until a Cholesky test certifies
@@ -172,13 +181,17 @@ def verified_upper(a: Array, bound: Array) -> Array:
     xp = _xp.array_namespace(a)
     n = a.shape[-1]
     u = float(xp.finfo(a.dtype).eps) / 2
-    shifted = _xp.add_scaled_identity(-a, bound)
-    diag_max = xp.max(xp.linalg.diagonal(shifted), axis=-1)
+    # The largest diagonal entry of bound·I − a is bound − min a_ii.
+    diag_max = bound - xp.min(xp.linalg.diagonal(a), axis=-1)
     margin = 2 * (n + 2) * u * xp.maximum(diag_max, xp.zeros_like(diag_max))
-    return _xp.cholesky_succeeds(_xp.add_scaled_identity(shifted, -margin))
+    eye = _xp.identity_stack(xp, n, a.dtype, _xp.device_of(a))
+    shift = (bound - margin)[..., None, None]
+    return _xp.cholesky_succeeds(_xp.scaled_plus_identity(-a, 1.0, (shift,), eye,
+                                                               overwrite=True))
 
 
-def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY) -> CertifiedBound:
+def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY,
+                         estimate: Array | None = None) -> CertifiedBound:
     """A proven upper bound on λmax of each symmetric matrix of a ``(b, n, n)`` stack.
 
     Power iteration (:func:`power_iteration`) gives a *lower* bound θ ≤ λmax: a
@@ -192,12 +205,18 @@ def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY) -> Certif
     only when some matrix of the stack failed the previous one (one host check
     per factor, none inside any solver loop).
 
+    ``estimate``, shape (b,), replaces the power iteration's θ by another lower
+    estimate of λmax, e.g. the largest Ritz value of a Lanczos run the caller
+    needs anyway (:func:`ritz_values`; 64 steps from one vector resolve the top
+    better than 12 steps of 4). Only the Cholesky test makes a candidate the
+    bound, so a poor estimate costs tightness, never the guarantee.
+
     Returns
     -------
     CertifiedBound
         ``bound`` (0 only for all-zero matrices) and ``matmul_equivalents``, the
         per-matrix cost in n×n matmuls: ``num_vectors·num_iter/n`` for the power
-        iteration plus 1/6 per Cholesky test.
+        iteration (none with ``estimate``) plus 1/6 per Cholesky test.
 
     Examples
     --------
@@ -214,10 +233,13 @@ def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY) -> Certif
     scale = _entry_scale(xp, a)
     b = a / scale[..., None, None]
     guaranteed = _guaranteed_bound(xp, b)
-    estimate = power_iteration_core(b) * safety
+    if estimate is None:
+        estimate, cost = _power_scaled(b) * safety, POWER_MATVECS / n
+    else:
+        estimate, cost = estimate / scale * safety, 0.0
     bound = guaranteed
     open_ = xp.ones(guaranteed.shape, dtype=xp.bool, device=_xp.device_of(a))
-    cost = xp.zeros_like(guaranteed) + POWER_MATVECS / n
+    cost = xp.zeros_like(guaranteed) + cost
     traced = _xp.is_traced(a)
     for factor in CERTIFY_FACTORS:
         candidate = estimate * factor
@@ -295,50 +317,84 @@ def _lanczos_coefficients(a, num_steps: int):
     scale = xp.reshape(_entry_scale(xp, a), (b,))
     mat = xp.reshape(a, (b, n, n)) / scale[:, None, None]
     steps = max(1, min(int(num_steps), n))
-    fresh = _start_vectors(xp, n, steps + 1, a.dtype, dev)
     # Below this β the Krylov space is exhausted (entries of mat are at most 1).
     breakdown = float(xp.finfo(a.dtype).eps) * n
-
+    tiny = float(xp.finfo(a.dtype).smallest_normal)
     # Row vectors (vᵀA = (Av)ᵀ for symmetric A): a row times the stack streams it
     # row by row, ~9× faster than A @ v for one vector at n = 384 on torch CPU.
-    fresh = xp.matrix_transpose(fresh)
-
-    def orthogonalise(w, basis):
-        for _ in range(2):  # classical Gram-Schmidt twice is orthogonal to rounding
-            w = w - (w @ xp.matrix_transpose(basis)) @ basis
-        return w
+    fresh = xp.matrix_transpose(_start_vectors(xp, n, steps + 1, a.dtype, dev))
+    # The loop calls the namespace directly: at n = 256 a step is a few dozen µs
+    # of arithmetic, so wrapper overhead per call would dominate it.
+    norm = xp.linalg.vector_norm
 
     v = xp.broadcast_to(fresh[:1, :], (b, 1, n))
     basis = v
     alphas, betas = [], []
     for j in range(steps):
         w = v @ mat
-        alphas.append(xp.sum(v * w, axis=(-2, -1)))
-        w = orthogonalise(w, basis)
-        beta = _xp.frobenius_norm(w)
-        broken = beta <= breakdown
-        betas.append(xp.where(broken, xp.zeros_like(beta), beta))
+        # Two classical Gram-Schmidt passes keep the basis orthogonal to rounding.
+        # The first one's last coefficient is vᵀAv = α; β is read between the
+        # passes (the second changes it only to second order).
+        h = w @ xp.matrix_transpose(basis)
+        alphas.append(h[:, 0, -1])
+        w = w - h @ basis
+        beta = norm(w, axis=(-2, -1))
+        betas.append(beta)
         if j == steps - 1:
             break
-        # A breakdown restarts from a fresh vector orthogonal to the basis: the
-        # tridiagonal decouples and every Ritz value stays inside the spectrum.
-        restart = orthogonalise(xp.broadcast_to(fresh[j + 1:j + 2, :], (b, 1, n)), basis)
-        w = _xp.batched_where(broken, restart, w)
-        norm = _xp.frobenius_norm(w)
-        v = w / xp.where(norm > 0, norm, xp.ones_like(norm))[:, None, None]
+        # A breakdown restarts from a fresh vector, made orthogonal to the basis
+        # by the second pass: the tridiagonal decouples and every Ritz value stays
+        # inside the spectrum.
+        w = xp.where((beta <= breakdown)[:, None, None], fresh[j + 1:j + 2, :], w)
+        w = w - (w @ xp.matrix_transpose(basis)) @ basis
+        v = w / xp.clip(norm(w, axis=(-2, -1)), min=tiny)[:, None, None]
         basis = xp.concat([basis, v], axis=-2)
-    return xp.stack(alphas + betas + [scale], axis=-1), steps
+    betas = xp.stack(betas, axis=-1)
+    betas = xp.where(betas <= breakdown, xp.zeros_like(betas), betas)
+    return xp.concat([xp.stack(alphas, axis=-1), betas, scale[:, None]], axis=-1), steps
 
 
-def _ritz_pairs(a, num_steps: int):
-    """The extreme Ritz values of a Lanczos run and the residual bound of the smallest.
+class RitzValues(NamedTuple):
+    """Per matrix, the extreme Ritz values of one Lanczos run (see :func:`ritz_values`).
 
-    Returns ``(θmin, θmax, spread, scale, ns)``: per matrix of ``a / scale``, its
-    smallest and largest Ritz values and ``β_m·|s_m|`` (an eigenvalue lies within
-    it of θmin), with ``ns`` the namespace they are in: host float64 NumPy after
-    one transfer, or under jax.jit / torch.compile (nothing can be read back)
-    the device arrays in ``a``'s dtype.
+    Host float64 NumPy arrays after one transfer, or under jax.jit /
+    torch.compile (nothing can be read back) device arrays in the input's dtype;
+    shape ``a.shape[:-2]``, in the units of ``a``.
     """
+
+    low: Array
+    """θmin ≥ λmin (up to rounding)."""
+    high: Array
+    """θmax ≤ λmax (up to rounding)."""
+    spread: Array
+    """``β_m·|s_m|``: some eigenvalue lies within it of θmin."""
+
+    def divided(self, scale: Array) -> RitzValues:
+        """The Ritz values of ``a / scale`` (``scale`` per matrix, a device array)."""
+        if isinstance(self.low, np.ndarray):
+            scale = _xp.to_numpy(scale).astype(np.float64)
+        return RitzValues(self.low / scale, self.high / scale, self.spread / scale)
+
+
+def ritz_values(a: Array, *, num_steps: int = LANCZOS_STEPS) -> RitzValues:
+    """One batched Lanczos run's extreme Ritz values, for every matrix of a stack.
+
+    Both consumers read the same run (no input validation): the λmin estimate
+    of the minimax schedule (:func:`lambda_min_estimate`) and the κ estimate
+    of the a-posteriori check (:func:`matroot.verify.check_root`), so a call
+    that needs both pays for one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.scaling import ritz_values
+    >>> r = ritz_values(np.diag([1.0, 2.0, 5.0]))
+    >>> round(float(r.low), 6), round(float(r.high), 6), float(r.spread)
+    (1.0, 5.0, 0.0)
+    """
+    batch = tuple(a.shape[:-2])
+    if a.shape[-1] == 0 or 0 in batch:
+        return RitzValues(np.zeros(batch), np.zeros(batch), np.zeros(batch))
     xp = _xp.array_namespace(a)
     coefficients, m = _lanczos_coefficients(a, num_steps)
     if _xp.is_traced(a):
@@ -355,8 +411,9 @@ def _ritz_pairs(a, num_steps: int):
     tri = coefficients[:, :m, None] * band(0) + upper + ns.matrix_transpose(upper)
     ritz, vectors = ns.linalg.eigh(tri)
     last_beta = coefficients[:, 2 * m - 1] if m < a.shape[-1] else ns.zeros_like(ritz[:, 0])
+    scale = coefficients[:, -1]
     spread = last_beta * ns.abs(vectors[:, -1, 0])
-    return ritz[:, 0], ritz[:, -1], spread, coefficients[:, -1], ns
+    return RitzValues(*(ns.reshape(v * scale, batch) for v in (ritz[:, 0], ritz[:, -1], spread)))
 
 
 def lanczos_ritz_extremes(a: Array, /, *,
@@ -399,11 +456,8 @@ def lanczos_ritz_extremes(a: Array, /, *,
 def lanczos_ritz_extremes_core(a: Array, *, num_steps: int = LANCZOS_STEPS
                                ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`lanczos_ritz_extremes` without input validation, for callers that checked ``a``."""
-    batch = tuple(a.shape[:-2])
-    if a.shape[-1] == 0 or 0 in batch:
-        return np.zeros(batch), np.zeros(batch)
-    low, high, _, scale, ns = _ritz_pairs(a, num_steps)
-    return ns.reshape(low * scale, batch), ns.reshape(high * scale, batch)
+    ritz = ritz_values(a, num_steps=num_steps)
+    return ritz.low, ritz.high
 
 
 def lambda_min_estimate(a: Array, /, lambda_max: Array, *, num_iter: int = LANCZOS_STEPS,
@@ -453,18 +507,24 @@ def lambda_min_estimate(a: Array, /, lambda_max: Array, *, num_iter: int = LANCZ
 
 def lambda_min_estimate_core(a: Array, lambda_max: Array, *,
                              num_iter: int = LANCZOS_STEPS,
-                             safety: float = LANCZOS_SAFETY) -> Array:
-    """:func:`lambda_min_estimate` without input validation, for callers that checked ``a``."""
+                             safety: float = LANCZOS_SAFETY,
+                             ritz: RitzValues | None = None) -> Array:
+    """:func:`lambda_min_estimate` without input validation, for callers that checked
+    ``a``; ``ritz``: that run's :func:`ritz_values` when the caller has them."""
     xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
     if a.shape[-1] == 0 or 0 in batch:
         return xp.zeros(batch, dtype=a.dtype, device=_xp.device_of(a))
-    theta, _, spread, scale, ns = _ritz_pairs(a, num_iter)
+    if ritz is None:
+        ritz = ritz_values(a, num_steps=num_iter)
+    traced = _xp.is_traced(a)
+    ns = xp if traced else np
+    theta, spread = ritz.low, ritz.spread
     converged = spread <= (1.0 - 1.0 / safety) * theta
     estimate = ns.where(converged, theta - spread, theta / safety)
-    estimate = ns.reshape(ns.maximum(estimate, ns.zeros_like(estimate)) * scale, batch)
+    estimate = ns.maximum(estimate, ns.zeros_like(estimate))
     # from_numpy makes 0-d arrays 1-d; restore the batch shape.
-    out = estimate if ns is xp else xp.reshape(
+    out = estimate if traced else xp.reshape(
         _xp.from_numpy(xp, estimate, dtype=a.dtype, device=_xp.device_of(a)), batch)
     return xp.minimum(out, xp.astype(xp.asarray(lambda_max), a.dtype))
 

@@ -46,7 +46,7 @@ import math
 from . import _xp
 import numpy as np
 
-from .scaling import LANCZOS_STEPS, lanczos_ritz_extremes_core
+from .scaling import LANCZOS_STEPS, RitzValues, ritz_values
 from .solvers._result import RootCheck
 
 __all__ = ["LOW_PRECISION_ROWS", "RootCheck", "accuracy_target", "check_root"]
@@ -70,15 +70,19 @@ def _products(root, scaled, p: int):
     xp = _xp.array_namespace(root)
     eye = _xp.identity_stack(xp, root.shape[-1], root.dtype, _xp.device_of(root))
     plain = _xp.Matmul(xp)
+    # The products are fresh: I is subtracted from them in place (on torch).
     if p % 2:
-        residual = matrix_power(root, p, plain) @ scaled - eye
+        residual = _xp.scaled_plus_identity(matrix_power(root, p, plain) @ scaled, 1.0,
+                                            (-1.0,), eye, overwrite=True)
         return residual @ root, residual, power_matmuls(p) + 2
     half = matrix_power(root, p // 2, plain)
-    residual = half @ scaled @ half - eye
+    residual = _xp.scaled_plus_identity(half @ scaled @ half, 1.0, (-1.0,), eye,
+                                        overwrite=True)
     return residual @ root, residual, power_matmuls(p // 2) + 3
 
 
-def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
+def check_root(scaled, root, p, *, unit_roundoff: float,
+               ritz: RitzValues | None = None) -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
 
     Parameters
@@ -93,6 +97,9 @@ def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
         first-order effect of a relative error ``u·κ`` in the smallest eigenvalue.
     unit_roundoff : float
         ``u`` of the compute dtype.
+    ritz : RitzValues, optional
+        :func:`matroot.scaling.ritz_values` of ``scaled``, when the caller ran
+        them already (for the minimax schedule's λmin): κ then costs nothing.
 
     Returns
     -------
@@ -112,10 +119,14 @@ def check_root(scaled, root, p, *, unit_roundoff: float) -> RootCheck:
     """
     xp = _xp.array_namespace(root)
     n = root.shape[-1]
-    finite = xp.all(xp.isfinite(root), axis=(-2, -1))
+    finite = _xp.finite_matrices(root)
     eye = _xp.identity_stack(xp, n, root.dtype, _xp.device_of(root))
-    safe = _xp.batched_where(finite, _xp.symmetric_part(root), eye)
-    low, high = lanczos_ritz_extremes_core(scaled)
+    safe = _xp.symmetric_part(root)
+    if _xp.is_traced(root) or not bool(xp.all(finite)):
+        safe = _xp.batched_where(finite, safe, eye)
+    if ritz is None:
+        ritz = ritz_values(scaled)
+    low, high = ritz.low, ritz.high
     if _xp.is_traced(scaled):  # the Ritz values stayed on the device
         kappa = xp.where(low > 0, high / xp.where(low > 0, low, xp.ones_like(low)),
                          xp.full_like(low, float("inf")))

@@ -8,7 +8,9 @@ not degrade while the others go on. Eagerly the loop reads which matrices are st
 active only every ``check_every`` steps, which bounds the host syncs; at those check
 points the stack is compacted to the active matrices (the finished ones are set
 aside), so the work shrinks as matrices converge and a step in which every matrix
-stays active writes no per-matrix select at all. Under ``jax.jit`` or
+stays active writes no per-matrix select at all. A step hands back its residual
+and a deferred update: when a check finds every matrix done, the update (all of
+a step's products but the one its residual shares) is never formed. Under ``jax.jit`` or
 ``torch.compile`` the shapes must stay fixed: the loop is
 :func:`matroot._xp.bounded_loop` (a device-side ``lax.while_loop``, or all steps
 unrolled) with per-matrix freezing and no host reads.
@@ -52,10 +54,11 @@ def iterate_frozen(
         The coupled iterates (b, n, n), plus any per-matrix parameters the step
         reads (they are compacted with the iterates).
     step : callable
-        ``step(state, k) -> (residual_of_state, next_state)`` for step number ``k``
+        ``step(state, k) -> (residual_of_state, advance)`` for step number ``k``
         (a Python int, or from ``k = 1`` on a traced scalar under ``jax.jit``);
         the residual belongs to the *incoming* state, so a product it shares with
-        the update is formed once.
+        the update is formed once, and ``advance()`` returns the next state. The
+        loop calls it only where some matrix goes on.
     residual_of : callable
         ``residual_of(state) -> residual``, used only when ``max_iter`` is hit.
     tol : float
@@ -112,10 +115,10 @@ def _iterate_traced(xp, state, step, *, tol, max_iter, check_every, stall_level)
 
     def advance(carry, k):
         state, residual, iterations, active, stalled = carry
-        res, new_state = step(state, k)
+        res, advance = step(state, k)
         residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
                                           stall_level=stall_level)
-        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
+        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(advance(), state))
         return state, residual, iterations + xp.astype(still, xp.int32), still, stalled
 
     carry = (tuple(state), *_fresh_records(xp, b, state[0].dtype, dev))
@@ -133,31 +136,32 @@ def _iterate_compacting(xp, state, step, residual_of, *, tol, max_iter, check_ev
     # compile every step anew, so there the stack keeps its shape.
     compact = not _xp.is_jax_namespace(xp)
     for k in range(max_iter):
-        res, new_state = step(state, k)
+        res, advance = step(state, k)
         residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
                                           stall_level=stall_level)
         iterations = iterations + xp.astype(still, xp.int32)
-        if (k + 1) % check_every or k + 1 == max_iter:
-            state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
+        if (k + 1) % check_every and k + 1 < max_iter:
+            state = tuple(_xp.batched_where(still, n, o) for n, o in zip(advance(), state))
             active = still
             continue
         keep = _xp.to_numpy(still)
+        if not keep.any():
+            # Every matrix keeps its incoming state: the update is not formed.
+            active = still
+            break
+        new_state = advance()
         if keep.all():
             state, active = new_state, still
             continue
-        if not compact:
+        if not compact or k + 1 == max_iter:
             state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
             active = still
-            if not keep.any():
-                break
             continue
         # The matrices that stopped now keep their incoming state; the others go on.
         finished.add(~keep, state, residual, iterations, stalled)
         state, residual, iterations, stalled = finished.select(
             keep, new_state, residual, iterations, stalled)
         active = xp.ones((int(keep.sum()),), dtype=xp.bool, device=dev)
-        if not keep.any():
-            break
     else:
         if bool(xp.any(active)):
             # Matrices still active hit max_iter: their residual is of the state

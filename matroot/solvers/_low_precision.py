@@ -51,11 +51,13 @@ def run_phases(start: tuple, step: Callable, residual_of: Callable, *, matmul, t
     start : tuple of arrays
         The initial coupled iterates.
     step : callable
-        ``step(state, k, main) -> (residual_of_state, next_state)``: step ``k``
+        ``step(state, k, main) -> (residual_of_state, advance)``: step ``k``
         (counted from 0 within its phase; a Python int for k = 0, traced after
         it under ``jax.jit``) of the main phase (``main=True``, whose
         products may round to 16 bits when ``matmul`` has an operand dtype) or of
-        the polish (``main=False``: working precision throughout).
+        the polish (``main=False``: working precision throughout); ``advance()``
+        forms the next state, as in
+        :func:`~matroot.solvers._iteration.iterate_frozen`.
     residual_of : callable
         As in :func:`~matroot.solvers._iteration.iterate_frozen`.
     matmul : matroot._xp.Matmul

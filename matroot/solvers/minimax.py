@@ -148,8 +148,9 @@ def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye,
     ``coeff`` holds per-matrix rows ``(a, b, c)``, shape (b, 3), or one row of
     Python floats shared by the stack (the same arithmetic per matrix). Given
     ``x_shifted(c, alpha, A, B)`` (``c·I + alpha·A@B``, fused on torch),
-    ``q = (cX + bI)·X + aI`` costs one elementwise pass besides the product
-    instead of four. ``first`` marks
+    ``q = (c(X − I) + (b + c)I)·X + aI`` reuses the residual's ``X − I`` in
+    place (on torch): one elementwise pass besides the product instead of four.
+    ``first`` marks
     the step from ``Z = I`` (``X = Y``, ``q·Z = q``: 2 matmuls instead of 4).
     The three callables form the products, so that a 16-bit policy can differ
     per product: ``z_product`` for ``ZY`` and ``q·Z``, ``x_product`` for ``X²``,
@@ -160,17 +161,27 @@ def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye,
 
     Returns
     -------
-    (X, (Y, Z))
-        The incoming ``X`` (for the residual) and the next iterates.
+    (X − I, advance)
+        The incoming ``X − I`` (for the residual; ``advance`` may overwrite it)
+        and a callable that forms the next iterates ``(Y, Z)`` (the loop skips
+        it once every matrix is done).
     """
     x = y if first else z_product(z, y)
-    shared = isinstance(coeff, tuple)
-    c0, c1, c2 = coeff if shared else (coeff[:, j][:, None, None] for j in range(3))
-    if x_shifted is not None:
-        q = x_shifted(c0, 1.0, c2 * x + c1 * eye, x)
-    else:
-        q = c0 * eye + c1 * x + c2 * x_product(x, x)
-    return x, (y_product(y, q), q if first else z_product(q, z))
+    x_minus_eye = x - eye
+
+    def advance():
+        shared = isinstance(coeff, tuple)
+        c0, c1, c2 = coeff if shared else (coeff[:, j][:, None, None] for j in range(3))
+        if x_shifted is not None:
+            # c(X − I) + cI + bI: each coefficient rounded alone, whether shared or
+            # per matrix (no matrix's bits depend on its neighbours' schedules).
+            base = _xp.scaled_plus_identity(x_minus_eye, c2, (c2, c1), eye, overwrite=True)
+            q = x_shifted(c0, 1.0, base, x)
+        else:
+            q = c0 * eye + c1 * x + c2 * x_product(x, x)
+        return y_product(y, q), q if first else z_product(q, z)
+
+    return x_minus_eye, advance
 
 
 def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
@@ -270,14 +281,14 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         y, z, rows = state
         sixteen_bit = low and main
         round_z = sixteen_bit and not traced and bool(z_rounding[k])
-        x, new_state = minimax_step(
+        x_minus_eye, advance = minimax_step(
             y, z, coefficients(rows, k, main),
             first=main and isinstance(k, int) and k == 0,  # k is traced from 1 on under jit
             z_product=matmul if round_z else matmul.full,
             x_product=matmul if sixteen_bit else matmul.full,
             y_product=matmul.full, eye=eye,
             x_shifted=None if sixteen_bit else full_shifted)
-        return _xp.frobenius_norm(eye - x) / root_n, (*new_state, rows)
+        return _xp.frobenius_norm(x_minus_eye) / root_n, lambda: (*advance(), rows)
 
     phased = run_phases((a, xp.broadcast_to(eye, a.shape), table), step, residual_of,
                         matmul=matmul, tol=tol, main_steps=steps,

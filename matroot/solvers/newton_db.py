@@ -40,7 +40,7 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
         y, z = state
         e = matmul.shifted(1.5, -0.5, z, y, eye)
         res = _xp.frobenius_norm(e - eye) * (2 / root_n)
-        return res, (matmul(y, e), matmul(e, z))
+        return res, lambda: (matmul(y, e), matmul(e, z))
 
     def residual_of(state):
         y, z = state
