@@ -10,6 +10,7 @@ check on eager backends, ``lax.while_loop`` under ``jax.jit``).
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 import array_api_compat
@@ -36,6 +37,7 @@ __all__ = [
     "counted_loop",
     "trip_count",
     "host_constant",
+    "outside_torch_compile",
     "cond",
     "register_jax_pytree",
     "is_accelerator",
@@ -227,6 +229,19 @@ def host_constant(fn):
 
     cached._dynamo_marked_constant = True
     return cached
+
+
+def outside_torch_compile(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, run eagerly outside the graph when ``torch.compile``
+    traces the caller (a graph break there), as a plain call otherwise.
+
+    For work whose host reads are by design (a solver's convergence checks): the
+    graph around it stays free of them. torch is looked up, not imported.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        return torch.compiler.disable(fn)(*args, **kwargs)
+    return fn(*args, **kwargs)
 
 
 @functools.cache

@@ -36,6 +36,23 @@ def test_benchmark_reports_both_layouts_and_their_ratio(tmp_path, monkeypatch, c
     assert out.with_suffix(".md").exists()
 
 
+def test_benchmark_times_the_compiled_step_against_eager(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "model_shapes", lambda quick: [(12, 8), (8,), (4, 2, 3, 3)])
+    out = tmp_path / "optim_compile.json"
+    # Dynamo's tracing only: inductor's code generation takes minutes on two cores.
+    assert main(["bench", "optim", "--quick", "--steps", "3", "--warmup", "0",
+                 "--block-size", "8", "--compile", "eager", "--out", str(out)]) == 0
+    compiled = json.loads(out.read_text())["compiled_step"]
+    assert compiled["backend"] == "eager" and 1 <= compiled["unique_graphs"] <= 4
+    assert compiled["compiled_over_eager"] == pytest.approx(
+        compiled["compiled_step_ms"] / compiled["eager_step_ms"])
+    assert compiled["compile_s"] == pytest.approx(
+        compiled["first_compiled_step_s"] - compiled["eager_step_ms"] / 1e3)
+    assert compiled["max_rel_diff"] < 1e-5
+    assert "torch.compile(eager) of Shampoo.step" in capsys.readouterr().out
+    assert main(["bench", "optim", "--backend", "numpy", "--compile"]) == 2
+
+
 def test_digits_example_quick_run_writes_its_results(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     sys.modules.pop("train_digits", None)

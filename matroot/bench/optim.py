@@ -16,6 +16,10 @@ through two ``torch.optim`` optimizers side by side, ``matroot.optim.Shampoo`` a
 ``DistributedShampoo`` (its default eigh root, float64 retry), with the same
 block size, ridge, Adam grafting and roots every step (:func:`against_distributed_shampoo`).
 
+With ``--compile`` (torch), ``Shampoo.step`` is also timed under ``torch.compile``
+against itself eager, on steps without a root refresh, and the compile time
+reported (:mod:`matroot.bench.optim_compile`).
+
 Roots are refreshed every step, so a step's time is the worst case; the split
 reports factor updates, inverse roots and the rest (moments, preconditioning,
 grafting, updates). Steps of the two contenders alternate, so a burst of
@@ -25,6 +29,7 @@ Run::
 
     matroot bench optim --quick                    # CPU, a few seconds per step
     matroot bench optim --backend torch-cuda       # the full model on a GPU
+    matroot bench optim --quick --compile          # and the step under torch.compile
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import numpy as np
 
 from matroot.optim import ShampooConfig, apply_updates, init, state_bytes, update
 
+from . import optim_compile
 from .threads import describe_threads
 
 __all__ = ["model_shapes", "run", "format_table", "against_distributed_shampoo",
@@ -82,10 +88,12 @@ class _PhaseClock:
 
 
 def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup: int,
-        progress=None) -> dict:
+        progress=None, compile_backend: str | None = None) -> dict:
     """Time ``warmup + steps`` alternating steps of both layouts on ``target``.
 
     ``progress`` (a :class:`~matroot.bench.progress.Progress` or None) counts steps.
+    ``compile_backend`` (torch only): also time ``torch.compile(opt.step)`` with this
+    backend against the eager step (:func:`~matroot.bench.optim_compile.compiled_step`).
     """
     xp, to_backend, sync = target.xp, target.asarray, target.synchronize
     rng = np.random.default_rng(0)
@@ -142,11 +150,15 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
             state_bytes=memory["total"], state_bytes_per_parameter=memory["per_parameter"],
             state_bytes_split={k: memory[k] for k in ("moments", "factors", "roots", "counters")})
     plan = contenders["stacked"]["state"].plan
-    versus = None
+    versus = compiled = None
     if target.backend == "torch":
         versus = against_distributed_shampoo(params0, grad_sets, method=method,
                                              block_size=block_size, steps=steps,
                                              warmup=warmup, device=target.device)
+        if compile_backend is not None:
+            compiled = optim_compile.compiled_step(
+                params0, grad_sets, method=method, block_size=block_size, steps=steps,
+                device=target.device, backend=compile_backend)
     return dict(
         backend=target.name, device=target.device, method=method,
         block_size=block_size, quick=quick, warmup=warmup, steps=steps,
@@ -158,6 +170,7 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
         inverse_root_speedup=(out["per_block"]["split_ms"]["inverse_roots"]
                               / max(out["stacked"]["split_ms"]["inverse_roots"], 1e-9)),
         distributed_shampoo=versus,
+        compiled_step=compiled,
     )
 
 
@@ -233,4 +246,6 @@ def format_table(report: dict) -> str:
         lines += ["", f"torch optimizers, roots every step: matroot.optim.Shampoo "
                   f"{ms['matroot']:.1f} ms, Distributed Shampoo {ms['distributed_shampoo']:.1f} "
                   f"ms per step: {versus['matroot_over_distributed_shampoo']:.2f}x"]
+    if report.get("compiled_step") is not None:
+        lines += ["", optim_compile.describe(report["compiled_step"])]
     return "\n".join(lines)

@@ -163,6 +163,10 @@ def _configure_optim(parser) -> None:
     parser.add_argument("--steps", type=int, help=f"timed steps per layout (default "
                         f"{full['steps']}, --quick {quick['steps']})")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                        help="torch: also time Shampoo.step under torch.compile (steps "
+                             "without a root refresh) against eager, and its compile time; "
+                             "BACKEND default inductor ('eager': dynamo's tracing only)")
     add_thread_option(parser)
     parser.add_argument("--memory", action="store_true",
                         help="print optimizer-state bytes per parameter (AdamW, matroot's "
@@ -196,6 +200,9 @@ def _run_optim(args) -> int:
     if target.backend not in ("torch", "numpy"):
         raise UsageError(f"--backend {backend}: the optimizer benchmark runs on torch or "
                          "numpy")
+    if args.compile is not None and target.backend != "torch":
+        raise UsageError(f"--compile times torch.compile: it needs a torch backend, "
+                         f"not {backend}")
 
     if args.memory:
         from matroot.bench.optim_memory import format_memory_table, memory_report
@@ -211,7 +218,8 @@ def _run_optim(args) -> int:
     progress = Progress(args.warmup + steps)
     with thread_policy(args.threads) as threads:
         report = run(target, quick=args.quick, method=args.method, block_size=block_size,
-                     steps=steps, warmup=args.warmup, progress=progress)
+                     steps=steps, warmup=args.warmup, progress=progress,
+                     compile_backend=args.compile)
     progress.close()
     report["threads"] = threads
     return _print_and_save(report, format_table(report), out)

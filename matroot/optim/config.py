@@ -142,8 +142,10 @@ class ShampooConfig:
         Solve all equal-size factors in one call (True) or one call per factor
         (False, Distributed Shampoo's structure, for comparisons).
     nonfinite_grads : {"raise", "skip"}
-        On a NaN/Inf gradient raise :class:`NonFiniteGradientError`, or skip the
-        step (state untouched except ``skipped_steps``, zero updates).
+        On a NaN/Inf gradient raise :class:`NonFiniteGradientError` (a host read
+        per step), or skip the step (state untouched except ``skipped_steps``, zero
+        updates). The torch optimizer skips on the device, without a host read;
+        such a step still counts in its root schedule.
 
     Examples
     --------
@@ -245,6 +247,23 @@ class ShampooConfig:
                             precondition_1d=bool(self.precondition_1d),
                             max_preconditioned_dim=self.max_preconditioned_dim,
                             skip_dims=self.skip_dims)
+
+    def schedule_at(self, step) -> tuple:
+        """``(refresh, started)`` at (1-based) ``step``: whether the inverse roots are
+        recomputed, and whether Shampoo directions have started (Python bools for an
+        int, boolean arrays for a 0-d integer array).
+
+        Examples
+        --------
+        >>> ShampooConfig(precondition_frequency=5).schedule_at(5)
+        (True, True)
+        >>> ShampooConfig(precondition_frequency=5).schedule_at(7)
+        (False, True)
+        """
+        started = step >= self.first_preconditioned_step
+        if isinstance(step, numbers.Integral):
+            started = bool(started)
+        return self.refreshes_roots_at(step), started
 
     def refreshes_roots_at(self, step):
         """Whether the inverse roots are recomputed at (1-based) ``step`` (an int, or

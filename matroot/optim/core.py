@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .. import _xp
 from .blocking import ELEMENTWISE, BlockPlan, plan_blocks, subgroup
@@ -66,6 +66,7 @@ __all__ = [
     "init",
     "make_plan",
     "nonfinite_flags",
+    "all_finite",
     "update",
     "shampoo",
     "apply_updates",
@@ -82,9 +83,10 @@ class ShampooState(NamedTuple):
 
     Attributes
     ----------
-    step : int
-        Steps taken (skipped steps not counted); drives the root schedule.
-    param_steps : tuple of int
+    step : int or 0-d integer array
+        Steps taken (skipped steps not counted); drives the root schedule unless
+        :func:`update` is given one.
+    param_steps : tuple of int or of 0-d arrays
         Steps in which each parameter had a gradient; drives bias correction.
     exp_avg, exp_avg_sq : list of arrays or None
         First and second moments, parameter-shaped, in the compute dtype
@@ -96,24 +98,24 @@ class ShampooState(NamedTuple):
         roots in ``root_storage_dtype``.
     root_failures : list of int32 arrays or None
         Per factor, the refreshes whose root was rejected.
-    root_refreshes : int
+    root_refreshes : int or 0-d integer array
         Refresh rounds run.
-    skipped_steps : int
+    skipped_steps : int or 0-d integer array
         Steps skipped for non-finite gradients.
     plan : BlockPlan
     momentum_buffer : list of arrays or None
         Per parameter, the momentum of the final update (None without momentum).
     """
 
-    step: int
+    step: Any
     param_steps: tuple
     exp_avg: list
     exp_avg_sq: list
     factors: list
     roots: list
     root_failures: list
-    root_refreshes: int
-    skipped_steps: int
+    root_refreshes: Any
+    skipped_steps: Any
     plan: BlockPlan
     momentum_buffer: list | None = None
 
@@ -256,6 +258,29 @@ def nonfinite_flags(grads) -> list:
     return [g is not None and not bool(xp.all(xp.isfinite(g))) for g in grads]
 
 
+def all_finite(grads):
+    """Whether every gradient is finite, as a 0-d boolean array on their device (no
+    host read; None entries are skipped), for :func:`update`'s ``finite``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> bool(all_finite([np.ones(2), None, np.array([1.0, np.inf])]))
+    False
+    """
+    present = [g for g in grads if g is not None]
+    xp = _namespace(present, "grads")
+    return xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))
+
+
+def _advance(xp, count, by):
+    """``count + 1``, or ``count + by`` for a 0-d boolean array ``by`` (a device-side
+    step count that stands still where ``by`` is False)."""
+    if by is None:
+        return count + 1
+    return count + xp.astype(by, count.dtype if hasattr(count, "dtype") else xp.int64)
+
+
 def _present_runs(group, present):
     """Sub-groups of consecutive blocks whose parameter has a gradient this step."""
     runs, start = [], None
@@ -272,7 +297,7 @@ def _present_runs(group, present):
 
 def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None,
            weight_decay=None, check_grads: bool = True, on_phase: Callable | None = None,
-           in_place: bool = False):
+           in_place: bool = False, schedule: tuple | None = None, finite=None):
     """One Shampoo step: updates to add to the parameters, and the advanced state.
 
     Parameters
@@ -297,6 +322,17 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     in_place : bool
         Overwrite the state's moments and factors instead of making new arrays
         (NumPy, CuPy, PyTorch; ignored on JAX, whose arrays are immutable).
+    schedule : (bool, bool), optional
+        ``(refresh, started)`` decided by the caller from a host-side step count
+        (see :meth:`ShampooConfig.schedule_at`), so that counters kept as device
+        arrays are never read on the host. Default: from ``state.step``.
+    finite : 0-d boolean array, optional
+        Whether every gradient is finite, on the device: where False the step is
+        skipped without a host read (moments, factors, momentum, ``step`` and
+        ``param_steps`` keep their values, the updates are zeros and
+        ``skipped_steps`` counts it). Made by :func:`all_finite`; used with
+        ``check_grads=False``. The inverse roots are still refreshed when
+        ``schedule`` says so (from the unchanged factors).
 
     Returns
     -------
@@ -355,8 +391,11 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         if on_phase is not None:
             on_phase(name)
 
-    step = state.step + 1
-    param_steps = tuple(s + 1 if p else s for s, p in zip(state.param_steps, present))
+    keep = finite
+    step = _advance(xp, state.step, keep)
+    param_steps = tuple(_advance(xp, s, keep) if p else s
+                        for s, p in zip(state.param_steps, present))
+    due, started = config.schedule_at(step) if schedule is None else schedule
     exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
     momentum = list(state.momentum_buffer or [None] * count)
 
@@ -376,7 +415,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         g_work[i] = effective_gradient(xp, g, params[i], decays[i], config)
         exp_avg[i], exp_avg_sq[i], m_hat[i], adam[i] = grafting_direction(
             xp, g_work[i], exp_avg[i], exp_avg_sq[i], param_steps[i], config,
-            in_place=in_place)
+            in_place=in_place, keep=keep)
     phase("moments")
 
     # 2. Factors, one batched product per group of equal-shape blocks.
@@ -393,10 +432,11 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                     spec, xp, _xp.device_of(g_work[run.blocks[0].param]),
                     root_dtype=_root_dtype(xp, config, spec), packed=config.symmetric_packing)
         factors = update_factors(run, gather_blocks(run, views, xp), factors,
-                                 config.betas[1], in_place=in_place)
+                                 config.betas[1], in_place=in_place, keep=keep)
     phase("factors")
 
-    # 3. Inverse roots, one solver call per stack that has factors.
+    # 3. Inverse roots, one solver call per stack that has factors. The solvers' convergence
+    # checks read the host by design: under torch.compile they run outside the graph.
     def refresh(roots, failures):
         roots, failures = list(roots), list(failures)
         for s, spec in enumerate(plan.stacks):
@@ -408,11 +448,10 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     refreshes = state.root_refreshes
     if plan.stacks:
-        due = config.refreshes_roots_at(step)
         if isinstance(due, bool):
             if due:
-                roots, failures = refresh(roots, failures)
-                refreshes += 1
+                roots, failures = _xp.outside_torch_compile(refresh, roots, failures)
+                refreshes = refreshes + 1
                 phase("roots")
         else:  # counters on the device (jax.jit): a device-side branch
             roots, failures = _xp.cond(due, refresh, lambda r, f: (list(r), list(f)),
@@ -421,9 +460,6 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     # 4. Directions: grafted Shampoo blocks once preconditioning has started.
     directions = list(adam)
-    started = step >= config.first_preconditioned_step
-    if isinstance(step, numbers.Integral):
-        started = bool(started)
     if not isinstance(started, bool) or (started and runs):
         m_views = [None if m is None else xp.reshape(m, layout.view)
                    for m, layout in zip(m_hat, plan.params)]
@@ -456,12 +492,18 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         if config.momentum and momentum[i] is None:
             momentum[i] = xp.zeros_like(d)
         updates[i], momentum[i] = final_update(xp, d, momentum[i], params[i], lrs[i],
-                                               decays[i], config, in_place=in_place)
+                                               decays[i], config, in_place=in_place, keep=keep)
+        if keep is not None:
+            updates[i] = xp.where(keep, updates[i], xp.zeros_like(updates[i]))
     phase("updates")
 
+    skipped = state.skipped_steps
+    if keep is not None:
+        skipped = _advance(xp, skipped, ~keep)
     new_state = state._replace(
         step=step, param_steps=param_steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
         factors=factors, roots=roots, root_failures=failures, root_refreshes=refreshes,
+        skipped_steps=skipped,
         momentum_buffer=momentum if config.momentum else state.momentum_buffer)
     return updates, new_state
 

@@ -31,7 +31,7 @@ def effective_gradient(xp, grad, param, weight_decay: float, config: ShampooConf
 
 
 def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfig, *,
-                       in_place: bool = True):
+                       in_place: bool = True, keep=None):
     """Advance the moments; return them with ``m̂`` and the grafting direction.
 
     Parameters
@@ -47,6 +47,8 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     config : ShampooConfig
     in_place : bool
         Overwrite the moments (NumPy, CuPy, PyTorch) rather than return new arrays.
+    keep : 0-d boolean array, optional
+        Where False the moments keep their values (a step skipped on the device).
 
     Returns
     -------
@@ -54,7 +56,7 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     """
     beta1 = config.betas[0]
     exp_avg = assign(exp_avg, ..., exp_avg + (1.0 - beta1) * (grad - exp_avg),
-                     in_place=in_place)
+                     in_place=in_place, keep=keep)
     corr1 = 1.0 - beta1 ** step if config.bias_correction else 1.0
     first = beta1 * exp_avg + (1.0 - beta1) * grad if config.nesterov else exp_avg
     m_hat = first / corr1
@@ -65,7 +67,7 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
         advanced = exp_avg_sq + grad * grad
     else:
         advanced = beta2 * exp_avg_sq + (1.0 - beta2) * (grad * grad)
-    exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place)
+    exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place, keep=keep)
     corrected = config.grafting == "adam" and config.bias_correction and beta2 < 1.0
     corr2 = 1.0 - beta2 ** step if corrected else 1.0
     return exp_avg, exp_avg_sq, m_hat, m_hat / (xp.sqrt(exp_avg_sq) / corr2 ** 0.5
@@ -73,12 +75,12 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
 
 
 def final_update(xp, direction, momentum_buffer, param, lr: float, weight_decay: float,
-                 config: ShampooConfig, *, in_place: bool = True):
+                 config: ShampooConfig, *, in_place: bool = True, keep=None):
     """``(−lr·(u + wd·param), momentum_buffer)``; the buffer (None without momentum)
-    is advanced, in place when ``in_place``."""
+    is advanced, in place when ``in_place``, only where ``keep`` holds when given."""
     if momentum_buffer is not None:
         momentum_buffer = assign(momentum_buffer, ..., config.momentum * momentum_buffer
-                                 + direction, in_place=in_place)
+                                 + direction, in_place=in_place, keep=keep)
         direction = momentum_buffer
     update = -lr * direction
     if config.weight_decay_type == "decoupled" and weight_decay:

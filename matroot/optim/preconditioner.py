@@ -106,12 +106,21 @@ def gather_blocks(group: BlockGroup, views, xp):
     return xp.stack([views[b.param][b.index] for b in group.blocks])
 
 
-def assign(array, index, value, *, in_place: bool):
+def assign(array, index, value, *, in_place: bool, keep=None):
     """``array[index] = value``, in ``array`` itself when ``in_place`` (NumPy, CuPy,
     PyTorch), else on a copy, and always functionally on JAX. Returns the result.
 
+    ``keep``, a 0-d boolean array, writes ``value`` only where it holds (the old
+    entries stay otherwise): a step skipped on the device, without a host read.
     The one seam between the functional core and its in-place fast paths.
     """
+    if keep is not None:
+        xp = _xp.array_namespace(array)
+        value = xp.where(keep, value, array[index])
+    if in_place and _xp.is_torch_namespace(_xp.array_namespace(array)):
+        # Plain __setitem__: array-api-extra's checks break torch.compile's graph.
+        array[index] = value
+        return array
     return xpx.at(array, index).set(value, copy=None if in_place else True)
 
 
@@ -179,20 +188,20 @@ def unpack(packed, n: int):
     return xp.reshape(xp.take(packed, index, axis=1), (packed.shape[0], n, n))
 
 
-def _accumulate(stack, first: int, statistic, beta2: float, in_place: bool):
+def _accumulate(stack, first: int, statistic, beta2: float, in_place: bool, keep):
     # Only the group's own slots are rewritten: no copy of the whole stack. A packed
     # stack takes the statistic's upper triangle: the same arithmetic per entry.
     if stack.ndim == 2:
         statistic = pack(statistic)
     slots = (slice(first, first + statistic.shape[0]), ...)
     if beta2 == 1.0:
-        return assign(stack, slots, stack[slots] + statistic, in_place=in_place)
+        return assign(stack, slots, stack[slots] + statistic, in_place=in_place, keep=keep)
     return assign(stack, slots, beta2 * stack[slots] + (1.0 - beta2) * statistic,
-                  in_place=in_place)
+                  in_place=in_place, keep=keep)
 
 
 def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float, *,
-                   in_place: bool = True) -> list:
+                   in_place: bool = True, keep=None) -> list:
     """Fold one step's gradients into the group's factors.
 
     ``L ← β₂L + (1−β₂)GGᵀ`` and ``R ← β₂R + (1−β₂)GᵀG`` (for vector blocks
@@ -209,6 +218,8 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float, *,
     in_place : bool
         Overwrite the group's slots of ``factors`` (not possible on JAX) or
         leave ``factors`` untouched.
+    keep : 0-d boolean array, optional
+        Where False the factors keep their values (see :func:`assign`).
 
     Returns
     -------
@@ -221,14 +232,14 @@ def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float, *,
         stack, first = group.factor_slots[0]
         factors[stack] = _accumulate(factors[stack], first,
                                      grad_blocks[:, :, None] * grad_blocks[:, None, :],
-                                     beta2, in_place)
+                                     beta2, in_place, keep)
         return factors
     transposed = xp.matrix_transpose(grad_blocks)
     for side, statistic in ((group.left, grad_blocks @ transposed),
                             (group.right, transposed @ grad_blocks)):
         if side is not None:
             factors[side[0]] = _accumulate(factors[side[0]], side[1], statistic, beta2,
-                                           in_place)
+                                           in_place, keep)
     return factors
 
 

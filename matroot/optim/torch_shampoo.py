@@ -15,6 +15,12 @@ lives in ``optimizer.state[p]`` as in torch's own optimizers, made at the
 parameter's first gradient; the factor and root stacks live with their family
 and travel in ``state_dict()["shampoo_families"]`` with a per-parameter index of
 their slots (:mod:`matroot.optim.checkpoint`).
+
+Every counter a step advances is a 0-d tensor on the parameters' device (``step``
+float64, as exact in ``1 − βᵗ`` as a Python int; the family counters int64), so
+``torch.compile(opt.step)`` bakes no count into its graph. The root schedule is
+a host-side count per family, read only in :meth:`Shampoo._prepare_step`, which
+runs outside any compiled graph.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -43,6 +49,23 @@ __all__ = ["Shampoo"]
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig))
 _DEFAULTS = core.ShampooConfig()
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
+#: dtype of the per-parameter ``step`` tensors (bias corrections in float64).
+STEP_DTYPE = torch.float64
+
+
+def _device_counters(state: core.ShampooState, device) -> core.ShampooState:
+    """The family counters of ``state`` as int64 tensors on ``device``."""
+    def counter(value):
+        return torch.as_tensor(int(value), dtype=torch.int64, device=device)
+
+    return state._replace(step=counter(state.step), root_refreshes=counter(state.root_refreshes),
+                          skipped_steps=counter(state.skipped_steps))
+
+
+def _step_tensor(value, device) -> torch.Tensor:
+    """A per-parameter step count (an int from an older state dict, or a tensor) as
+    a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
+    return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
 
 
 def _is_dtensor(tensor) -> bool:
@@ -54,12 +77,29 @@ def _is_dtensor(tensor) -> bool:
 
 
 class _Family:
-    """Parameters that share factor stacks, their core state and, when sharded, their split."""
+    """Parameters that share factor stacks, their core state and, when sharded, their split.
 
-    def __init__(self, params, state: core.ShampooState, sharding=None):
+    ``schedule_step`` counts the steps that reached the update on the host (steps
+    skipped on the device included) and drives the root schedule; ``config`` is the
+    last config the family stepped with (the same object while it is unchanged).
+    """
+
+    def __init__(self, params, state: core.ShampooState, sharding=None, schedule_step=None):
         self.params = params
-        self.state = state
+        self.state = _device_counters(state, params[0].device)
         self.sharding = sharding
+        self.schedule_step = int(state.step) if schedule_step is None else int(schedule_step)
+        self.config: core.ShampooConfig | None = None
+
+
+class _Job(NamedTuple):
+    """What one family's step needs from the host: config, per-parameter ``lr`` and
+    ``weight_decay``, and ``(refresh, started)``."""
+
+    config: core.ShampooConfig
+    lrs: list
+    decays: list
+    schedule: tuple
 
 
 class Shampoo(torch.optim.Optimizer):
@@ -89,10 +129,14 @@ class Shampoo(torch.optim.Optimizer):
 
     Notes
     -----
-    ``step()`` makes one host sync to check the gradients for NaN/Inf (and one per
-    root refresh for the solver's convergence checks). Moments and factors of
-    bfloat16/float16 parameters are float32 and stay float32 through
-    ``state_dict()``/``load_state_dict()``.
+    With ``nonfinite_grads="skip"`` a step reads nothing on the host: NaN/Inf
+    gradients are found on the device and the step is skipped there. With
+    ``"raise"`` (the default) and under ``torch.distributed``, one host read per
+    step checks them first. A root refresh reads the host for the solver's
+    convergence checks. ``torch.compile(opt.step)`` works; the root refresh runs
+    outside its graph (docs/optimizer.rst, "Compiling the optimizer step").
+    Moments and factors of bfloat16/float16 parameters are float32 and stay
+    float32 through ``state_dict()``/``load_state_dict()``.
 
     Examples
     --------
@@ -204,7 +248,9 @@ class Shampoo(torch.optim.Optimizer):
         """The family's core state with the per-parameter entries of ``self.state``."""
         per_param = [self.state.get(p, {}) for p in family.params]
         family.state = family.state._replace(
-            param_steps=tuple(int(s.get("step", 0)) for s in per_param),
+            param_steps=tuple(s["step"] if "step" in s else
+                              torch.zeros((), dtype=STEP_DTYPE, device=p.device)
+                              for p, s in zip(family.params, per_param)),
             **{key: [s.get(key) for s in per_param] for key in _STATE_KEYS})
 
     def _publish_family_state(self, family):
@@ -224,35 +270,28 @@ class Shampoo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for p in self._all_params():
-            if p.grad is not None and p.grad.is_sparse:
-                raise TypeError("Shampoo does not support sparse gradients")
-        self._form_families()
-        group_of = self._group_of()
+        jobs, check_on_device = self._prepare_step()
+        if jobs is None:
+            return loss
+        if any(job is not None and job.schedule[0] for job in jobs):
+            self._update_outside_graph(jobs, check_on_device)
+        else:
+            self._update(jobs, check_on_device)
+        return loss
+
+    def _update(self, jobs, check_on_device: bool) -> None:
+        """The device side of a step: every family's core update, applied to the parameters."""
         grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
                  for family in self._families]
-        bad = self._nonfinite_params(grads)
-        if bad:
-            params = self._all_params()
-            if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
-                raise core.NonFiniteGradientError(
-                    f"gradients of parameters {bad} (state_dict numbering) contain NaN or Inf; "
-                    "pass nonfinite_grads='skip' to skip such steps instead")
-            for family in self._families:
-                family.state = family.state._replace(
-                    skipped_steps=family.state.skipped_steps + 1)
-            return loss
-
-        for family, fam_grads in zip(self._families, grads):
-            if all(g is None for g in fam_grads):
+        finite = core.all_finite(list(chain.from_iterable(grads))) if check_on_device else None
+        for family, fam_grads, job in zip(self._families, grads, jobs):
+            if job is None:
                 continue
-            config = self._family_config(family, group_of)
-            groups = [group_of[id(p)] for p in family.params]
             self._sync_family_state(family)
             updates, family.state = core.update(
-                fam_grads, family.state, [p.detach() for p in family.params], config,
-                lr=[g["lr"] for g in groups], weight_decay=[g["weight_decay"] for g in groups],
-                check_grads=False, in_place=True)
+                fam_grads, family.state, [p.detach() for p in family.params], job.config,
+                lr=job.lrs, weight_decay=job.decays, check_grads=False, in_place=True,
+                schedule=job.schedule, finite=finite)
             self._publish_family_state(family)
             if family.sharding is not None:
                 family.sharding.share_updates(updates)
@@ -263,7 +302,66 @@ class Shampoo(torch.optim.Optimizer):
                     p.add_(u)
                 else:
                     p.copy_(p.to(u.dtype) + u)
-        return loss
+
+    # A step with a root refresh runs eagerly under torch.compile: the solvers' convergence
+    # checks read the host, and a graph break inside the families' loop would leave the
+    # whole loop uncompiled. Steps without one stay in one graph.
+    _update_outside_graph = torch.compiler.disable(_update)
+
+    @torch.compiler.disable
+    def _prepare_step(self):
+        """The host side of a step, run eagerly even inside ``torch.compile``.
+
+        Checks the gradients' kinds, forms families, reads the groups'
+        hyperparameters and advances each family's host-side schedule, so the
+        compiled part of the step sees the same Python values at every step
+        (no recompiles). Where a group says ``nonfinite_grads="raise"`` or the
+        blocks are sharded, the gradients are checked here (one host read);
+        otherwise the check is left to the device.
+
+        Returns
+        -------
+        jobs : list of _Job or None, or None
+            Per family (None where no parameter has a gradient); None when there
+            is nothing to update (no gradients, or a step skipped for NaN/Inf).
+        check_on_device : bool
+        """
+        for p in self._all_params():
+            if p.grad is not None and p.grad.is_sparse:
+                raise TypeError("Shampoo does not support sparse gradients")
+        self._form_families()
+        group_of = self._group_of()
+        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
+                 for family in self._families]
+        check_on_device = self._process_group is None and all(
+            group_of[id(p)]["nonfinite_grads"] == "skip"
+            for family in self._families for p in family.params)
+        if not check_on_device:
+            bad = self._nonfinite_params(grads)
+            if bad:
+                params = self._all_params()
+                if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
+                    raise core.NonFiniteGradientError(
+                        f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
+                        "Inf; pass nonfinite_grads='skip' to skip such steps instead")
+                for family in self._families:
+                    family.state = family.state._replace(
+                        skipped_steps=family.state.skipped_steps + 1)
+                return None, check_on_device
+        jobs: list[_Job | None] = []
+        for family, fam_grads in zip(self._families, grads):
+            if all(g is None for g in fam_grads):
+                jobs.append(None)
+                continue
+            config = self._family_config(family, group_of)
+            if config != family.config:
+                family.config = config
+            groups = [group_of[id(p)] for p in family.params]
+            family.schedule_step += 1
+            jobs.append(_Job(family.config, [g["lr"] for g in groups],
+                             [g["weight_decay"] for g in groups],
+                             family.config.schedule_at(family.schedule_step)))
+        return (jobs if any(jobs) else None), check_on_device
 
     def _nonfinite_params(self, grads) -> list:
         """state_dict numbers of parameters with NaN/Inf gradients (on any rank when sharded)."""
@@ -296,10 +394,10 @@ class Shampoo(torch.optim.Optimizer):
             self._sync_family_state(family)
             st = family.state
             if i == 0:
-                out["steps"] = st.step
-            out["root_refreshes"] += st.root_refreshes
+                out["steps"] = int(st.step)
+            out["root_refreshes"] += int(st.root_refreshes)
             out["root_failures"] += sum(int(f.sum()) for f in st.root_failures if f is not None)
-            out["skipped_steps"] += st.skipped_steps
+            out["skipped_steps"] += int(st.skipped_steps)
             out["stacks"] += len(st.plan.stacks)
             out["blocks"] += st.plan.num_blocks
             out["state_bytes"] += core.state_bytes(st)["total"]
@@ -317,9 +415,10 @@ class Shampoo(torch.optim.Optimizer):
         for f in self._families:
             numbers = [index[id(p)] for p in f.params]
             plan = f.state.plan if f.sharding is None else f.sharding.plan
-            record = {"format": FORMAT, "params": numbers, "step": f.state.step,
-                      "root_refreshes": f.state.root_refreshes,
-                      "skipped_steps": f.state.skipped_steps,
+            record = {"format": FORMAT, "params": numbers, "step": int(f.state.step),
+                      "schedule_step": f.schedule_step,
+                      "root_refreshes": int(f.state.root_refreshes),
+                      "skipped_steps": int(f.state.skipped_steps),
                       "block_size": plan.block_size, "stacked": self._stacked(f),
                       "layout": plan_layout(plan, numbers),
                       "factors": list(f.state.factors), "roots": list(f.state.roots),
@@ -355,6 +454,8 @@ class Shampoo(torch.optim.Optimizer):
             p = params[int(index)]
             self.state[p] = {k: (v.detach().to(device=p.device, copy=True)
                                  if torch.is_tensor(v) else v) for k, v in entries.items()}
+            if "step" in self.state[p]:
+                self.state[p]["step"] = _step_tensor(self.state[p]["step"], p.device)
         self._families = [self._restore_family(record, params) for record in families]
 
     def _restore_family(self, record, params) -> _Family:
@@ -391,6 +492,7 @@ class Shampoo(torch.optim.Optimizer):
             root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
             root_refreshes=int(record["root_refreshes"]),
             skipped_steps=int(record["skipped_steps"]), plan=plan)
-        family = _Family(members, state, sharding)
+        family = _Family(members, state, sharding,
+                         schedule_step=record.get("schedule_step", record["step"]))
         self._sync_family_state(family)
         return family
