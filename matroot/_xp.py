@@ -283,10 +283,15 @@ def trip_count(count, upper: int):
     return count if array_api_compat.is_jax_array(count) else upper
 
 
-def counted_loop(body, carry, count):
+def counted_loop(body, carry, count, *, roll_like=None):
     """``carry = body(carry, k)`` for ``k = 0 … count − 1``; ``count`` may be a
-    traced JAX scalar (``lax.fori_loop``, a while loop for a traced bound)."""
-    if is_traced(count):
+    traced JAX scalar (``lax.fori_loop``, a while loop for a traced bound).
+
+    ``roll_like``: an array of the computation; where it is a JAX tracer the loop
+    is one ``lax.fori_loop`` even for a Python ``count`` (``k`` then a traced
+    scalar), since XLA compiles an unrolled loop's every step anew.
+    """
+    if is_traced(count) or (array_api_compat.is_jax_array(roll_like) and is_traced(roll_like)):
         from jax import lax
 
         return lax.fori_loop(0, count, lambda k, c: body(c, k), carry)

@@ -326,6 +326,10 @@ def _lanczos_coefficients(a, num_steps: int):
     # The loop calls the namespace directly: at n = 256 a step is a few dozen µs
     # of arithmetic, so wrapper overhead per call would dominate it.
     norm = xp.linalg.vector_norm
+    if _xp.is_traced(mat):
+        alphas, betas = _lanczos_rolled(xp, mat, fresh, steps, tiny, breakdown)
+        betas = xp.where(betas <= breakdown, xp.zeros_like(betas), betas)
+        return xp.concat([alphas, betas, scale[:, None]], axis=-1), steps
 
     v = xp.broadcast_to(fresh[:1, :], (b, 1, n))
     basis = v
@@ -352,6 +356,40 @@ def _lanczos_coefficients(a, num_steps: int):
     betas = xp.stack(betas, axis=-1)
     betas = xp.where(betas <= breakdown, xp.zeros_like(betas), betas)
     return xp.concat([xp.stack(alphas, axis=-1), betas, scale[:, None]], axis=-1), steps
+
+
+def _lanczos_rolled(xp, mat, fresh, steps: int, tiny: float, breakdown: float):
+    """The loop of :func:`_lanczos_coefficients` with shapes fixed from step to step,
+    for tracing: under ``jax.jit`` one device loop (XLA compiled the unrolled
+    growing-basis steps for seconds per call site). The basis is a fixed ``(b, steps, n)`` array whose rows not
+    yet filled are zero: orthogonalising against it is the same arithmetic as
+    against the filled rows alone. Returns ``(alphas, betas)``, each ``(b, steps)``.
+    """
+    b, n = mat.shape[0], mat.shape[-1]
+    dev = _xp.device_of(mat)
+    rows = xp.arange(steps, device=dev)[None, :]
+    basis = xp.where((rows == 0)[..., None], fresh[None, :1, :],
+                     xp.zeros((b, steps, n), dtype=mat.dtype))
+    zeros = xp.zeros((b, steps), dtype=mat.dtype)
+
+    def step(carry, j):
+        basis, alphas, betas = carry
+        index = xp.reshape(xp.asarray(j, device=dev), (1,))
+        v = xp.take(basis, index, axis=1)
+        w = v @ mat
+        h = w @ xp.matrix_transpose(basis)
+        alphas = xp.where(rows == j, h[:, 0, :], alphas)
+        w = w - h @ basis
+        beta = xp.linalg.vector_norm(w, axis=(-2, -1))
+        betas = xp.where(rows == j, beta[:, None], betas)
+        restart = xp.take(fresh, index + 1, axis=0)
+        w = xp.where((beta <= breakdown)[:, None, None], restart[None], w)
+        w = w - (w @ xp.matrix_transpose(basis)) @ basis
+        v = w / xp.clip(xp.linalg.vector_norm(w, axis=(-2, -1)), min=tiny)[:, None, None]
+        return xp.where((rows == j + 1)[..., None], v, basis), alphas, betas
+
+    _, alphas, betas = _xp.counted_loop(step, (basis, zeros, zeros), steps, roll_like=mat)
+    return alphas, betas
 
 
 class RitzValues(NamedTuple):
