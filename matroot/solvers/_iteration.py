@@ -103,6 +103,8 @@ def _judge(xp, res, residual, active, stalled, *, tol, stall_level):
 
 
 def _fresh_records(xp, b, dtype, dev):
+    """Per-matrix records before the first step: residual (inf), iterations (0),
+    active (all), stalled (none)."""
     return (xp.full((b,), float("inf"), dtype=dtype, device=dev),
             xp.zeros((b,), dtype=xp.int32, device=dev),
             xp.ones((b,), dtype=xp.bool, device=dev),
@@ -115,10 +117,10 @@ def _iterate_traced(xp, state, step, *, tol, max_iter, check_every, stall_level)
 
     def advance(carry, k):
         state, residual, iterations, active, stalled = carry
-        res, advance = step(state, k)
+        res, updated = step(state, k)
         residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
                                           stall_level=stall_level)
-        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(advance(), state))
+        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(updated(), state))
         return state, residual, iterations + xp.astype(still, xp.int32), still, stalled
 
     carry = (tuple(state), *_fresh_records(xp, b, state[0].dtype, dev))
