@@ -10,6 +10,7 @@ check on eager backends, ``lax.while_loop`` under ``jax.jit``).
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 import numpy as np
@@ -52,6 +53,7 @@ __all__ = [
     "batched_where",
     "frobenius_norm",
     "symmetric_part",
+    "inverse_root_entries",
     "cholesky_succeeds",
     "finite_matrices",
     "eigh_runs_in_float64",
@@ -354,6 +356,34 @@ def frobenius_norm(a):
     """
     xp = array_namespace(a)
     return xp.linalg.vector_norm(a, axis=(-2, -1))
+
+
+def inverse_root_entries(x, p: float):
+    """``x ** (-1/p)`` entry by entry, rounded the same wherever an entry sits in ``x``.
+
+    torch on a CPU evaluates ``pow`` with SIMD code for whole vector widths and
+    scalar code for the rest, which can differ in the last bit: a matrix's root
+    would then depend on how many matrices share its batch (and a sharded run
+    would not match one process). Division and square roots are correctly
+    rounded on every path, so for p = 1, 2, 4, 8, … the power is a chain of them;
+    other p take ``pow`` in float64 (where the backend has it), rounded once to
+    ``x``'s dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> inverse_root_entries(np.array([16.0, 81.0]), 4)
+    array([0.5       , 0.33333333])
+    """
+    xp = array_namespace(x)
+    halvings = math.log2(p) if p >= 1 else 0.5
+    if halvings.is_integer() and halvings <= 6:
+        for _ in range(int(halvings)):
+            x = xp.sqrt(x)
+        return 1.0 / x
+    if x.dtype == xp.float32 and has_float64(xp):
+        return xp.astype(xp.astype(x, xp.float64) ** (-1.0 / p), x.dtype)
+    return x ** (-1.0 / p)
 
 
 def symmetric_part(a):

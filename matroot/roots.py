@@ -301,7 +301,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
     # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
-    factor = scale ** (-1.0 / p) if spec.needs_scaling else xp.ones_like(scale)
+    factor = _xp.inverse_root_entries(scale, p) if spec.needs_scaling else xp.ones_like(scale)
     root = out.root * xp.where(usable, factor, xp.full_like(factor, float("nan")))[:, None, None]
     returned = xp.astype(root, a.dtype, copy=False)
     # Only roots finite in the compute dtype can be spoilt by the cast itself.

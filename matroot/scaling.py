@@ -361,9 +361,10 @@ def _lanczos_coefficients(a, num_steps: int):
 def _lanczos_rolled(xp, mat, fresh, steps: int, tiny: float, breakdown: float):
     """The loop of :func:`_lanczos_coefficients` with shapes fixed from step to step,
     for tracing: under ``jax.jit`` one device loop (XLA compiled the unrolled
-    growing-basis steps for seconds per call site). The basis is a fixed ``(b, steps, n)`` array whose rows not
-    yet filled are zero: orthogonalising against it is the same arithmetic as
-    against the filled rows alone. Returns ``(alphas, betas)``, each ``(b, steps)``.
+    growing-basis steps for seconds per call site). The basis is a fixed
+    ``(b, steps, n)`` array whose rows not yet filled are zero: orthogonalising
+    against it is the same arithmetic as against the filled rows alone. Returns
+    ``(alphas, betas)``, each ``(b, steps)``.
     """
     b, n = mat.shape[0], mat.shape[-1]
     dev = _xp.device_of(mat)

@@ -138,3 +138,21 @@ def test_output_keeps_namespace_device_dtype(backend, method, dtype):
 def _sqrtm(a):
     lam, q = np.linalg.eigh(a)
     return (q * np.sqrt(lam)[..., None, :]) @ np.swapaxes(q, -1, -2)
+
+
+@pytest.mark.parametrize("method,p", [("newton_db", 4), ("coupled_newton", 3), ("minimax", 4),
+                                      ("minimax", 2), ("evd", 4), ("evd", 3)])
+def test_same_bits_wherever_a_matrix_sits_in_its_batch(method, p):
+    """torch CPU: a matrix's root has the same bits in any sub-batch (what sharded
+    Shampoo relies on). torch's SIMD ``pow`` rounds the last lanes differently, so
+    the unscaling and eigenvalue powers avoid it. evd at n = 16: torch's CPU eigh
+    itself can round differently at other offsets for sizes not a multiple of 8."""
+    torch = pytest.importorskip("torch")
+    g = torch.randn(37, 16, 18, generator=torch.Generator().manual_seed(1))
+    a = g @ g.transpose(1, 2)
+    full = matroot.inv_root_info(a, p, method=method, eps=1e-6).root
+    for k in (1, 7, 12, 13, 20, 33):
+        head = matroot.inv_root_info(a[:k], p, method=method, eps=1e-6).root
+        tail = matroot.inv_root_info(a[k:].clone(), p, method=method, eps=1e-6).root
+        assert torch.equal(head, full[:k]), f"first {k}"
+        assert torch.equal(tail, full[k:]), f"from {k}"

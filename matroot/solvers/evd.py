@@ -182,7 +182,7 @@ def surely_beyond_float32(a, p, tol: float = 0.0):
 
 def _root_from_eigh(xp, lam, q, p):
     safe = xp.where(lam > 0, lam, xp.ones_like(lam))
-    return (q * (safe ** (-1.0 / p))[:, None, :]) @ xp.matrix_transpose(q)
+    return (q * _xp.inverse_root_entries(safe, p)[:, None, :]) @ xp.matrix_transpose(q)
 
 
 def _all_in_float64(xp, a, p):
