@@ -10,7 +10,6 @@ check on eager backends, ``lax.while_loop`` under ``jax.jit``).
 from __future__ import annotations
 
 import functools
-import math
 import sys
 
 import numpy as np
@@ -166,8 +165,8 @@ def add_scaled_identity(a, c):
 
 
 def _add_to_diagonal(a, c):
-    """torch: ``a += c·I`` in place, ``c`` a float or a per-matrix (b, 1, 1) tensor."""
-    a.diagonal(dim1=-2, dim2=-1).add_(c if isinstance(c, float) else c[..., 0])
+    """torch: ``a += c·I`` in place, ``c`` a number or a per-matrix (b, 1, 1) tensor."""
+    a.diagonal(dim1=-2, dim2=-1).add_(float(c) if isinstance(c, (int, float)) else c[..., 0])
     return a
 
 
@@ -185,7 +184,7 @@ def shifted_product(c, alpha: float, a, b, eye):
         out = a @ b
         if alpha != 1.0:
             out.mul_(alpha)
-        return _add_to_diagonal(out, float(c) if isinstance(c, (int, float)) else c)
+        return _add_to_diagonal(out, c)
     return c * eye + alpha * (a @ b)
 
 
@@ -205,7 +204,7 @@ def scaled_plus_identity(a, c, shifts: tuple, eye, *, overwrite: bool = False):
         if not (isinstance(c, (int, float)) and c == 1):
             a.mul_(c)
         for d in shifts:
-            _add_to_diagonal(a, float(d) if isinstance(d, (int, float)) else d)
+            _add_to_diagonal(a, d)
         return a
     out = a if isinstance(c, (int, float)) and c == 1 else c * a
     for d in shifts:
@@ -376,9 +375,8 @@ def inverse_root_entries(x, p: float):
     array([0.5       , 0.33333333])
     """
     xp = array_namespace(x)
-    halvings = math.log2(p) if p >= 1 else 0.5
-    if halvings.is_integer() and halvings <= 6:
-        for _ in range(int(halvings)):
+    if p in (1, 2, 4, 8, 16, 32, 64):
+        for _ in range(int(p).bit_length() - 1):
             x = xp.sqrt(x)
         return 1.0 / x
     if x.dtype == xp.float32 and has_float64(xp):

@@ -323,14 +323,19 @@ def _lanczos_coefficients(a, num_steps: int):
     # Row vectors (vᵀA = (Av)ᵀ for symmetric A): a row times the stack streams it
     # row by row, ~9× faster than A @ v for one vector at n = 384 on torch CPU.
     fresh = xp.matrix_transpose(_start_vectors(xp, n, steps + 1, a.dtype, dev))
+    run = _lanczos_rolled if _xp.is_traced(mat) else _lanczos_growing
+    alphas, betas = run(xp, mat, fresh, steps, tiny, breakdown)
+    betas = xp.where(betas <= breakdown, xp.zeros_like(betas), betas)
+    return xp.concat([alphas, betas, scale[:, None]], axis=-1), steps
+
+
+def _lanczos_growing(xp, mat, fresh, steps: int, tiny: float, breakdown: float):
+    """The eager loop of :func:`_lanczos_coefficients`, its basis growing a row per
+    step. Returns ``(alphas, betas)``, each ``(b, steps)``."""
+    b, n = mat.shape[0], mat.shape[-1]
     # The loop calls the namespace directly: at n = 256 a step is a few dozen µs
     # of arithmetic, so wrapper overhead per call would dominate it.
     norm = xp.linalg.vector_norm
-    if _xp.is_traced(mat):
-        alphas, betas = _lanczos_rolled(xp, mat, fresh, steps, tiny, breakdown)
-        betas = xp.where(betas <= breakdown, xp.zeros_like(betas), betas)
-        return xp.concat([alphas, betas, scale[:, None]], axis=-1), steps
-
     v = xp.broadcast_to(fresh[:1, :], (b, 1, n))
     basis = v
     alphas, betas = [], []
@@ -353,9 +358,7 @@ def _lanczos_coefficients(a, num_steps: int):
         w = w - (w @ xp.matrix_transpose(basis)) @ basis
         v = w / xp.clip(norm(w, axis=(-2, -1)), min=tiny)[:, None, None]
         basis = xp.concat([basis, v], axis=-2)
-    betas = xp.stack(betas, axis=-1)
-    betas = xp.where(betas <= breakdown, xp.zeros_like(betas), betas)
-    return xp.concat([xp.stack(alphas, axis=-1), betas, scale[:, None]], axis=-1), steps
+    return xp.stack(alphas, axis=-1), xp.stack(betas, axis=-1)
 
 
 def _lanczos_rolled(xp, mat, fresh, steps: int, tiny: float, breakdown: float):
