@@ -366,7 +366,7 @@ def inverse_root_entries(x, p: float):
     would not match one process). Division and square roots are correctly
     rounded on every path, so for p = 1, 2, 4, 8, … the power is a chain of them;
     other p take ``pow`` in float64 (where the backend has it), rounded once to
-    ``x``'s dtype.
+    ``x``'s dtype (float64 entries at such p can still differ in the last bit).
 
     Examples
     --------
