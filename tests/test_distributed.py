@@ -362,8 +362,11 @@ def test_sharded_run_agrees_across_ranks_and_with_single_process(ranks):
         eq = r["equality"][method]
         assert eq["sharded"], "Shampoo did not shard although torch.distributed was up"
         assert eq["root_refreshes"] >= 4, "the run must reach the preconditioned phase"
-        # Before start_preconditioning_step every update is the elementwise Adam one.
-        assert eq["updates_equal"][:OPTIONS["start_preconditioning_step"]] == [True, True]
+        # Before start_preconditioning_step every update is the elementwise Adam one, so
+        # bit-identical; later steps agree to rounding (docs/distributed.rst), because
+        # batched matmul and eigh need not round alike at every batch offset.
+        before = OPTIONS["start_preconditioning_step"] - 1
+        assert before >= 1 and eq["updates_equal"][:before] == [True] * before
     _assert_matches_single_process([r["equality"] for r in results], method, f"{world} ranks")
     assert sum(r["equality"][method]["owned_blocks"] for r in results) == \
         results[0]["equality"][method]["total_blocks"]
