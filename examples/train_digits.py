@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import platform
 import time
@@ -164,7 +163,7 @@ def main(argv=None) -> int:
 
     adam = results["AdamW"]
     target = adam["train_loss"][-1]
-    for name, r in results.items():
+    for r in results.values():
         r["final_train_loss"] = r["train_loss"][-1]
         r["final_test_loss"] = r["test_loss"][-1]
         r["final_test_accuracy"] = r["test_accuracy"][-1]

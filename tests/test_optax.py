@@ -36,14 +36,20 @@ def _grads(params, targets, k):
             for name in params}
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-def test_optax_matches_numpy_core(jit):
+#: Roots solved every step and not kept, from step 3 (under jit a device-side choice).
+NOT_KEPT = dict(HYPER, precondition_frequency=1, start_preconditioning_step=3, keep_roots=False)
+
+
+@pytest.mark.parametrize("jit, hyper", [(False, HYPER), (True, HYPER), (True, NOT_KEPT)],
+                         ids=["eager", "jit", "jit-roots-not-kept"])
+def test_optax_matches_numpy_core(jit, hyper):
     params, targets = _toy()
     names = sorted(params)  # jax flattens dicts by sorted key
-    config = ShampooConfig(lr=0.05, **HYPER)
+    # The NumPy reference keeps its roots: not keeping them changes no update.
+    config = ShampooConfig(lr=0.05, **dict(hyper, keep_roots=True))
     np_params = [params[n] for n in names]
     np_state = init(np_params, config)
-    opt = shampoo(0.05, **HYPER)
+    opt = shampoo(0.05, **hyper)
     jx_params = {n: jnp.asarray(v) for n, v in params.items()}
     jx_state = opt.init(jx_params)
     step = jax.jit(opt.update) if jit else opt.update
@@ -56,7 +62,9 @@ def test_optax_matches_numpy_core(jit):
         jx_params = optax.apply_updates(jx_params, jx_updates)
         for n, u in zip(names, np_updates):
             np.testing.assert_allclose(np.asarray(jx_updates[n]), u, rtol=1e-9, atol=1e-12)
-    assert int(jx_state[0].root_refreshes) == np_state.root_refreshes == 2
+    assert int(jx_state[0].root_refreshes) == np_state.root_refreshes == (
+        3 if hyper is NOT_KEPT else 2)
+    assert all(r is None for r in jx_state[0].roots) == (hyper is NOT_KEPT)
 
 
 def test_core_update_does_not_touch_its_inputs():

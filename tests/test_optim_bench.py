@@ -84,6 +84,9 @@ def test_memory_table_shows_the_one_sided_embedding_near_adamw(tmp_path, capsys,
     assert emb["shampoo, bf16 roots"] < emb["shampoo"]
     # Packing keeps n(n+1)/2 of each factor's and root's n² numbers.
     assert emb["shampoo, packed"] - 8 < 0.55 * (emb["shampoo"] - 8)
+    # Roots not kept: the packed factors alone, a third of packed factors and roots.
+    assert emb["shampoo, packed, roots not kept (frequency 1)"] - 8 < \
+        0.55 * (emb["shampoo, packed"] - 8)
     table = capsys.readouterr().out
     assert "distributed_shampoo" in table and "| mlp (1,584 parameters) |" in table
 
@@ -107,5 +110,10 @@ def test_memory_counts_distributed_shampoos_factors_and_matches_its_packing():
     assert ratios["shampoo, packed, bf16 roots / distributed_shampoo, no 1-D, bf16 roots"] == \
         pytest.approx(1, abs=0.01)
     assert ratios["shampoo, packed, bf16 roots / distributed_shampoo, no 1-D"] < 0.95
+    # At Meta's default frequency 1, matroot keeps no roots: the issue's <= 0.8x.
+    assert ratios["shampoo, packed, roots not kept (frequency 1) / distributed_shampoo, "
+                  "no 1-D"] < 0.8
+    assert ratios["shampoo, 1-D, packed, roots not kept (frequency 1) / "
+                  "distributed_shampoo"] < 0.8
     emb = report["embedding"]["bytes_per_parameter"]
     assert emb["distributed_shampoo, no 1-D, one-sided > 4096"] < 0.5 * emb["distributed_shampoo"]

@@ -249,6 +249,82 @@ def test_bfloat16_root_storage_resumes_bit_identically():
         assert torch.equal(p, q)
 
 
+def _every_step(keep_roots, steps, **options):
+    x, y, w, b = _linear_problem(9, rows=40, cols=12)
+    opt = Shampoo([w, b], lr=1e-2, block_size=32, precondition_frequency=1,
+                  precondition_1d=True, keep_roots=keep_roots, **options)
+    _steps((w, b), opt, x, y, steps)
+    return opt, (w, b), (x, y)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_roots_not_kept_hold_no_root_bytes_and_give_the_kept_roots_updates(packed):
+    kept, kept_params, _ = _every_step(True, 5, symmetric_packing=packed)
+    dropped, params, _ = _every_step(False, 5, symmetric_packing=packed)
+    state = dropped._families[0].state
+    assert state.roots == [None] * len(state.plan.stacks)
+    assert core.state_bytes(state)["roots"] == 0
+    assert core.state_bytes(kept._families[0].state)["roots"] > 0
+    assert int(state.root_refreshes) == 5 and int(sum(f.sum() for f in state.root_failures)) == 0
+    for p, q in zip(params, kept_params):
+        if packed:      # packed storage makes a kept root exactly symmetric: rounding apart
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        else:           # the same root is used either way
+            assert torch.equal(p, q)
+
+
+def test_roots_not_kept_fall_back_to_the_identity_and_count_the_failure():
+    """A root that fails its check: kept roots fall back to the previous one (the identity
+    at the first refresh), roots not kept to the identity, so step 1 agrees bitwise."""
+    failing = {"root_method": "newton_db", "root_options": {"max_iter": 1}}
+    kept, kept_params, _ = _every_step(True, 1, **failing)
+    dropped, params, _ = _every_step(False, 1, **failing)
+    failures = dropped._families[0].state.root_failures
+    assert [f.tolist() for f in failures] == \
+        [f.tolist() for f in kept._families[0].state.root_failures]
+    assert all(bool((f == 1).all()) for f in failures)
+    for p, q in zip(params, kept_params):
+        assert torch.equal(p, q) and bool(torch.isfinite(p).all())
+
+
+def test_roots_not_kept_resume_bit_identically_and_load_into_kept_roots():
+    opt, params, (x, y) = _every_step(False, 3, symmetric_packing=True)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    twins = {keep: [p.detach().clone().requires_grad_() for p in params] for keep in (False, True)}
+    for keep, ps in twins.items():
+        resumed = Shampoo(ps, lr=1e-2, block_size=32, precondition_frequency=1,
+                          precondition_1d=True, keep_roots=keep, symmetric_packing=True)
+        buffer.seek(0)
+        resumed.load_state_dict(torch.load(buffer, weights_only=True))
+        _steps(ps, resumed, x, y, 3)
+    _steps(params, opt, x, y, 3)
+    assert all(torch.equal(p, q) for p, q in zip(params, twins[False]))
+    for p, q in zip(params, twins[True]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_roots_not_kept_need_every_step_refreshes_and_no_root_storage_dtype():
+    with pytest.raises(ValueError, match="precondition_frequency=1, got 10"):
+        ShampooConfig(keep_roots=False)
+    with pytest.raises(ValueError, match="leave it None"):
+        ShampooConfig(keep_roots=False, precondition_frequency=1, root_storage_dtype="bfloat16")
+
+
+def test_roots_not_kept_shard_and_consolidate_without_roots():
+    from matroot.optim.distributed import consolidate_state_dicts, shard_state_dict
+
+    opt, _, _ = _every_step(False, 2)
+    sd = opt.state_dict()
+    shards = [shard_state_dict(sd, 2, r) for r in (0, 1)]
+    assert all(s["shampoo_families"][0]["roots"] == [None] * len(
+        s["shampoo_families"][0]["factors"]) for s in shards)
+    merged = consolidate_state_dicts(shards)["shampoo_families"][0]
+    assert merged["roots"] == [None] * len(merged["factors"])
+    for saved, again in zip(sd["shampoo_families"][0]["factors"], merged["factors"]):
+        assert torch.equal(saved, again)
+
+
 # --- state dict -----------------------------------------------------------------------------
 
 def test_state_dict_layout_says_where_each_blocks_factors_are():

@@ -3,8 +3,9 @@ Meta's Distributed Shampoo (when importable), on the same models and hyperparame
 
 Each optimizer takes one step on random gradients, after which every array it will
 ever hold exists (matroot allocates a stack's factors and roots together at its first
-gradient; no root needs computing for that, so none is); the bytes are those of the
-tensors it keeps (moments, factors, inverse roots, counters), counted once per storage.
+gradient; no root needs computing for that, so none is, except in the rows whose roots
+are solved every step and not kept); the bytes are those of the tensors it keeps
+between steps (moments, factors, inverse roots, counters), counted once per storage.
 
 Distributed Shampoo has no package on PyPI, so the requirements cannot pin it; its
 rows read "not installed" unless ``distributed_shampoo`` is importable. To measure it,
@@ -45,6 +46,8 @@ MODELS = {
 
 _PACKED_BF16 = {"symmetric_packing": True, "root_storage_dtype": "bfloat16"}
 _ONE_SIDED = {"max_preconditioned_dim": _ONE_SIDED_LIMIT}
+#: Roots solved every step and not kept (Distributed Shampoo's default frequency).
+_NOT_KEPT = {"symmetric_packing": True, "keep_roots": False, "precondition_frequency": 1}
 
 #: matroot Shampoo settings measured, by name (ShampooConfig fields).
 POLICIES: dict[str, dict[str, Any]] = {
@@ -55,6 +58,8 @@ POLICIES: dict[str, dict[str, Any]] = {
     "shampoo, 1-D, packed, bf16 roots": {"precondition_1d": True, **_PACKED_BF16},
     "shampoo, one-sided > 4096": _ONE_SIDED,
     "shampoo, one-sided > 4096, packed, bf16 roots": {**_ONE_SIDED, **_PACKED_BF16},
+    "shampoo, packed, roots not kept (frequency 1)": _NOT_KEPT,
+    "shampoo, 1-D, packed, roots not kept (frequency 1)": {"precondition_1d": True, **_NOT_KEPT},
 }
 
 #: Distributed Shampoo settings measured, by name. Its own defaults precondition
@@ -77,6 +82,10 @@ MATCHED = [
     ("shampoo, 1-D, packed, bf16 roots", "distributed_shampoo"),
     ("shampoo, one-sided > 4096, packed, bf16 roots",
      "distributed_shampoo, no 1-D, one-sided > 4096"),
+    # Meta's default precondition_frequency is 1, and its arrays do not depend on it.
+    ("shampoo, packed, roots not kept (frequency 1)", "distributed_shampoo, no 1-D"),
+    ("shampoo, packed, roots not kept (frequency 1)", "distributed_shampoo, no 1-D, bf16 roots"),
+    ("shampoo, 1-D, packed, roots not kept (frequency 1)", "distributed_shampoo"),
 ]
 
 
@@ -175,7 +184,7 @@ def memory_report(block_size: int = 1024, models=None) -> dict:
     makers = {"adamw": functools.partial(torch.optim.AdamW, lr=1e-3)}
     for name, options in POLICIES.items():
         makers[name] = functools.partial(Shampoo, block_size=block_size, distributed=None,
-                                         precondition_frequency=_NO_REFRESH, **options)
+                                         **{"precondition_frequency": _NO_REFRESH, **options})
     for name, options in META_POLICIES.items():
         makers[name] = _distributed_shampoo(block_size, **options)
     out = {}

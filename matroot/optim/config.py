@@ -126,6 +126,14 @@ class ShampooConfig:
         each instead of ``n²`` (Distributed Shampoo's ``use_symmetric_packing``). The
         factors hold the same values (accumulation is entrywise); a refresh unpacks one
         stack for the solver, a step unpacks one block group's roots at a time.
+    keep_roots : bool
+        Keep the inverse roots between steps (True), or solve them at every step
+        and drop each stack after its last use in that step (False; needs
+        ``precondition_frequency=1``, Distributed Shampoo's default). False holds
+        no roots in the state at all, with the same updates as True; the one
+        difference is the fallback: a matrix whose root fails that step gets the
+        identity (its side unpreconditioned, the block still grafted) instead of
+        its previous root.
     precondition : bool
         False keeps the parameters on the grafting update with no factors at all.
     precondition_1d : bool
@@ -177,6 +185,7 @@ class ShampooConfig:
     root_options: dict = field(default_factory=dict)
     root_storage_dtype: str | None = None
     symmetric_packing: bool = False
+    keep_roots: bool = True
     precondition: bool = True
     precondition_1d: bool = False
     max_preconditioned_dim: int | float = math.inf
@@ -215,6 +224,14 @@ class ShampooConfig:
                              + ", ".join(ROOT_OPTIONS))
         object.__setattr__(self, "root_options", options)
         _one_of(self.root_storage_dtype, "root_storage_dtype", ROOT_STORAGE_DTYPES)
+        if not self.keep_roots:
+            if self.precondition_frequency != 1:
+                raise ValueError("keep_roots=False solves the inverse roots at every step: "
+                                 "it needs precondition_frequency=1, got "
+                                 f"{self.precondition_frequency}")
+            if self.root_storage_dtype is not None:
+                raise ValueError("root_storage_dtype sets how kept roots are stored; with "
+                                 "keep_roots=False no root is stored, so leave it None")
         if self.max_preconditioned_dim != math.inf:
             _positive_int(self.max_preconditioned_dim, "max_preconditioned_dim")
         skip = tuple(self.skip_dims)

@@ -33,6 +33,7 @@ step needs every array to exist).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from .preconditioner import (
     empty_stack,
     gather_blocks,
     graft,
+    identity_roots,
     init_stacks,
     precondition_blocks,
     refresh_inverse_roots,
@@ -205,7 +207,8 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
     device = _xp.device_of(params[0])
     plan = make_plan(params, config) if plan is None else plan
     stacks = init_stacks(plan, xp, device, lazy=lazy, packed=config.symmetric_packing,
-                         root_dtypes=[_root_dtype(xp, config, s) for s in plan.stacks])
+                         root_dtypes=[_root_dtype(xp, config, s) for s in plan.stacks],
+                         keep_roots=config.keep_roots)
     count = len(params)
     moments = [None] * count if lazy else [
         xp.zeros(tuple(p.shape), dtype=getattr(xp, compute_dtype_name(xp, p.dtype)),
@@ -317,7 +320,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         Apply ``config.nonfinite_grads`` (one host sync per step). A caller that
         checked already passes False.
     on_phase : callable, optional
-        Called with "moments", "factors", "roots" (only on refresh steps),
+        Called with "moments", "factors", "roots" (only on refresh steps, and not
+        with ``keep_roots=False``, whose roots are solved within "precondition"),
         "precondition" and "updates" as each phase ends (for profiling).
     in_place : bool
         Overwrite the state's moments and factors instead of making new arrays
@@ -426,37 +430,69 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     runs = [run for group in plan.groups for run in _present_runs(group, present)]
     for run in runs:
         for stack, _ in run.factor_slots:
+            spec = plan.stacks[stack]
+            device = _xp.device_of(g_work[run.blocks[0].param])
             if factors[stack] is None:
-                spec = plan.stacks[stack]
                 factors[stack], roots[stack], failures[stack] = empty_stack(
-                    spec, xp, _xp.device_of(g_work[run.blocks[0].param]),
-                    root_dtype=_root_dtype(xp, config, spec), packed=config.symmetric_packing)
+                    spec, xp, device, root_dtype=_root_dtype(xp, config, spec),
+                    packed=config.symmetric_packing, keep_roots=config.keep_roots)
+            elif roots[stack] is None and config.keep_roots:  # from a keep_roots=False state
+                roots[stack] = identity_roots(spec, xp, device, _root_dtype(xp, config, spec),
+                                              packed=config.symmetric_packing)
         factors = update_factors(run, gather_blocks(run, views, xp), factors,
                                  config.betas[1], in_place=in_place, keep=keep)
     phase("factors")
 
     # 3. Inverse roots, one solver call per stack that has factors. The solvers' convergence
     # checks read the host by design: under torch.compile they run outside the graph.
+    def solve(s, roots, failures):
+        return refresh_inverse_roots(plan.stacks[s], factors[s], roots, failures,
+                                     method=config.root_method, eps=config.matrix_eps,
+                                     options=config.root_options)[:2]
+
     def refresh(roots, failures):
         roots, failures = list(roots), list(failures)
-        for s, spec in enumerate(plan.stacks):
+        for s in range(len(plan.stacks)):
             if factors[s] is not None:
-                roots[s], failures[s], _ = refresh_inverse_roots(
-                    spec, factors[s], roots[s], failures[s], method=config.root_method,
-                    eps=config.matrix_eps, options=config.root_options)
+                roots[s], failures[s] = solve(s, roots[s], failures[s])
         return roots, failures
 
     refreshes = state.root_refreshes
     if plan.stacks:
-        if isinstance(due, bool):
+        if not config.keep_roots:
+            roots = [None] * len(plan.stacks)   # solved in step 4, stack by stack
+        elif isinstance(due, bool):
             if due:
                 roots, failures = _xp.outside_torch_compile(refresh, roots, failures)
-                refreshes = refreshes + 1
                 phase("roots")
         else:  # counters on the device (jax.jit): a device-side branch
             roots, failures = _xp.cond(due, refresh, lambda r, f: (list(r), list(f)),
                                        roots, failures)
+        if isinstance(due, bool):
+            refreshes = refreshes + int(due)
+        else:
             refreshes = refreshes + xp.astype(due, xp.int32)
+
+    def transient_roots(j, live):
+        """keep_roots=False: solve the stacks run ``j`` needs that are not live yet, and
+        drop those no later run needs, so a step holds only the roots in use."""
+        run = runs[j]
+        for side in (run.left, run.right):
+            if side is None or side[0] in live:
+                continue
+            s = side[0]
+            if isinstance(due, bool):
+                live[s], failures[s] = _xp.outside_torch_compile(solve, s, None, failures[s])
+            else:
+                live[s], failures[s] = _xp.cond(
+                    started, functools.partial(solve, s, None),
+                    lambda f, s=s: (identity_roots(plan.stacks[s], xp, _xp.device_of(f),
+                                                   factors[s].dtype), f),
+                    failures[s])
+        in_use = [live.get(s) for s in range(len(plan.stacks))]
+        for s in [s for s in live if last_use[s] == j]:
+            del live[s]
+        return in_use
 
     # 4. Directions: grafted Shampoo blocks once preconditioning has started.
     directions = list(adam)
@@ -468,8 +504,12 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         out_views = [None if (a is None or layout.kind == ELEMENTWISE)
                      else xp.zeros(layout.view, dtype=a.dtype, device=_xp.device_of(a))
                      for a, layout in zip(adam, plan.params)]
-        for run in runs:
-            shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), roots)
+        last_use = {side[0]: j for j, run in enumerate(runs)
+                    for side in (run.left, run.right) if side is not None}
+        live: dict = {}
+        for j, run in enumerate(runs):
+            in_use = roots if config.keep_roots else transient_roots(j, live)
+            shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), in_use)
             out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
                                        out_views)
         for i, (out, layout) in enumerate(zip(out_views, plan.params)):

@@ -337,6 +337,10 @@ def _empty_stacks(specs, name: str, like) -> list:
     if name == "root_failures":
         return [torch.zeros((spec.count,), dtype=torch.int32) for spec in specs]
     present = [a for a in like if a is not None]
+    if name == "roots" and not present:
+        # Kept by no rank (keep_roots=False, or no gradient yet): the optimizer makes
+        # them when it needs them.
+        return [None] * len(specs)
     packed = bool(present) and present[0].ndim == 2
     dtype = present[0].dtype if present else None
     return [empty_stack(spec, torch, "cpu", packed=packed,

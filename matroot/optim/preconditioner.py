@@ -30,6 +30,7 @@ __all__ = [
     "FactorStacks",
     "factor_shape",
     "empty_stack",
+    "identity_roots",
     "pack",
     "unpack",
     "init_stacks",
@@ -64,29 +65,34 @@ def factor_shape(spec: StackSpec, packed: bool) -> tuple[int, ...]:
     return (spec.count, spec.size, spec.size)
 
 
-def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None, packed=False) -> tuple:
-    """Zero factors, identity roots (in ``root_dtype``, default the factors') and zero
-    failure counts for one stack; factors and roots as packed upper triangles when
-    ``packed``."""
-    dtype = getattr(xp, spec.dtype)
-    root_dtype = dtype if root_dtype is None else root_dtype
-    factors = xp.zeros(factor_shape(spec, packed), dtype=dtype, device=device)
-    roots = xp.zeros((spec.count, spec.size, spec.size), dtype=root_dtype, device=device) + \
-        _xp.identity_stack(xp, spec.size, root_dtype, device)
-    if packed:
-        roots = pack(roots)
+def identity_roots(spec: StackSpec, xp, device, dtype=None, *, packed=False):
+    """The stack's roots before any refresh: identities, packed when ``packed``."""
+    dtype = getattr(xp, spec.dtype) if dtype is None else dtype
+    roots = xp.zeros((spec.count, spec.size, spec.size), dtype=dtype, device=device) + \
+        _xp.identity_stack(xp, spec.size, dtype, device)
+    return pack(roots) if packed else roots
+
+
+def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None, packed=False,
+                keep_roots=True) -> tuple:
+    """Zero factors, identity roots (in ``root_dtype``, default the factors'; None
+    unless ``keep_roots``) and zero failure counts for one stack; factors and roots
+    as packed upper triangles when ``packed``."""
+    factors = xp.zeros(factor_shape(spec, packed), dtype=getattr(xp, spec.dtype), device=device)
+    roots = identity_roots(spec, xp, device, root_dtype, packed=packed) if keep_roots else None
     return factors, roots, xp.zeros((spec.count,), dtype=xp.int32, device=device)
 
 
 def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
-                root_dtypes=None, packed: bool = False) -> FactorStacks:
+                root_dtypes=None, packed: bool = False, keep_roots: bool = True) -> FactorStacks:
     """Every stack of ``plan`` from :func:`empty_stack`, or None for each when ``lazy``."""
     stacks = FactorStacks([], [], [])
     root_dtypes = root_dtypes or [None] * len(plan.stacks)
     for spec, root_dtype in zip(plan.stacks, root_dtypes):
         arrays = (None, None, None) if lazy else empty_stack(spec, xp, device,
                                                               root_dtype=root_dtype,
-                                                              packed=packed)
+                                                              packed=packed,
+                                                              keep_roots=keep_roots)
         for store, array in zip(stacks, arrays):
             store.append(array)
     return stacks
@@ -248,14 +254,16 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
     Matrices whose new root is non-finite or did not converge keep their
-    previous root (identity before the first success) and have their failure
-    count raised by one.
+    previous root (identity before the first success, or when ``roots`` is None)
+    and have their failure count raised by one.
 
     Parameters
     ----------
     spec : StackSpec
         The stack's size and root order.
     factors, roots : array, shape (count, n, n) or packed (count, n(n+1)/2)
+        ``roots`` None: none kept (``keep_roots=False``); the result is then an
+        unpacked stack in the factors' dtype.
     failures : array of int32, shape (count,)
     method : str
         Any :func:`matroot.inv_root` method.
@@ -277,6 +285,8 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
     result = inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
                            **options)
     ok = usable_roots(result, options.get("tol"))
+    if roots is None:
+        roots = identity_roots(spec, xp, _xp.device_of(factors), factors.dtype)
     root = xp.astype(result.root, roots.dtype, copy=False)
     if roots.ndim == 2:
         new_roots = xp.where(ok[:, None], pack(root), roots)
