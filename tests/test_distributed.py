@@ -193,6 +193,15 @@ def _scenario_failed_roots(rank, world):
     return result
 
 
+def _scenario_roots_not_kept(rank, world):
+    """Roots solved every step and not kept: each rank solves only the stacks it owns."""
+    options = dict(OPTIONS, precondition_frequency=1, keep_roots=False)
+    opt, ref, _, _, result = _run_side_by_side(rank, options, 6)
+    result.update(roots=[r is None for r in opt._families[0].state.roots],
+                  refreshes=opt.diagnostics()["root_refreshes"])
+    return result
+
+
 def _scenario_nonfinite(rank, world):
     """NaN in rank 0's local gradient only: every rank must raise (or skip) together."""
     out = {}
@@ -307,6 +316,7 @@ def _worker(rank, world, port, tmpdir):
         result["two_families"] = _scenario_two_families(rank, world)
         result["failed_roots"] = _scenario_failed_roots(rank, world)
         result["nonfinite"] = _scenario_nonfinite(rank, world)
+        result["roots_not_kept"] = _scenario_roots_not_kept(rank, world)
         result["checkpoint"] = _scenario_checkpoint(rank, world, tmpdir)
         dist.barrier()
     except Exception:
@@ -423,6 +433,14 @@ def test_failed_roots_fall_back_like_single_process(ranks):
     assert sum(r["failed_roots"]["failures"] for r in results) == \
         results[0]["failed_roots"]["single_failures"] > 0
     _assert_matches_single_process(results, "failed_roots", f"{world} ranks")
+
+
+def test_roots_not_kept_shard_like_kept_roots(ranks):
+    world, results = ranks
+    for r in results:
+        assert all(r["roots_not_kept"]["roots"]) and r["roots_not_kept"]["refreshes"] >= 4
+        assert r["roots_not_kept"]["updates_equal"][0]      # step 1: the Adam update
+    _assert_matches_single_process(results, "roots_not_kept", f"{world} ranks")
 
 
 def test_nan_on_one_rank_makes_every_rank_raise_or_skip(ranks):
