@@ -40,6 +40,7 @@ __all__ = [
     "outside_torch_compile",
     "cond",
     "register_jax_pytree",
+    "jax_compiled",
     "is_accelerator",
     "identity_stack",
     "add_scaled_identity",
@@ -243,6 +244,23 @@ def outside_torch_compile(fn, *args, **kwargs):
     if torch is not None and torch.compiler.is_compiling():
         return torch.compiler.disable(fn)(*args, **kwargs)
     return fn(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=256)
+def _jax_jit(fn, static_items: tuple):
+    import jax
+
+    return jax.jit(functools.partial(fn, **dict(static_items)))
+
+
+def jax_compiled(fn, array, **static):
+    """``fn(array, **static)`` as one ``jax.jit`` call, compiled once per ``static``
+    (hashable values) and, by JAX, once per shape and dtype of ``array``.
+
+    For eager JAX callers: JAX runs an uncompiled function one operation at a time,
+    compiling each on its first use, which is slower on the first call and after it.
+    """
+    return _jax_jit(fn, tuple(sorted(static.items())))(array)
 
 
 @functools.cache

@@ -108,6 +108,10 @@ class InvRootResult(NamedTuple):
                 f"worst residual {float(residual.max()) if residual.size else 0:.2g})")
 
 
+_NONFINITE_INPUT = ("a contains NaN or Inf (pass check_finite=False to get NaN roots for "
+                    "those matrices instead)")
+
+
 def default_tol(method: str, compute_dtype: str) -> float:
     """The ``tol`` that ``method`` uses when none is given, for float32 or float64.
 
@@ -227,7 +231,6 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
-    dev = _xp.device_of(a)
     traced = _xp.is_traced(a)
     if traced and fallback is not None:
         raise ValueError("fallback= re-solves the matrices that failed their check, which "
@@ -238,6 +241,42 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     if b == 0 or n == 0:
         return _empty_result(xp, a, batch, method)
 
+    options = dict(p=p, method=method, eps=eps, scaling=scaling, tol=tol, max_iter=max_iter,
+                   matmul_dtype=matmul_dtype, work_name=work_name)
+    if _xp.is_jax_namespace(xp) and not traced and spec.needs_scaling:
+        # Eager JAX dispatches, and first compiles, every operation on its own: for the
+        # iterative methods' hundreds of small operations one compiled call per shape is
+        # faster from the first call on. A direct method is a few operations, and eagerly
+        # its float32 screen picks on the host the matrices that need float64.
+        if check_finite and not bool(xp.all(xp.isfinite(a))):
+            raise ValueError(_NONFINITE_INPUT)
+        result, usable, cast_trouble = _xp.jax_compiled(_solve_stack, a,
+                                                        check_finite=False, **options)
+    else:
+        result, usable, cast_trouble = _solve_stack(a, check_finite=check_finite, **options)
+    if not traced and bool(cast_trouble):
+        warnings.warn(
+            f"inv_root_info: some roots overflow or lose their precision when cast back "
+            f"from {work_name} to {a.dtype} (entries beyond its range); they are "
+            "converged=False. Pass a wider input dtype or a larger eps",
+            ConvergenceWarning, stacklevel=2)
+    if fallback is not None:
+        result = _repair(xp.reshape(a, (b, n, n)), result, usable, p, eps, fallback, tol)
+    return _reshaped(xp, result, batch)
+
+
+def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, work_name,
+                 check_finite):
+    """The validated call on a non-empty stack: the flat ``(b, ...)`` result, which
+    matrices were finite with a positive λmax bound (the others get NaN roots), and a
+    0-d flag, True where some root lost its precision in the cast back to ``a.dtype``."""
+    xp = _xp.array_namespace(a)
+    spec = get_solver(method)
+    batch = tuple(a.shape[:-2])
+    n = a.shape[-1]
+    dev = _xp.device_of(a)
+    traced = _xp.is_traced(a)
+    b = math.prod(batch)
     work_dtype = getattr(xp, work_name)
     stack = xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n))
     finite = _xp.finite_matrices(stack)
@@ -246,8 +285,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     all_finite = False if traced else bool(xp.all(finite))
     # The input itself is read again only to tell its NaN/Inf from an overflowing cast.
     if check_finite and not traced and not all_finite and not bool(xp.all(xp.isfinite(a))):
-        raise ValueError("a contains NaN or Inf (pass check_finite=False to get NaN "
-                         "roots for those matrices instead)")
+        raise ValueError(_NONFINITE_INPUT)
     eye = _xp.identity_stack(xp, n, work_dtype, dev)
     # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
     stack = _xp.symmetric_part(stack)
@@ -313,13 +351,6 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     nan_b = xp.full_like(lam_max, float("nan"))
     residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
                         nan_b)
-    if not traced and not bool(xp.all(cast_ok | ~computed)):
-        warnings.warn(
-            f"inv_root_info: some roots overflow or lose their precision when cast back "
-            f"from {work_name} to {a.dtype} (entries beyond its range); they are "
-            "converged=False. Pass a wider input dtype or a larger eps",
-            ConvergenceWarning, stacklevel=2)
-
     result = InvRootResult(
         root=returned,
         residual=residual,
@@ -332,9 +363,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
         repaired=xp.zeros_like(converged),
         check_matmuls=certify_cost + check.matmul_equivalents,
     )
-    if fallback is not None:
-        result = _repair(xp.reshape(a, (b, n, n)), result, usable, p, eps, fallback, tol)
-    return _reshaped(xp, result, batch)
+    return result, usable, ~xp.all(cast_ok | ~computed)
 
 
 def _reshaped(xp, result, batch):

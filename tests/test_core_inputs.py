@@ -116,7 +116,10 @@ def test_check_finite_raises(bad):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_non_finite_matrix_is_isolated(backend, method):
-    """With check_finite=False the bad matrix is NaN and the others are bit-identical."""
+    """With check_finite=False the bad matrix is NaN and the others are bit-identical
+    to a batch with a good matrix in its place (and, on the backends that run op by
+    op, to the batch without it; JAX compiles each batch size into its own program,
+    which XLA may round differently)."""
     a = _spd(batch=(3,), n=6)
     poisoned = a.copy()
     poisoned[1, 0, 4] = np.nan
@@ -126,11 +129,16 @@ def test_non_finite_matrix_is_isolated(backend, method):
                                check_finite=False, **kw)
     info = matroot.inv_root_info(backend.asarray(poisoned), 4, method=method,
                                  check_finite=False, **kw)
-    clean = matroot.inv_root(backend.asarray(a[[0, 2]]), 4, method=method, **kw)
-    bad, clean = to_numpy(bad), to_numpy(clean)
+    replaced = a.copy()
+    replaced[1] = _spd(batch=(1,), n=6, kappa=1e3, seed=4)[0]
+    same_size = to_numpy(matroot.inv_root(backend.asarray(replaced), 4, method=method, **kw))
+    bad = to_numpy(bad)
     assert np.all(np.isnan(bad[1]))
     assert to_numpy(info.converged).tolist() == [True, False, True]
-    np.testing.assert_array_equal(bad[[0, 2]], clean)
+    np.testing.assert_array_equal(bad[[0, 2]], same_size[[0, 2]])
+    if backend.backend != "jax":
+        clean = matroot.inv_root(backend.asarray(a[[0, 2]]), 4, method=method, **kw)
+        np.testing.assert_array_equal(bad[[0, 2]], to_numpy(clean))
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -1,8 +1,10 @@
 """inv_root under ``jax.jit``: the accuracy table, batch independence, bad input, x64.
 
 The eager JAX backend runs through the ``backend`` fixture with the other
-backends; these tests trace the same calls. Under tracing the solver loops are
-``lax.while_loop``s and the minimax / chebyshev coefficients come from tables
+backends (an eager call compiles itself: one ``jax.jit`` per shape and options);
+these tests trace the same calls and compare them with the op-by-op path that
+``jax.disable_jit()`` runs, whose loops check on the host. Under tracing the
+solver loops are ``lax.while_loop``s and the minimax / chebyshev coefficients come from tables
 indexed on the device, so nothing here may read a value back to the host.
 """
 
@@ -79,12 +81,37 @@ def test_jit_matches_eager(method):
     """Same schedules, same iteration counts, same roots to rounding."""
     a, eps = _problem(1e3, 16, with_eps=True, seed=3)
     x = jnp.asarray(a, dtype=jnp.float32)
-    eager = matroot.inv_root_info(x, 4, method=method, eps=eps)
+    with jax.disable_jit():
+        eager = matroot.inv_root_info(x, 4, method=method, eps=eps)
     traced = jit_info(4, method=method, eps=eps)(x)
     np.testing.assert_array_equal(np.asarray(traced.iterations), np.asarray(eager.iterations))
     np.testing.assert_array_equal(np.asarray(traced.converged), np.asarray(eager.converged))
     np.testing.assert_allclose(np.asarray(traced.root), np.asarray(eager.root),
                                rtol=1e-4, atol=1e-6 * float(np.abs(eager.root).max()))
+
+
+def test_an_eager_call_compiles_once_per_shape_and_keeps_the_eager_checks(monkeypatch):
+    import matroot.roots as roots
+
+    traces = []
+    solve = roots._solve_stack
+    monkeypatch.setattr(roots, "_solve_stack", lambda a, **o: traces.append(1) or solve(a, **o))
+    a, _ = _problem(1e2, 12, with_eps=False, seed=5)
+    x = jnp.asarray(a, dtype=jnp.float32)
+    first = matroot.inv_root_info(x, 4, method="newton_db", tol=1e-4)
+    again = matroot.inv_root_info(x + 0, 4, method="newton_db", tol=1e-4)
+    assert len(traces) == 1                         # traced once, then the compiled call
+    assert bool(jnp.all(first.converged)) and bool(jnp.all(first.root == again.root))
+    with jax.disable_jit():
+        eager = matroot.inv_root_info(x, 4, method="newton_db", tol=1e-4)
+    assert len(traces) == 2                         # op by op: Python runs again
+    np.testing.assert_allclose(np.asarray(first.root), np.asarray(eager.root), rtol=1e-4)
+    bad = np.asarray(x).copy()
+    bad[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        matroot.inv_root(jnp.asarray(bad), 4, method="newton_db")
+    with pytest.warns(matroot.ConvergenceWarning, match="did not converge"):
+        matroot.inv_root(x, 4, method="newton_db", max_iter=1)
 
 
 @pytest.mark.parametrize("method", ["evd", "coupled_newton", "minimax"])
@@ -170,7 +197,8 @@ def test_16bit_matmuls_under_jit(method):
     x = jnp.asarray(a, dtype=jnp.float32)
     options = dict(method=method, eps=eps, matmul_dtype="float16")
     traced = jit_info(2, **options)(x)
-    eager = matroot.inv_root_info(x, 2, **options)
+    with jax.disable_jit():
+        eager = matroot.inv_root_info(x, 2, **options)
     ref = oracle_inv_root(np.asarray(x), 2, eps)
     np.testing.assert_array_equal(np.asarray(traced.iterations), np.asarray(eager.iterations))
     assert np.all(np.asarray(traced.converged))
