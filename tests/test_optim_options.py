@@ -311,6 +311,26 @@ def test_roots_not_kept_need_every_step_refreshes_and_no_root_storage_dtype():
         ShampooConfig(keep_roots=False, precondition_frequency=1, root_storage_dtype="bfloat16")
 
 
+@pytest.mark.parametrize("storage", [{}, {"symmetric_packing": True},
+                                     {"symmetric_packing": True, "root_storage_dtype": "bfloat16"},
+                                     {"keep_roots": False, "precondition_frequency": 1}])
+def test_the_planner_counts_the_preconditioner_bytes_the_state_holds(storage):
+    from matroot.optim.plan import plan_summary
+
+    shapes = [(40, 12), (12,), (300, 20), (20, 20)]
+    config = ShampooConfig(block_size=32, precondition_1d=True, **storage)
+    state = core.init([torch.zeros(s) for s in shapes], config)
+    held = core.state_bytes(state)
+    failures = sum(f.numel() * f.element_size() for f in state.root_failures)
+    planned = plan_summary([(str(i), s) for i, s in enumerate(shapes)], block_size=32,
+                           world_sizes=[1], precondition_1d=True,
+                           symmetric_packing=config.symmetric_packing,
+                           root_storage_dtype=config.root_storage_dtype,
+                           keep_roots=config.keep_roots)["worlds"][0]
+    assert planned["preconditioner"] == held["factors"] + held["roots"] + failures
+    assert planned["moments"] == held["moments"]
+
+
 def test_roots_not_kept_shard_and_consolidate_without_roots():
     from matroot.optim.distributed import consolidate_state_dicts, shard_state_dict
 

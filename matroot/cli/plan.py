@@ -29,6 +29,13 @@ def configure(parser) -> None:
                         help="optimizer state dtype (default float32)")
     parser.add_argument("--precondition-1d", action="store_true",
                         help="as Shampoo(precondition_1d=True): vectors get one factor")
+    parser.add_argument("--symmetric-packing", action="store_true",
+                        help="as Shampoo(symmetric_packing=True): packed factors and roots")
+    parser.add_argument("--root-storage-dtype", choices=("float32", "bfloat16", "float16"),
+                        help="as Shampoo(root_storage_dtype=...): dtype of the kept roots")
+    parser.add_argument("--no-keep-roots", action="store_true",
+                        help="as Shampoo(keep_roots=False, precondition_frequency=1): "
+                             "no roots kept")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(run=run, prog=parser.prog)
 
@@ -52,7 +59,10 @@ def run(args) -> int:
             shapes = MODELS[title]()
         summary = plan_summary(shapes, block_size=args.block_size,
                                world_sizes=args.world_size, dtype=args.dtype,
-                               precondition_1d=args.precondition_1d)
+                               precondition_1d=args.precondition_1d,
+                               symmetric_packing=args.symmetric_packing,
+                               root_storage_dtype=args.root_storage_dtype,
+                               keep_roots=not args.no_keep_roots)
     except (ValueError, OSError) as err:
         raise UsageError(str(err)) from None
     if args.json:

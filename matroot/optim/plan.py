@@ -142,7 +142,8 @@ def load_shapes_json(path: str) -> list:
 
 
 def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str = "float32",
-                 precondition_1d: bool = False) -> dict:
+                 precondition_1d: bool = False, symmetric_packing: bool = False,
+                 root_storage_dtype: str | None = None, keep_roots: bool = True) -> dict:
     """The blocking of ``shapes`` and its split over each world size, as numbers.
 
     Parameters
@@ -154,8 +155,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     world_sizes : sequence of int
     dtype : {"float32", "float64"}
         The optimizer's state dtype (float32 for float32 and 16-bit parameters).
-    precondition_1d : bool
-        The optimizer's ``precondition_1d``.
+    precondition_1d, symmetric_packing, root_storage_dtype, keep_roots
+        The optimizer's settings of these names (docs/memory.rst).
 
     Returns
     -------
@@ -182,6 +183,11 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     for w in world_sizes:
         if isinstance(w, bool) or not isinstance(w, int) or w < 1:
             raise ValueError(f"world sizes must be positive integers, got {w!r}")
+    if root_storage_dtype is not None and root_storage_dtype not in DTYPE_BYTES:
+        raise ValueError(f"root_storage_dtype must be one of {sorted(DTYPE_BYTES)} or None, "
+                         f"got {root_storage_dtype!r}")
+    storage: dict[str, Any] = dict(packed=symmetric_packing, root_dtype=root_storage_dtype,
+                                   keep_roots=keep_roots)
     names = [n for n, _ in shapes]
     dims = [tuple(s) for _, s in shapes]
     plan = plan_blocks(dims, [dtype] * len(dims), block_size=block_size,
@@ -201,7 +207,7 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     for w in world_sizes:
         split = shard_plan(plan, w)
         per_rank_blocks = [sum(c[r] for c in split.counts) for r in range(w)]
-        precond = [sum(split.counts[g][r] * factor_bytes(group)
+        precond = [sum(split.counts[g][r] * factor_bytes(group, **storage)
                        for g, group in enumerate(plan.groups)) for r in range(w)]
         # A rank keeps the moments of the parameters it owns a block of, and of the
         # elementwise ones (every rank).
@@ -235,6 +241,7 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
                         "names": [names[i] for i in left_out]},
         "block_size": block_size,
         "dtype": dtype,
+        "storage": storage,
         "blocks": blocks,
         "stacks": dict(sorted(stacks.items(), reverse=True)),
         "worlds": worlds,
@@ -285,8 +292,13 @@ def format_summary(summary: dict, title: str) -> str:
     lines.append("")
     lines.append("  cost: r^3 + c^3 (inverse roots) + r*c*(r + c) (factor update) per r x c "
                  "block; best: a lower bound on max/mean for any split")
-    lines.append("  precond: factors + inverse roots, sharded (largest rank); moments: Adam "
-                 "m and v of the parameters a rank owns blocks of, and of the elementwise ones")
+    storage = s["storage"]
+    kept = ("no roots kept" if not storage["keep_roots"] else
+            f"roots in {storage['root_dtype'] or s['dtype']}")
+    lines.append(f"  precond: factors ({'packed' if storage['packed'] else 'n x n'}, "
+                 f"{s['dtype']}) + inverse roots ({kept}), sharded (largest rank); moments: "
+                 "Adam m and v of the parameters a rank owns blocks of, and of the elementwise "
+                 "ones")
     lines.append("  all-gather/step: output of the per-step all-gather on each rank, one per "
                  "dtype of the flattened blocks")
     return "\n".join(lines)

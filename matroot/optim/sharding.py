@@ -61,17 +61,24 @@ def block_cost(shape) -> int:
     return rows ** 3 + cols ** 3 + rows * cols * (rows + cols)
 
 
-def factor_bytes(group: BlockGroup) -> int:
+def factor_bytes(group: BlockGroup, *, packed: bool = False, root_dtype: str | None = None,
+                 keep_roots: bool = True) -> int:
     """State bytes of one block's factors: factor, inverse root and failure counter each.
+
+    ``packed``, ``root_dtype`` and ``keep_roots`` are the optimizer's
+    ``symmetric_packing``, ``root_storage_dtype`` and ``keep_roots``.
 
     Examples
     --------
     >>> from matroot.optim.blocking import plan_blocks
-    >>> [factor_bytes(g) for g in plan_blocks([(8, 4)], ["float32"], block_size=8).groups]
-    [648]
+    >>> group, = plan_blocks([(8, 4)], ["float32"], block_size=8).groups
+    >>> factor_bytes(group), factor_bytes(group, packed=True, keep_roots=False)
+    (648, 192)
     """
     sizes = [n for n, side in zip(group.shape, (group.left, group.right)) if side is not None]
-    return sum(2 * n * n * DTYPE_BYTES[group.dtype] + 4 for n in sizes)
+    per_entry = DTYPE_BYTES[group.dtype] + (DTYPE_BYTES[root_dtype or group.dtype]
+                                            if keep_roots else 0)
+    return sum((n * (n + 1) // 2 if packed else n * n) * per_entry + 4 for n in sizes)
 
 
 @dataclass(frozen=True)
