@@ -473,10 +473,9 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         else:
             refreshes = refreshes + xp.astype(due, xp.int32)
 
-    def transient_roots(j, live):
-        """keep_roots=False: solve the stacks run ``j`` needs that are not live yet, and
-        drop those no later run needs, so a step holds only the roots in use."""
-        run = runs[j]
+    def transient_roots(j, run, live, last_use):
+        """keep_roots=False: solve the stacks the ``j``-th run needs that are not live
+        yet, and drop those no later run needs, so a step holds only the roots in use."""
         for side in (run.left, run.right):
             if side is None or side[0] in live:
                 continue
@@ -504,11 +503,18 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         out_views = [None if (a is None or layout.kind == ELEMENTWISE)
                      else xp.zeros(layout.view, dtype=a.dtype, device=_xp.device_of(a))
                      for a, layout in zip(adam, plan.params)]
-        last_use = {side[0]: j for j, run in enumerate(runs)
-                    for side in (run.left, run.right) if side is not None}
+        def sides(run):
+            return [side for side in (run.left, run.right) if side is not None]
+
+        if not config.keep_roots:
+            # The runs that need the largest stack go first, then the next largest: each
+            # big stack is solved when its first user comes and freed before the next.
+            runs = sorted(runs, key=lambda run: -max(
+                (plan.stacks[s].size for s, _ in sides(run)), default=0))
+        last_use = {side[0]: j for j, run in enumerate(runs) for side in sides(run)}
         live: dict = {}
         for j, run in enumerate(runs):
-            in_use = roots if config.keep_roots else transient_roots(j, live)
+            in_use = roots if config.keep_roots else transient_roots(j, run, live, last_use)
             shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), in_use)
             out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
                                        out_views)
