@@ -130,10 +130,11 @@ class ShampooConfig:
         Keep the inverse roots between steps (True), or solve them at every step
         and drop each stack after its last use in that step (False; needs
         ``precondition_frequency=1``, Distributed Shampoo's default). False holds
-        no roots in the state at all, with the same updates as True; the one
-        difference is the fallback: a matrix whose root fails that step gets the
-        identity (its side unpreconditioned, the block still grafted) instead of
-        its previous root.
+        no roots in the state at all, with the same updates as True (to rounding
+        with ``symmetric_packing``, whose kept roots are exactly symmetric); the
+        one difference is the fallback: a matrix whose root fails that step gets
+        the identity (its side unpreconditioned, the block still grafted) instead
+        of its previous root.
     precondition : bool
         False keeps the parameters on the grafting update with no factors at all.
     precondition_1d : bool
