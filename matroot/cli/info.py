@@ -7,6 +7,7 @@ float64 oracle, so the answer is what this installation actually does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -52,6 +53,18 @@ def _probe_stack(n: int = 16, batch: int = 3):
     return (a + np.swapaxes(a, -1, -2)) / 2, oracle
 
 
+def _op_by_op(target: Target):
+    """On JAX, the op-by-op path: an eager call would compile each of the probe's
+    twenty tiny combinations into its own program (about a second each on a CPU);
+    op by op they share their operations' compilations, with the same steps and roots
+    (tests/test_jax.py holds the two paths equal)."""
+    if target.backend != "jax":
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.disable_jit()
+
+
 def probe(target: Target, method: str, precision) -> dict:
     """Try one combination; return its status and a detail line."""
     label, dtype, matmul_dtype, accept = precision
@@ -60,8 +73,9 @@ def probe(target: Target, method: str, precision) -> dict:
              "precision": label}
     try:
         a = target.asarray(a64.astype(dtype))
-        result = matroot.inv_root_info(a, _PROBE_P, method=method, eps=_PROBE_EPS,
-                                       matmul_dtype=matmul_dtype)
+        with _op_by_op(target):
+            result = matroot.inv_root_info(a, _PROBE_P, method=method, eps=_PROBE_EPS,
+                                           matmul_dtype=matmul_dtype)
     except (ValueError, TypeError) as err:
         return {**entry, "status": "unsupported", "detail": str(err)}
     except Exception as err:  # a solver bug: say so rather than stop the listing
