@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 from ._xp import array_namespace, backend_name
 
 SCALINGS = ("power", "frobenius")
@@ -15,6 +17,9 @@ FALLBACKS = (None, "evd")
 
 def check_stack(a, name: str = "a"):
     """Validate a stack of square real floating matrices; return its namespace."""
+    if isinstance(a, np.matrix):
+        raise TypeError(f"{name} is a numpy.matrix, whose indexing and products differ "
+                        "from arrays; pass np.asarray(a)")
     try:
         xp = array_namespace(a)
     except TypeError as err:
@@ -38,6 +43,10 @@ def check_stack(a, name: str = "a"):
         else:
             what = "integer arrays are not promoted; cast to float32 or float64 first"
         raise TypeError(f"{name} has dtype {a.dtype}: {what}")
+    if isinstance(a, np.ndarray) and a.dtype == np.longdouble and np.longdouble != np.float64:
+        raise TypeError(f"{name} has dtype {a.dtype} (long double): matroot computes in "
+                        "float32 or float64 at most; pass a.astype(np.float64) (and cast "
+                        "the root back if you need its dtype)")
     return xp
 
 

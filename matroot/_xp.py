@@ -157,6 +157,18 @@ def identity_stack(xp, n: int, dtype, device):
     return xp.eye(n, dtype=dtype, device=device)
 
 
+def power_of_two_scale(a, floor: float = 0.0):
+    """Per matrix of a ``(b, n, n)`` stack: a power of two near ``max(max|a_ij|, floor)``
+    (1 for an all-zero matrix), so that dividing by it is exact and brings every
+    entry near 1 (subnormal and huge entries alike)."""
+    xp = array_namespace(a)
+    m = xp.maximum(xp.max(a, axis=(-2, -1)), -xp.min(a, axis=(-2, -1)))
+    m = xp.maximum(m, xp.full_like(m, floor))
+    m = xp.where((m > 0) & xp.isfinite(m), m, xp.ones_like(m))
+    # log2 of a subnormal is exact enough to round to its exponent; 2**k is exact.
+    return 2.0 ** xp.round(xp.log2(m))
+
+
 def add_scaled_identity(a, c):
     """Return ``a + c[..., None, None] * I`` for a stack ``a`` and per-matrix ``c``."""
     xp = array_namespace(a)
@@ -409,6 +421,35 @@ def symmetric_part(a):
     return half + xp.matrix_transpose(half)
 
 
+#: Under a JAX trace, the last LAPACK custom call's output: the next one's input is
+#: made to depend on it. jaxlib can deadlock when independent batched Choleskys
+#: (LAPACK custom calls) run at once on a 2-core CPU (issue 26); a data dependency
+#: makes XLA run them one after another. A token of another trace (a finished one,
+#: or a loop body's) is not used: that would leak a tracer.
+_LAPACK_ORDER: list = []
+
+
+def lapack_in_order(call, a):
+    """``call(a)`` for a LAPACK-backed operation (Cholesky, eigh); under a JAX trace,
+    after every earlier one of the same trace (see :data:`_LAPACK_ORDER`).
+
+    Returns ``call(a)``'s result unchanged; eagerly and on other backends it is
+    just ``call(a)``.
+    """
+    if not (array_api_compat.is_jax_array(a) and is_traced(a)):
+        return call(a)
+    import jax
+    from jax._src import core as jax_core  # the current trace: no public API yet
+
+    current = jax_core.trace_ctx.trace
+    if _LAPACK_ORDER and getattr(_LAPACK_ORDER[0], "_trace", None) is current:
+        a, _ = jax.lax.optimization_barrier((a, _LAPACK_ORDER[0]))
+    result = call(a)
+    leaves = jax.tree_util.tree_leaves(result)
+    _LAPACK_ORDER[:] = [leaves[0]]
+    return result
+
+
 def cholesky_succeeds(a):
     """Per matrix of a ``(b, n, n)`` symmetric stack: does its Cholesky factorisation succeed?
 
@@ -423,7 +464,7 @@ def cholesky_succeeds(a):
 
         return torch.linalg.cholesky_ex(a).info == 0
     try:
-        factor = xp.linalg.cholesky(a)
+        factor = lapack_in_order(xp.linalg.cholesky, a)
     except Exception:  # LinAlgError differs per backend
         if a.shape[0] == 1:
             return xp.zeros((1,), dtype=xp.bool, device=device_of(a))

@@ -27,6 +27,7 @@ from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
 from ._typing import Array
+from .accuracy import is_converged, unit_roundoff
 from .verify import accuracy_target, check_root
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
@@ -99,13 +100,17 @@ class InvRootResult(NamedTuple):
         converged = _xp.to_numpy(self.converged)
         iterations = _xp.to_numpy(self.iterations)
         residual = _xp.to_numpy(self.residual).astype(float)
-        steps = f"{iterations.min()}" if iterations.min() == iterations.max() \
-            else f"{iterations.min()}-{iterations.max()}"
+        if iterations.size == 0:
+            steps = "-"
+        elif iterations.min() == iterations.max():
+            steps = f"{iterations.min()}"
+        else:
+            steps = f"{iterations.min()}-{iterations.max()}"
         shape = ", ".join(str(d) for d in self.root.shape)
         return (f"InvRootResult(method={self.method!r}, "
                 f"root={str(self.root.dtype).rsplit('.', 1)[-1]}[{shape}], "
                 f"converged {int(converged.sum())}/{converged.size}, iterations {steps}, "
-                f"worst residual {float(residual.max()) if residual.size else 0:.2g})")
+                f"worst residual {float(np.nanmax(residual)) if residual.size else 0:.2g})")
 
 
 _NONFINITE_INPUT = ("a contains NaN or Inf (pass check_finite=False to get NaN roots for "
@@ -224,6 +229,10 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
         else:
             work_name = spec.default_compute_dtype
     require_dtypes(spec, work_name, matmul_dtype)
+    if eps > float(xp.finfo(getattr(xp, work_name)).max) / 4:
+        raise ValueError(f"eps={eps:g} is beyond the range of the {work_name} computation "
+                         "(A + eps·I would overflow); pass a smaller eps, or float64 "
+                         "input or compute_dtype='float64'")
     if tol is None:
         tol = default_tol(method, work_name)
     if max_iter is None:
@@ -256,8 +265,9 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
         result, usable, cast_trouble = _solve_stack(a, check_finite=check_finite, **options)
     if not traced and bool(cast_trouble):
         warnings.warn(
-            f"inv_root_info: some roots overflow or lose their precision when cast back "
-            f"from {work_name} to {a.dtype} (entries beyond its range); they are "
+            f"inv_root_info: some roots overflow or lose their precision in {a.dtype} "
+            f"(computed in {work_name}, or in the cast back; entries beyond its range); "
+            "they are "
             "converged=False. Pass a wider input dtype or a larger eps",
             ConvergenceWarning, stacklevel=2)
     if fallback is not None:
@@ -288,18 +298,27 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
         raise ValueError(_NONFINITE_INPUT)
     eye = _xp.identity_stack(xp, n, work_dtype, dev)
     # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
-    stack = _xp.symmetric_part(stack)
     if not all_finite:
         stack = _xp.batched_where(finite, stack, eye)
-    if eps > 0:
-        stack = stack + eps * eye
+    # An exact power-of-two scale first, so that symmetrising (×0.5) cannot round
+    # subnormal entries away nor overflow huge ones; the ridge is part of it, so
+    # eps / magnitude stays in range.
+    magnitude = _xp.power_of_two_scale(stack, eps)
+    stack = _xp.symmetric_part(stack / magnitude[:, None, None])
+    ridge = eps / magnitude
+    # A direct method adds the ridge itself, in the dtype it decomposes in (evd's
+    # float64 eigh of a float32 stack gets the ridge in float64).
+    if eps > 0 and spec.needs_scaling:
+        stack = _xp.add_scaled_identity(stack, ridge)
 
     ritz = None
+    solver_ridge: dict = {}
     if not spec.needs_scaling:
         # A direct method (eigh) takes the spectrum as it is: no bound to certify.
         lam_max = certify_cost = None
         scale = xp.ones(stack.shape[:1], dtype=work_dtype, device=dev)
         scaled = stack
+        solver_ridge = {"ridge": ridge} if eps > 0 else {}
     elif scaling == "power":
         # One Lanczos run serves the λmax candidate, the λmin estimate and the
         # check's κ (Ritz values scale with the matrix).
@@ -318,11 +337,12 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
         ritz = ritz.divided(scale)
 
     solver_kwargs = dict(tol=tol, max_iter=max_iter, scaling=scaling,
+                         **(solver_ridge if not spec.needs_scaling else {}),
                          check_every=4 if _xp.is_accelerator(xp, a) else 1,
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if spec.needs_lower_bound:
-        solver_kwargs["lower"], ritz = _lower_bound(scaled, eps / scale, ritz,
+        solver_kwargs["lower"], ritz = _lower_bound(scaled, ridge / scale, ritz,
                                                     has_ridge=eps > 0,
                                                     from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
@@ -332,22 +352,29 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
         certify_cost = xp.zeros_like(lam_max)
     nonzero = lam_max > 0
 
-    unit = float(xp.finfo(work_dtype).eps) / 2
+    unit = unit_roundoff(xp, work_dtype)
     check = out.check if out.check is not None else check_root(
         scaled, out.root, p, unit_roundoff=unit, ritz=ritz)
     precision = work_name if not spec.forms_matmuls or matmul_dtype is None else matmul_dtype
     target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
     # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
-    factor = _xp.inverse_root_entries(scale, p) if spec.needs_scaling else xp.ones_like(scale)
+    factor = _xp.inverse_root_entries(magnitude, p)
+    if spec.needs_scaling:
+        factor = factor * _xp.inverse_root_entries(scale, p)
     root = out.root * xp.where(usable, factor, xp.full_like(factor, float("nan")))[:, None, None]
     returned = xp.astype(root, a.dtype, copy=False)
-    # Only roots finite in the compute dtype can be spoilt by the cast itself.
+    # The root the caller gets is what is judged: finite in the output dtype (an
+    # unscaled root can overflow where the scaled one did not), and changed by the
+    # cast by at most one unit roundoff of that dtype.
+    fits = _xp.finite_matrices(returned)
     computed = usable & _xp.finite_matrices(root)
     cast_error, cast_ok = _cast_back_error(returned, root, computed)
-    error_estimate = check.error_estimate + cast_error
-    converged = (out.converged & usable & check.positive & cast_ok
-                 & (check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))))
+    error_estimate = xp.where(fits & computed, check.error_estimate + cast_error,
+                              xp.full_like(cast_error, float("inf")))
+    converged = is_converged(out.converged | (tol == 0), usable & check.positive & fits & cast_ok,
+                             check.error_estimate, xp.maximum(target, xp.full_like(target, tol)))
+    lam_max = lam_max * magnitude
     nan_b = xp.full_like(lam_max, float("nan"))
     residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
                         nan_b)
@@ -363,7 +390,8 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
         repaired=xp.zeros_like(converged),
         check_matmuls=certify_cost + check.matmul_equivalents,
     )
-    return result, usable, ~xp.all(cast_ok | ~computed)
+    overflow = usable & check.positive & ~(fits & cast_ok)
+    return result, usable, xp.any(overflow)
 
 
 def _reshaped(xp, result, batch):
@@ -506,24 +534,21 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     return result.root
 
 
-def usable_roots(result: InvRootResult, tol: float | None) -> Array:
-    """Per-matrix mask of the roots in ``result`` that are fit to use.
+def usable_roots(result: InvRootResult, tol: float | None = None) -> Array:
+    """Per-matrix mask of the roots in ``result`` that are fit to use: ``result.converged``.
 
-    A root is usable when it converged; with ``tol=0`` for an iterative method
-    (a fixed step count, which never reports convergence) when its residual
-    and entries are finite.
+    Every root is judged by the same check, fixed step counts (``tol=0``)
+    included: a root is fit to use when it converged. ``tol`` is accepted for
+    the callers of earlier versions and not needed.
 
     Examples
     --------
     >>> import numpy as np, matroot
     >>> res = matroot.inv_root_info(np.eye(2)[None], 2, method="newton_db", tol=0,
     ...                             max_iter=3)
-    >>> res.converged.tolist(), matroot.usable_roots(res, 0).tolist()
-    ([False], [True])
+    >>> res.converged.tolist(), matroot.usable_roots(res).tolist()
+    ([True], [True])
     """
-    xp = _xp.array_namespace(result.root)
-    if tol == 0 and get_solver(result.method).iterative:
-        return xp.isfinite(result.residual) & xp.all(xp.isfinite(result.root), axis=(-2, -1))
     return result.converged
 
 

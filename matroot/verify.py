@@ -18,7 +18,16 @@ compute dtype, batched:
   κ = 1e2…1e6, p = 1, 2, 3, 4, 8, newton_db / coupled_newton / minimax) the
   estimate is 0.8× to 3.1× the float64-oracle error, with 16-bit matmuls 1× to
   11× (the rounding of 16-bit products does not commute with A); the plain
-  ``‖R‖_F/(p√n)`` overstates it by up to 40× in float32;
+  ``‖R‖_F/(p√n)`` overstates it by up to 40× in float32. Symmetrising is
+  what makes it an upper bound to first order: the (i, j) factor becomes
+  ``Σ_k (r^k + r^(−k))/2 ≥ p``. It is *only* first order: where the root is far
+  off in some direction (a few fixed steps, a huge p) the products shrink that
+  direction's error instead of showing it (scalar: ``x̃ = x(1+δ)`` gives
+  ``(1+δ)((1+δ)^p − 1)/p``, which tends to 0 as δ → −1);
+- so the estimate is used only where the residual's spectral norm ρ (a few power
+  steps on ``R``) is below :data:`LINEAR_REGIME` or within the check's own
+  rounding; beyond that it is replaced by the per-direction bound
+  :func:`sandwich_bound` (``∞`` for ρ ≥ 1), which no direction escapes;
 - a sign check for even p, where ``X^p·A = I`` holds on either branch: a
   Cholesky factorisation of ``X`` (whose eigenvalues are ≥ 1 for a right root,
   since λmax(A) ≤ 1, and ≤ −1 on a flipped one) must succeed. For odd p a flipped
@@ -36,7 +45,8 @@ oracle error at p = 8 too (``X^p·A − I``: up to 60× for coupled_newton).
 
 Cost: the products of ``X^(p/2)`` (or ``X^p``), then ``·A``, ``·X^(p/2)`` and
 ``·X`` (``p = 2``: 3, ``p = 4``: 4, ``p = 8``: 5), 1/6 matmul for the Cholesky
-(even p), and ``LANCZOS_STEPS/n`` for the Lanczos run (one host transfer).
+(even p), ``LANCZOS_STEPS/n`` for the Lanczos run (one host transfer) and
+24/n (48/n for odd p) for the power steps on ``R``.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import math
 from . import _xp
 import numpy as np
 
-from .scaling import LANCZOS_STEPS, RitzValues, ritz_values
+from .scaling import LANCZOS_STEPS, RitzValues, _start_vectors, ritz_values
 from .solvers._result import RootCheck
 
 __all__ = ["LOW_PRECISION_ROWS", "RootCheck", "accuracy_target", "check_root"]
@@ -79,6 +89,90 @@ def _products(root, scaled, p: int):
     residual = _xp.scaled_plus_identity(half @ scaled @ half, 1.0, (-1.0,), eye,
                                         overwrite=True)
     return residual @ root, residual, power_matmuls(p // 2) + 3
+
+
+#: Residuals whose spectral norm exceeds this leave the first-order regime: the
+#: estimate is then replaced by the per-direction bound (:func:`sandwich_bound`).
+LINEAR_REGIME = 0.5
+#: The check's own rounding: forming ``X^(p/2)·A·X^(p/2)`` in the compute dtype
+#: perturbs it by about ``u·κ`` in spectral norm (measured 0.15–0.35× that in
+#: float32 at κ = 1e6, n = 64–256, p = 2–8; up to ``n·u·κ`` for the inverse,
+#: p = 1); below this factor times that, a large residual may be the check's
+#: noise rather than the root's error, and the first-order estimate, measured
+#: within 0.8–3× of the oracle error there, is kept.
+CHECK_FLOOR_FACTOR = 4.0
+_SPECTRAL_VECTORS = 4
+_SPECTRAL_STEPS = 6
+_SPECTRAL_MATVECS = _SPECTRAL_VECTORS * _SPECTRAL_STEPS
+
+
+def sandwich_bound(rho, p):
+    """Bound on the relative Frobenius error of an SPD root whose residual has spectral norm ρ.
+
+    If ``X̃`` is symmetric positive definite and ``‖X̃^(p/2)·A·X̃^(p/2) − I‖₂ ≤ ρ < 1``
+    (or the same for any matrix similar to it, such as ``X̃^p·A − I``, whose
+    spectral norm is at least its spectral radius), then
+    ``(1−ρ)·X̃^(−p) ≤ A ≤ (1+ρ)·X̃^(−p)`` in the Loewner order; ``t ↦ t^(1/p)`` is
+    operator monotone, so ``(1+ρ)^(−1/p)·X̃ ≤ X ≤ (1−ρ)^(−1/p)·X̃`` for the true root
+    ``X = A^(−1/p)``. Hence ``X − X̃ = c·X̃^(1/2)·K·X̃^(1/2)`` with ``‖K‖₂ ≤ 1`` and
+    ``c = (1−ρ)^(−1/p) − 1``, so ``‖X − X̃‖_F ≤ c·‖X̃‖_F`` (``tr(KX̃KX̃) ≤ ‖KX̃‖_F²``),
+    and ``‖X‖_F ≥ (1+ρ)^(−1/p)·‖X̃‖_F``:
+
+        ``‖X − X̃‖_F/‖X‖_F ≤ (1+ρ)^(1/p)·((1−ρ)^(−1/p) − 1)``  (≈ ρ/p for small ρ).
+
+    It bounds the error in *every* direction, so it never misses a direction in
+    which the root is far too small or too large; ``inf`` for ρ ≥ 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.verify import sandwich_bound
+    >>> np.round(sandwich_bound(np.array([1e-3, 0.5, 1.0]), 4), 6).tolist()
+    [0.00025, 0.209392, inf]
+    """
+    xp = _xp.array_namespace(rho)
+    below = rho < 1
+    safe = xp.where(below, rho, xp.zeros_like(rho))
+    bound = (1 + safe) ** (1 / p) * ((1 - safe) ** (-1 / p) - 1)
+    return xp.where(below, bound, xp.full_like(rho, float("inf")))
+
+
+def residual_spectral_norm(residual, *, symmetric: bool):
+    """A few block power steps on a ``(b, n, n)`` residual: an estimate of ``‖R‖₂``
+    from below, tight for a dominant direction (O(n²) per step, no products)."""
+    xp = _xp.array_namespace(residual)
+    n = residual.shape[-1]
+    k = min(_SPECTRAL_VECTORS, n)
+    v = xp.matrix_transpose(_start_vectors(xp, n, k, residual.dtype,
+                                           _xp.device_of(residual)))
+    v = xp.broadcast_to(v, (residual.shape[0], k, n))
+    tiny = float(xp.finfo(residual.dtype).smallest_normal)
+    best = xp.zeros(residual.shape[:1], dtype=residual.dtype, device=_xp.device_of(residual))
+    for _ in range(_SPECTRAL_STEPS):
+        w = v @ residual if symmetric else (v @ residual) @ xp.matrix_transpose(residual)
+        norms = xp.linalg.vector_norm(w, axis=-1)
+        gain = norms if symmetric else xp.sqrt(norms)
+        best = xp.maximum(best, xp.max(gain, axis=-1))
+        v = w / xp.clip(norms, min=tiny)[..., None]
+    return best
+
+
+def beyond_first_order(estimate, spectral, floor, p):
+    """The first-order ``estimate`` corrected for the size of the residual.
+
+    Where the residual's spectral norm ρ is at most :data:`LINEAR_REGIME` (or
+    within the check's rounding ``floor``) the estimate is scaled by how far the
+    exact per-direction bound exceeds its own linearisation,
+    ``sandwich_bound(ρ)/(ρ/p)`` (1 for small ρ, 1.6 at ρ = 1/2 and p = 4); beyond,
+    it is the larger of the estimate and :func:`sandwich_bound` (``∞`` for ρ ≥ 1).
+    """
+    xp = _xp.array_namespace(estimate)
+    linear = spectral <= xp.maximum(floor, xp.full_like(floor, LINEAR_REGIME))
+    bound = sandwich_bound(spectral, p)
+    small = (spectral > 0) & (spectral < LINEAR_REGIME)
+    growth = xp.where(small, bound / xp.where(small, spectral / p, xp.ones_like(spectral)),
+                      xp.ones_like(spectral))
+    return xp.where(linear, estimate * growth, xp.maximum(estimate, bound))
 
 
 def check_root(scaled, root, p, *, unit_roundoff: float,
@@ -137,11 +231,16 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     cost = min(LANCZOS_STEPS, n) / n
     nan = xp.full_like(kappa, float("nan"))
     if isinstance(p, int):
-        product, residual, count = _products(safe, scaled, p)
-        residual = _xp.frobenius_norm(residual) / math.sqrt(n)
+        product, residual_matrix, count = _products(safe, scaled, p)
+        residual = _xp.frobenius_norm(residual_matrix) / math.sqrt(n)
         estimate = (_xp.frobenius_norm(_xp.symmetric_part(product))
                     / (p * _xp.frobenius_norm(safe)))
-        cost += count
+        spectral = residual_spectral_norm(residual_matrix, symmetric=p % 2 == 0)
+        # An inverse (p = 1) that is accurate norm-wise has a residual X·A − I of up
+        # to about n·u·κ (Higham, Accuracy and Stability, §14.1), not a balanced one.
+        floor = CHECK_FLOOR_FACTOR * (n if p == 1 else 1) * unit_roundoff * kappa
+        estimate = beyond_first_order(estimate, spectral, floor, p)
+        cost += count + _SPECTRAL_MATVECS * (1 if p % 2 == 0 else 2) / n
     else:
         residual = nan
         estimate = unit_roundoff * kappa / p

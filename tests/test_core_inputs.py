@@ -280,14 +280,20 @@ def test_16bit_matmuls_numpy_float16():
 
 @pytest.mark.parametrize("method", ["newton_db", "coupled_newton"])
 def test_fixed_steps_with_tol_zero(method):
-    """tol=0, max_iter=k: exactly k steps for every matrix (DASH's fixed schedule)."""
+    """tol=0, max_iter=k: exactly k steps for every matrix (DASH's fixed schedule), and
+    the roots are judged like any other: too few steps are converged=False with a
+    ConvergenceWarning (issue 21: nothing silent), enough steps converge."""
     a = _spd(batch=(3,), n=8, kappa=1e3)
-    info = matroot.inv_root_info(a, 2, method=method, tol=0, max_iter=5)
-    assert info.iterations.tolist() == [5, 5, 5]
-    assert not info.converged.any()
+    short = matroot.inv_root_info(a, 2, method=method, tol=0, max_iter=2)
+    assert short.iterations.tolist() == [2, 2, 2]
+    assert not short.converged.any()
+    with pytest.warns(matroot.ConvergenceWarning):
+        matroot.inv_root(a, 2, method=method, tol=0, max_iter=2)
+    long = matroot.inv_root_info(a, 2, method=method, tol=0, max_iter=30)
+    assert long.iterations.tolist() == [30, 30, 30] and long.converged.all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        matroot.inv_root(a, 2, method=method, tol=0, max_iter=5)
+        matroot.inv_root(a, 2, method=method, tol=0, max_iter=30)
 
 
 @pytest.mark.parametrize("method", ["newton_db", "coupled_newton"])

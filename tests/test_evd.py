@@ -52,9 +52,9 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch, n):
     calls = []
     real = evd_module._retry_in_float64
 
-    def spy(xp, a, lam, root, redo, p):
+    def spy(xp, a, lam, root, redo, p, *ridge):
         calls.append(to_numpy(redo).tolist())
-        return real(xp, a, lam, root, redo, p)
+        return real(xp, a, lam, root, redo, p, *ridge)
 
     monkeypatch.setattr(evd_module, "_retry_in_float64", spy)
     a = _mixed_stack(n)

@@ -1,9 +1,13 @@
 """The shared loop of the iterative solvers: per-matrix freezing, batched stop checks.
 
 Each matrix of a stack stops on its own once its residual is at most ``tol``, once
-the residual stalls at the rounding floor (it fell below ``sqrt(tol)`` and then did
-not halve in a step: quadratic convergence has ended, and more steps only add
-rounding error), or once it turns non-finite. Its iterate is frozen, so it does
+the residual stalls at the rounding floor (it fell below ``sqrt(tol)``, every
+direction has converged, and then it did not halve in a step: quadratic
+convergence has ended, and more steps only add rounding error), or once it turns
+non-finite. "Every direction" is read from the residual's unnormalised Frobenius
+norm ``√n·residual ≥ ‖I − M‖₂``: the normalised residual of one direction that has
+not converged is only about ``1/√n``, which a ``tol`` near ``1/n`` would take for
+the rounding floor. Its iterate is frozen, so it does
 not degrade while the others go on. Eagerly the loop reads which matrices are still
 active only every ``check_every`` steps, which bounds the host syncs; at those check
 points the stack is compacted to the active matrices (the finished ones are set
@@ -21,10 +25,19 @@ from __future__ import annotations
 from typing import NamedTuple
 from collections.abc import Callable
 
+import math
+
 import numpy as np
 
 from .. import _xp
 from .._typing import Array
+
+
+#: A step that fails to halve the residual counts as a stall only once the
+#: spectral norm of the iteration's residual matrix is below this (bounded by its
+#: Frobenius norm): every eigenvalue of the iterate is then within a quarter of its
+#: limit, where convergence is quadratic and only rounding stops the progress.
+STALL_SPECTRAL_CEILING = 0.25
 
 
 class IterationOutcome(NamedTuple):
@@ -70,13 +83,16 @@ def iterate_frozen(
         Steps between host-side checks for an early exit and compaction.
     stall_level : float, optional
         Residual below which a step that does not halve it counts as a stall;
-        default ``sqrt(tol)``. A 16-bit phase whose rounding floor lies far above
-        ``tol`` passes a multiple of its unit roundoff.
+        default ``min(sqrt(tol), STALL_SPECTRAL_CEILING/√n)``, so that a stall is
+        judged only when every direction has converged. A 16-bit phase whose
+        rounding floor lies far above ``tol`` passes a multiple of its unit
+        roundoff (its working-precision polish steps then use the default).
     """
     xp = _xp.array_namespace(state[0])
     traced = _xp.is_traced(state[0])
     if stall_level is None:
-        stall_level = tol ** 0.5
+        n = state[0].shape[-1]
+        stall_level = min(tol ** 0.5, STALL_SPECTRAL_CEILING / math.sqrt(max(n, 1)))
     if traced:
         state, residual, iterations, active, stalled = _iterate_traced(
             xp, state, step, tol=tol, max_iter=max_iter, check_every=check_every,

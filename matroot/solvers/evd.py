@@ -34,7 +34,7 @@ SCREEN_MIN_N = 64
 
 def _eigh_or_none(xp, a):
     try:
-        return xp.linalg.eigh(a)
+        return _xp.lapack_in_order(xp.linalg.eigh, a)
     except Exception:  # LinAlgError differs per backend; the retry handles all.
         return None
 
@@ -185,19 +185,30 @@ def _root_from_eigh(xp, lam, q, p):
     return (q * _xp.inverse_root_entries(safe, p)[:, None, :]) @ xp.matrix_transpose(q)
 
 
-def _all_in_float64(xp, a, p):
+def _with_ridge(xp, a, ridge, dtype):
+    """``a + ridge·I`` formed in ``dtype`` (the dtype the eigh runs in): a ridge added
+    in float32 before a float64 eigh would round ``A + eps·I`` to float32 first."""
+    wide = xp.astype(a, dtype, copy=False)
+    if ridge is None:
+        return wide
+    return _xp.add_scaled_identity(wide, xp.astype(ridge, dtype))
+
+
+def _all_in_float64(xp, a, p, ridge=None):
     """Eigenvalues and roots of the whole stack ``a`` from a float64 eigh, in a's dtype."""
-    wide = _eigh_or_none(xp, xp.astype(a, xp.float64))
+    wide = _eigh_or_none(xp, _with_ridge(xp, a, ridge, xp.float64))
     if wide is None:
         raise ValueError("eigh failed on this stack, also in float64")
     return (xp.astype(wide.eigenvalues, a.dtype),
             xp.astype(_root_from_eigh(xp, wide.eigenvalues, wide.eigenvectors, p), a.dtype))
 
 
-def _retry_in_float64(xp, a, lam, root, redo, p):
+def _retry_in_float64(xp, a, lam, root, redo, p, ridge=None):
     """Eigenvalues and roots of ``a`` with the ``redo`` matrices solved in float64."""
     picked = xp.nonzero(redo)[0]
-    wide_lam, wide_root = _all_in_float64(xp, xp.take(a, picked, axis=0), p)
+    wide_lam, wide_root = _all_in_float64(
+        xp, xp.take(a, picked, axis=0), p,
+        None if ridge is None else xp.take(ridge, picked, axis=0))
     if picked.shape[0] == a.shape[0]:
         return wide_lam, wide_root  # all redone: nothing to merge
     # Matrix i of the stack takes row position[i] of the float64 results where redone.
@@ -208,7 +219,7 @@ def _retry_in_float64(xp, a, lam, root, redo, p):
     return lam, root
 
 
-def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, **_):
+def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     """``a^(-1/p) = Q diag(λ^(-1/p)) Qᵀ`` from one ``eigh`` per matrix.
 
     Matrices with an eigenvalue ≤ 0 (singular or indefinite: there is no real
@@ -220,9 +231,12 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, **_):
     Parameters
     ----------
     a : array, shape (b, n, n)
-        Regularised, symmetric stack (any scale).
+        Symmetric stack (any scale).
     p : float
         Root order, > 0.
+    ridge : array, shape (b,), optional
+        Added to the diagonal in the dtype each eigh runs in (float64 for the
+        retried matrices), so the roots are of ``a + ridge·I``.
 
     Returns
     -------
@@ -252,33 +266,42 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, **_):
     eigh_unit = xp.full((b,), _unit_roundoff(xp, eigh_dtype), dtype=a.dtype, device=dev)
     wide_unit = xp.full_like(eigh_unit, _unit_roundoff(xp, xp.float64))
     screened = narrow and eigh_dtype == xp.float32
+    plain = a
+    a = _with_ridge(xp, a, ridge, eigh_dtype)
     beyond = surely_beyond_float32(a, p, tol) if screened else None
     # Where every matrix surely needs float64, the float32 eigh is skipped.
     skip = (widen and traced) or (beyond is not None and bool(xp.all(beyond)))
     decomposition = None if skip else _eigh_or_none(xp, a)
     if decomposition is None and widen:
         # The float32 call failed or was skipped: every matrix in float64.
-        lam, root = _all_in_float64(xp, a, p)
+        lam, root = _all_in_float64(xp, plain, p, ridge)
         eigh_unit = wide_unit
     elif decomposition is None:
         raise ValueError("eigh failed on this stack")
     else:
         lam, q = decomposition
-        root = _root_from_eigh(xp, lam, q, p)
+        lam, root = xp.astype(lam, plain.dtype), xp.astype(_root_from_eigh(xp, lam, q, p),
+                                                             plain.dtype)
     if decomposition is not None and beyond is not None:
         # The screened ones too, so a matrix's bits never depend on its neighbours.
         redo = ~float32_eigh_suffices(lam, p, tol) | beyond
         if bool(xp.any(redo)):
-            lam, root = _retry_in_float64(xp, a, lam, root, redo, p)
+            lam, root = _retry_in_float64(xp, plain, lam, root, redo, p, ridge)
             eigh_unit = xp.where(redo, wide_unit, eigh_unit)
-    check = eigh_root_check(lam, p, eigh_unit, _unit_roundoff(xp, a.dtype))
-    # A root beyond the compute dtype's range (a tiny eigenvalue, a small p) is no root.
-    finite = _xp.finite_matrices(root)
-    check = check._replace(positive=check.positive & finite, error_estimate=xp.where(
-        finite, check.error_estimate, xp.full_like(check.error_estimate, float("inf"))))
+    # The root is formed in the eigh's dtype (float64 for NumPy's), then rounded
+    # once to the stack's: at most one unit roundoff of it per entry (twice that
+    # covers the comparison with an oracle rounded the same way).
+    formed_in = _unit_roundoff(xp, eigh_dtype)
+    check = eigh_root_check(lam, p, eigh_unit, formed_in)
+    if eigh_dtype != plain.dtype:
+        check = check._replace(error_estimate=check.error_estimate
+                               + 2 * _unit_roundoff(xp, plain.dtype))
+    # A root beyond the compute dtype's range (a tiny eigenvalue, a small p) stays
+    # non-finite: the caller judges the returned root's range (and warns of it).
     if traced or not bool(xp.all(check.positive)):
         root = _xp.batched_where(check.positive, root, xp.full_like(root, float("nan")))
     zeros = xp.zeros((b,), dtype=xp.int32, device=dev)
+    check = check._replace(residual=xp.astype(check.residual, plain.dtype))
     return SolverOutput(root, check.residual, zeros, check.positive, zeros,
                         xp.max(lam, axis=-1), check)
 

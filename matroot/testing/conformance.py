@@ -168,7 +168,7 @@ def _search(check: Callable, strategy, ps: tuple, config: settings) -> Callable[
 
 def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 2, 4),
                           dtype: str = "float32", xp=None, device=None,
-                          n: int | tuple[int, int] = (1, 8),
+                          n: int | tuple[int, int] = (1, 40),
                           kappa: tuple[float, float] = (1.0, 1e6), method: str = "iterative",
                           rtol: float | None = None, max_examples: int | None = None,
                           skip: Collection[str] = ("nan_isolation",)) -> None:
@@ -202,7 +202,8 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     xp : namespace, optional
         Array namespace of the inputs (numpy by default); ``device`` goes with it.
     n : int or (int, int)
-        Matrix sizes.
+        Matrix sizes (the default reaches past 8, where blocked and recursive
+        kernels take over from the small-size code paths).
     kappa : (float, float)
         Range of κ(A + eps·I) (the relational properties stop at 1e4).
     method : str

@@ -1,0 +1,113 @@
+"""Red team: search for inputs on which ``converged=True`` and the oracle disagree.
+
+hypothesis draws a method, a root order (p = 1, powers of two, odd p, large p for
+coupled Newton, non-integer p for evd), a dtype, a size up to 512, a spectrum
+family of :mod:`matroot.testing.spectra` with κ up to the table's end, a scale
+across the dtype's range and a call (default tol, a tol near 1/n or larger, a
+fixed step count with ``tol=0``). Every matrix reported converged must be within
+``max(table(κ), tol)`` of the float64 oracle (:func:`matroot.verify.accuracy_target`
+at the matrix's true κ). The default run keeps to small sizes and a few dozen
+examples (about a minute); the ``slow`` profile searches longer and up to n = 512.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import matroot
+from matroot.solvers import SOLVERS
+from matroot.testing import oracle_inv_root, relative_error
+from matroot.testing.spectra import FAMILIES, family_stack
+from matroot.verify import accuracy_target
+
+#: κ at most this (the README table's end; chebyshev's rows end at 1e4).
+TABLE_END = {"chebyshev": 1e4}
+DEFAULT_TABLE_END = 1e6
+
+
+#: Where the earlier rounds found their cases: one direction far from the rest, an
+#: iterative method stopped early (a loose tol, a fixed step count), κ ≥ 1e3.
+HARD = {"families": ("tiny_one", "isolated_top", "clustered"), "low_kappa": 3.0,
+        "methods": ("coupled_newton", "newton_db", "minimax"), "modes": ("loose", "fixed")}
+ANY = {"families": tuple(sorted(FAMILIES)), "low_kappa": 0.0, "methods": tuple(sorted(SOLVERS)),
+       "modes": ("default", "loose", "fixed")}
+
+
+@st.composite
+def calls(draw, max_n: int, where: dict = ANY):
+    method = draw(st.sampled_from(where["methods"]))
+    if method == "evd":
+        p = draw(st.sampled_from([0.5, 1, 1.5, 2, 3, 4, 8]))
+    elif method == "coupled_newton":
+        p = draw(st.sampled_from([1, 2, 3, 4, 8, 48, 64, 128]))
+    elif method == "chebyshev":
+        p = draw(st.sampled_from([1, 2, 4]))
+    else:
+        p = draw(st.sampled_from([1, 2, 4, 8]))
+    dtype = draw(st.sampled_from(["float32", "float64"]))
+    n = draw(st.integers(2, max_n))
+    end = TABLE_END.get(method, DEFAULT_TABLE_END)
+    kappa = 10.0 ** draw(st.floats(min(where["low_kappa"], np.log10(end) - 1),
+                                   np.log10(end) - 0.05))
+    family = draw(st.sampled_from(where["families"]))
+    scale = 2.0 ** draw(st.integers(-60, 60) if dtype == "float32" else st.integers(-400, 400))
+    options: dict = {}
+    if SOLVERS[method].iterative:
+        mode = draw(st.sampled_from(where["modes"]))
+        if mode == "loose":
+            options["tol"] = draw(st.sampled_from([1.0 / n, 2.0 / n, 0.05, 0.1]))
+        elif mode == "fixed":
+            options.update(tol=0, max_iter=draw(st.integers(1, 8)))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return method, p, dtype, n, kappa, family, scale, options, seed
+
+
+def _check_call(method, p, dtype, n, kappa, family, scale, options, seed):
+    rng = np.random.default_rng(seed)
+    stack = family_stack(family, rng, (2,), n, kappa) * scale
+    a = stack.astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            res = matroot.inv_root_info(a, p, method=method, **options)
+    converged = np.asarray(res.converged)
+    if not converged.any():
+        return
+    passed = a.astype(np.float64)
+    lam = np.linalg.eigvalsh(passed / scale)
+    true_kappa = lam.max(-1) / lam.min(-1)
+    # The oracle of the exactly rescaled values, scaled back (no subnormal eigenvalues).
+    ref = oracle_inv_root(passed / scale, p) * scale ** (-1.0 / p)
+    err = relative_error(np.asarray(res.root, dtype=np.float64), ref)
+    target = np.maximum(accuracy_target(method, dtype, p, true_kappa),
+                        options.get("tol", 0.0))
+    bad = converged & ~(err <= target)
+    assert not bad.any(), (f"{method} p={p} {dtype} n={n} κ={true_kappa} {family} "
+                           f"scale={scale:g} {options}: error {err} > target {target}, "
+                           f"estimate {np.asarray(res.error_estimate)}")
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(call=calls(max_n=128))
+def test_converged_means_right_red_team(call):
+    _check_call(*call)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(call=calls(max_n=128, where=HARD))
+def test_converged_means_right_where_earlier_rounds_found_cases(call):
+    _check_call(*call)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(call=calls(max_n=512))
+def test_converged_means_right_red_team_long(call):
+    _check_call(*call)
