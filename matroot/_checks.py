@@ -102,3 +102,21 @@ def check_matmul_dtype(xp, value, compute_dtype_name: str):
             f"matmul_dtype='float16' is not available in the {backend_name(xp)} backend"
         )
     return value
+
+
+def check_bound(value, name: str, xp, batch: tuple):
+    """Validate a caller-supplied spectral bound: None, a number, or an array of
+    the batch shape (any namespace; positive and finite). Returned unchanged."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number or an array of shape {batch}, got a bool")
+    if isinstance(value, numbers.Real):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be finite and > 0, got {value}")
+        return float(value)
+    shape = tuple(getattr(value, "shape", ()))
+    if shape not in ((), batch):
+        raise ValueError(f"{name} must be a number or an array of the batch shape {batch}, "
+                         f"got shape {shape}")
+    return value

@@ -16,6 +16,7 @@ from ._checks import (
     SCALINGS,
     check_choice,
     check_matmul_dtype,
+    check_bound,
     check_max_iter,
     check_nonnegative,
     check_p,
@@ -179,7 +180,8 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                   scaling: str = "power", tol: float | None = None,
                   max_iter: int | None = None, matmul_dtype: str | None = None,
                   check_finite: bool = True, compute_dtype: str | None = None,
-                  fallback: str | None = None) -> InvRootResult:
+                  fallback: str | None = None, lambda_max_upper: Any = None,
+                  lambda_min_lower: Any = None) -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -250,7 +252,10 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     if b == 0 or n == 0:
         return _empty_result(xp, a, batch, method)
 
+    bounds = {name: check_bound(value, name, xp, batch) for name, value in
+              (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
     options = dict(p=p, method=method, eps=eps, scaling=scaling, tol=tol, max_iter=max_iter,
+                   **bounds,
                    matmul_dtype=matmul_dtype, work_name=work_name)
     if _xp.is_jax_namespace(xp) and not traced and spec.needs_scaling:
         # Eager JAX dispatches, and first compiles, every operation on its own: for the
@@ -276,7 +281,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
 
 def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, work_name,
-                 check_finite):
+                 check_finite, lambda_max_upper=None, lambda_min_lower=None):
     """The validated call on a non-empty stack: the flat ``(b, ...)`` result, which
     matrices were finite with a positive λmax bound (the others get NaN roots), and a
     0-d flag, True where some root lost its precision in the cast back to ``a.dtype``."""
@@ -319,6 +324,12 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
         scale = xp.ones(stack.shape[:1], dtype=work_dtype, device=dev)
         scaled = stack
         solver_ridge = {"ridge": ridge} if eps > 0 else {}
+    elif lambda_max_upper is not None:
+        # The caller's bound is used as given: nothing is spent to find one. A bound
+        # below λmax leaves the basin, which the check of the root catches.
+        ritz = ritz_values(stack)
+        lam_max = _per_matrix(xp, lambda_max_upper, b, work_dtype, dev) / magnitude
+        certify_cost = xp.zeros_like(lam_max)
     elif scaling == "power":
         # One Lanczos run serves the λmax candidate, the λmin estimate and the
         # check's κ (Ritz values scale with the matrix).
@@ -342,8 +353,11 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
                          matmul=_xp.Matmul(xp, None if matmul_dtype is None
                                            else _xp.dtype_from_name(xp, matmul_dtype)))
     if spec.needs_lower_bound:
-        solver_kwargs["lower"], ritz = _lower_bound(scaled, ridge / scale, ritz,
-                                                    has_ridge=eps > 0,
+        floor = ridge if lambda_min_lower is None else xp.maximum(
+            ridge, _per_matrix(xp, lambda_min_lower, b, work_dtype, dev) / magnitude)
+        solver_kwargs["lower"], ritz = _lower_bound(scaled, floor / scale, ritz,
+                                                    has_ridge=eps > 0
+                                                    or lambda_min_lower is not None,
                                                     from_spectrum=spec.lower_from_spectrum)
     out = spec.solve(scaled, p, **solver_kwargs)
     if lam_max is None:
@@ -392,6 +406,13 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
     )
     overflow = usable & check.positive & ~(fits & cast_ok)
     return result, usable, xp.any(overflow)
+
+
+def _per_matrix(xp, value, b, dtype, device):
+    """A caller's scalar or batch-shaped bound as a flat ``(b,)`` array."""
+    return xp.reshape(xp.broadcast_to(xp.asarray(value, dtype=dtype, device=device),
+                                      (b,) if xp.asarray(value).ndim == 0 else
+                                      xp.asarray(value).shape), (b,))
 
 
 def _reshaped(xp, result, batch):
@@ -493,6 +514,16 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         float64 (``InvRootResult.repaired`` says which). Default None: nothing is
         re-solved, failures are reported (``converged=False``, a warning). Its
         cost is one float64 eigh per failed matrix, and nothing when all pass.
+    lambda_max_upper : float or array of shape ``a.shape[:-2]``, optional
+        A certified upper bound on λmax(A + eps·I) that you already know (e.g.
+        carried from a previous refresh: λmax(β·L + (1−β)·GGᵀ) ≤ β·λmax(L) +
+        (1−β)·‖G‖²_F). Then no bound is computed (no Cholesky test). A wrong
+        (too small) bound is caught by the check of the root: the matrix is
+        ``converged=False``, never a wrong root reported converged.
+    lambda_min_lower : float or array of shape ``a.shape[:-2]``, optional
+        A lower bound on λmin(A + eps·I), used by ``minimax`` and ``chebyshev``
+        instead of their estimate (never below eps). A bound that is too high is
+        caught by the check of the root as well.
 
     Returns
     -------

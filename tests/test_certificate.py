@@ -176,3 +176,49 @@ def test_fixed_steps_far_off_warn_and_fallback_repairs_them():
     fixed = matroot.inv_root_info(a, 2, method="newton_db", tol=0, max_iter=2, fallback="evd")
     assert bool(fixed.repaired[0]) and bool(fixed.converged[0])
     assert relative_error(fixed.root, oracle_inv_root(a, 2)).max() <= 1e-7
+
+
+# --- caller-supplied spectral bounds ---------------------------------------------------------
+
+def _gram(seed=0, n=32):
+    g = np.random.default_rng(seed).standard_normal((3, n, n))
+    return g @ np.swapaxes(g, -1, -2) / n + 0.01 * np.eye(n)
+
+
+@pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax", "chebyshev"])
+def test_supplied_bounds_skip_the_certification(method):
+    a = _gram()
+    lam = np.linalg.eigvalsh(a)
+    res = matroot.inv_root_info(a, 4, method=method, lambda_max_upper=lam[:, -1] * 1.01,
+                                lambda_min_lower=lam[:, 0] * 0.99)
+    computed = matroot.inv_root_info(a, 4, method=method)
+    assert res.converged.all()
+    assert np.all(res.check_matmuls < computed.check_matmuls)
+    kappa = lam[:, -1] / lam[:, 0]
+    err = relative_error(res.root, oracle_inv_root(a, 4))
+    assert np.all(err <= accuracy_target(method, "float64", 4, kappa))
+
+
+@pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax", "chebyshev"])
+@pytest.mark.parametrize("wrong", ["lambda_max_upper", "lambda_min_lower"])
+def test_wrong_supplied_bounds_are_caught(method, wrong):
+    """A λmax bound far too small, or a λmin bound far too high: never a wrong root
+    reported converged."""
+    a = _gram(seed=1)
+    lam = np.linalg.eigvalsh(a)
+    value = lam[:, -1] * 0.3 if wrong == "lambda_max_upper" else lam[:, 0] * 50
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            res = matroot.inv_root_info(a, 4, method=method, **{wrong: value})
+    kappa = lam[:, -1] / lam[:, 0]
+    _converged_means_right(res, a, 4, kappa=float(kappa.max()), method=method,
+                           precision="float64")
+
+
+def test_supplied_bounds_are_validated():
+    a = np.eye(3)[None]
+    with pytest.raises(ValueError, match="lambda_max_upper"):
+        matroot.inv_root(a, 2, method="newton_db", lambda_max_upper=-1.0)
+    with pytest.raises(ValueError, match="batch shape"):
+        matroot.inv_root(a, 2, method="newton_db", lambda_max_upper=np.ones(4))
