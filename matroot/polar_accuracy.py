@@ -30,9 +30,10 @@ DEFAULT_RTOL = MappingProxyType({"float64": 1e-10, "float32": 1e-5,
 #: the κ up to which the default call converges is about ``1/lower``.
 DEFAULT_LOWER = MappingProxyType({"float64": 1e-7, "float32": 1e-5,
                                   "float16": 1e-3, "bfloat16": 1e-3})
-#: Rounding term per unit of κ in the relative error of a converged factor.
-ROUNDING = MappingProxyType({"float64": 1e-14, "float32": 5e-6,
-                             "float16": 3e-3, "bfloat16": 3e-2})
+#: Rounding term per unit of κ in the relative error of a converged factor (about
+#: u/2 to u: measured errors at n = 64 are 5-20× below, docs/polar.rst).
+ROUNDING = MappingProxyType({"float64": 1e-16, "float32": 3e-8,
+                             "float16": 1e-4, "bfloat16": 5e-4})
 #: How far the relative error of a converged factor may exceed its ``rtol``.
 ERROR_SLACK = 2.0
 
