@@ -12,6 +12,7 @@ shape) against a per-parameter loop.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,8 @@ def _orthogonalization_rows(target, shape, kappa, repeats, budget_s) -> list[dic
     quintic = matroot.polar_info(g, method="quintic")
     quintic_error = float(np.max(target.to_host(quintic.error_estimate)))
     options = _contenders(target, g, kappa, quintic_error)
-    calls, results = {}, {}
+    calls: dict[Hashable, tuple[Callable, float]] = {}
+    results = {}
     for name, opts in options.items():
         seconds, results[name] = timed_call(lambda o=opts: matroot.polar_info(g, **o),
                                             target.synchronize)
@@ -106,7 +108,7 @@ def _muon_step_rows(target, width, layers, repeats, budget_s) -> list[dict]:
     def loop():
         return [muon_directions([g], muon_init([g], [True]), [True], config) for g in grads]
 
-    calls = {}
+    calls: dict[Hashable, tuple[Callable, float]] = {}
     for name, fn in (("stacked", stacked), ("per-parameter loop", loop)):
         calls[name] = (fn, timed_call(fn, target.synchronize)[0])
     times = interleaved_times(calls, target.synchronize, repeats=repeats, budget_s=budget_s)
