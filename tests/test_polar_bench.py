@@ -38,3 +38,19 @@ def test_cli_writes_json_and_markdown(tiny, tmp_path):
     assert main(["bench", "polar", "--quick", "--backend", "numpy", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["backend"] == "numpy"
     assert out.with_suffix(".md").read_text().startswith("Orthogonalization")
+
+
+@pytest.mark.parametrize("argv,fragment", [(["--backend", "nonesuch"], "nonesuch"),
+                                           (["--threads", "-1"], "--threads"),
+                                           (["--out", "/nonexistent/dir/polar.json"],
+                                            "nonexistent")])
+def test_cli_refuses_bad_input_before_work(monkeypatch, capsys, argv, fragment):
+    from matroot.cli import main
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the input was checked")
+
+    monkeypatch.setattr(bench_polar, "run", no_work)
+    assert main(["bench", "polar", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1

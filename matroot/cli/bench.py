@@ -245,6 +245,7 @@ def _run_polar(args) -> int:
     from matroot.bench.polar import format_table, run
     from matroot.bench.threads import thread_policy
 
+    at_least(args.threads, 0, "--threads")
     out = writable_file(args.out, "--out") if args.out else None
     try:
         target = select_targets([args.backend])[0]
