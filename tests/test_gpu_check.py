@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.sh"
 STEPS = ["environment", "info", "tests", "demo", "bench-solvers", "bench-optim"]
@@ -24,10 +25,8 @@ pytestmark = [
 
 #: The dry run's step caps and budget are sized for an idle machine; a test on a busy
 #: 2-core machine must not fail on them, so it lifts them (the budget test below
-#: checks the bookkeeping of a spent budget on its own). The subprocess timeout only
-#: guards against a hang.
+#: checks the bookkeeping of a spent budget on its own).
 UNHURRIED = {"GPU_CHECK_CAP_SCALE": "50", "GPU_CHECK_BUDGET_S": "36000"}
-HANG_GUARD_S = 3600
 
 
 def run_script(*args, **env):
