@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.testing import check_polar_solver, polar_case
+from matroot.polar_accuracy import polar_error_bound
+from matroot.testing import check_polar_solver, polar_case, polar_relative_error
 
 
 @pytest.mark.parametrize("method,dtype,kappa", [("polar_express", "float64", (1.0, 1e5)),
@@ -37,9 +38,11 @@ def test_jax_jit_matches_eager(method):
     g = jax.numpy.asarray(case.g.astype(np.float32))
     traced = jax.jit(lambda x: matroot.polar_info(x, method=method))(g)
     eager = matroot.polar_info(g, method=method)
-    assert bool(traced.converged.all())
-    # Eager JAX runs the same jitted program: same inputs, same program, same bits.
-    np.testing.assert_array_equal(np.asarray(traced.root), np.asarray(eager.root))
+    assert bool(traced.converged.all()) and bool(eager.converged.all())
+    # Two compiled programs (XLA may fuse differently): both within the table of the
+    # exact factor, so within twice its bound of each other.
+    distance = polar_relative_error(np.asarray(traced.root), np.asarray(eager.root, np.float64))
+    assert np.all(distance <= 2 * polar_error_bound("float32", case.kappa))
 
 
 @pytest.mark.compile
