@@ -13,10 +13,11 @@ from matroot.testing import check_polar_solver, polar_case, polar_relative_error
 
 @pytest.mark.parametrize("method,dtype,kappa", [("polar_express", "float64", (1.0, 1e5)),
                                                 ("polar_express", "float32", (1.0, 1e3)),
+                                                ("gram_newton_schulz", "float32", (1.0, 1e3)),
                                                 ("svd", "float32", (1.0, 1e3))])
 def test_conformance(method, dtype, kappa):
     check_polar_solver(lambda g: matroot.polar_info(g, method=method).root, dtype=dtype,
-                       kappa=kappa, max_examples=8)
+                       kappa=kappa, method=method, max_examples=8)
 
 
 def test_conformance_catches_the_unconverged_quintic():
@@ -42,7 +43,7 @@ def test_jax_jit_matches_eager(method):
     # Two compiled programs (XLA may fuse differently): both within the table of the
     # exact factor, so within twice its bound of each other.
     distance = polar_relative_error(np.asarray(traced.root), np.asarray(eager.root, np.float64))
-    assert np.all(distance <= 2 * polar_error_bound("float32", case.kappa))
+    assert np.all(distance <= 2 * polar_error_bound("float32", case.kappa, method=method))
 
 
 @pytest.mark.compile

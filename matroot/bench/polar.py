@@ -4,7 +4,9 @@ Part one orthogonalizes batched random stacks with singular values log-spaced ov
 ``[1/κ, 1]`` by Muon's 5-step quintic, by Polar Express with Muon's setting
 (``lower=1e-3``, 5 steps), by Polar Express for ``lower=1e-3`` and for the true
 ``1/κ`` cut at the fewest steps that reach the quintic's defect, by Polar Express
-run to the float32 default ``rtol``, and by a batched SVD. Part two times
+and its Gram-side variant run to the float32 default ``rtol``, and by a batched SVD.
+Products of different sizes count alike (an m×n×n and an n×n×n product are one each),
+so compare the Gram-side variant by time. Part two times
 one Muon direction for a model's worth of matrices: stacked (one polar call per
 shape) against a per-parameter loop.
 """
@@ -28,7 +30,7 @@ __all__ = ["DEFAULTS", "run", "format_table"]
 DEFAULTS: dict[str, dict[str, Any]] = {
     "quick": dict(shapes=((16, 128, 128), (8, 512, 128)), kappas=(1e2, 1e4), width=128,
                   layers=4, repeats=3, budget_s=2.0),
-    "full": dict(shapes=((16, 256, 256), (8, 1024, 256), (4, 512, 512)),
+    "full": dict(shapes=((16, 256, 256), (8, 1024, 256), (4, 512, 512), (8, 2048, 128)),
                  kappas=(1e1, 1e2, 1e3, 1e4), width=256, layers=8, repeats=5, budget_s=5.0),
 }
 #: Muon's Polar Express setting (the paper's lower bound for Muon).
@@ -56,6 +58,7 @@ def _contenders(target, g, kappa: float, quintic_error: float) -> dict[str, dict
             options[f"polar_express (lower {label}) at the quintic's defect"] = dict(
                 lower=lower, max_iter=cut)
     options["polar_express (float32 rtol)"] = {}
+    options["gram_newton_schulz (float32 rtol)"] = dict(method="gram_newton_schulz")
     options["svd"] = dict(method="svd")
     return options
 

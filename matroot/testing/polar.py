@@ -59,15 +59,16 @@ def rectangular_stacks(draw, *, m=(1, 12), n=(1, 12), kappa=(1.0, 1e4),
 class _Grader:
     """One method per property: ``check(case)`` raises AssertionError on a miss."""
 
-    def __init__(self, solver, dtype, xp, rtol):
+    def __init__(self, solver, dtype, xp, rtol, method):
         self.solver, self.dtype, self.xp, self.rtol = solver, dtype, xp, rtol
+        self.method = method
 
     def run(self, g: np.ndarray) -> np.ndarray:
         return host_float64(self.solver(from_numpy(self.xp, g,
                                                    dtype=getattr(self.xp, self.dtype))))
 
     def tolerance(self, kappa: float) -> float:
-        return polar_error_bound(self.dtype, kappa, self.rtol)
+        return polar_error_bound(self.dtype, kappa, self.rtol, self.method)
 
     def within(self, error, case: PolarCase, factor: float, what: str):
         bound = factor * self.tolerance(case.kappa)
@@ -103,7 +104,7 @@ class _Grader:
 def check_polar_solver(solver: Callable, *, dtype: str = "float32", xp=None,
                        m: tuple[int, int] = (1, 10), n: tuple[int, int] = (1, 10),
                        kappa: tuple[float, float] = (1.0, 1e3), rtol: float | None = None,
-                       max_examples: int | None = None) -> None:
+                       method: str = "polar_express", max_examples: int | None = None) -> None:
     """Property-test ``solver(g) -> polar factor``; raise on the first failure.
 
     Properties (:data:`POLAR_PROPERTIES`), each its own hypothesis search over
@@ -128,6 +129,8 @@ def check_polar_solver(solver: Callable, *, dtype: str = "float32", xp=None,
         Range of ``σmax/σmin``.
     rtol : float, optional
         The ``rtol`` the solver runs at (the precision's default when None).
+    method : str
+        The matroot method whose bound applies (its error factor, if any).
     max_examples : int, optional
         Examples per property; the loaded hypothesis profile's by default.
 
@@ -136,7 +139,7 @@ def check_polar_solver(solver: Callable, *, dtype: str = "float32", xp=None,
     AssertionError
         Naming the property and hypothesis's shrunk counterexample.
     """
-    grader = _Grader(solver, dtype, np if xp is None else xp, rtol)
+    grader = _Grader(solver, dtype, np if xp is None else xp, rtol, method)
     config = settings(max_examples=max_examples or settings().max_examples, deadline=None,
                       report_multiple_bugs=False,
                       suppress_health_check=[HealthCheck.too_slow])
