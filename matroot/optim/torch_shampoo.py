@@ -42,6 +42,7 @@ from .distributed import (
     check_shard,
     resolve_process_group,
 )
+from .dtensor import add_to_local, is_dtensor, local_view, whole
 from .preconditioner import factor_shape
 
 __all__ = ["Shampoo"]
@@ -66,14 +67,6 @@ def _step_tensor(value, device) -> torch.Tensor:
     """A per-parameter step count (an int from an older state dict, or a tensor) as
     a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
     return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
-
-
-def _is_dtensor(tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
-    return isinstance(tensor, DTensor)
 
 
 class _Family:
@@ -171,12 +164,6 @@ class Shampoo(torch.optim.Optimizer):
         for p in group["params"]:
             if not p.is_floating_point():
                 raise TypeError(f"Shampoo optimizes floating parameters, got dtype {p.dtype}")
-            if _is_dtensor(p):
-                raise TypeError(
-                    "Shampoo does not take DTensor (FSDP2 / fully_shard, tensor-parallel) "
-                    "parameters: its blocks are cut from whole parameters. Supported: one "
-                    "process, or DDP (replicated parameters; blocks are sharded over ranks "
-                    "with distributed='auto'). See docs/distributed.rst")
         self._group_config(group)
 
     @staticmethod
@@ -270,38 +257,38 @@ class Shampoo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        jobs, check_on_device = self._prepare_step()
+        jobs, grads, check_on_device = self._prepare_step()
         if jobs is None:
             return loss
         if any(job is not None and job.schedule[0] for job in jobs):
-            self._update_outside_graph(jobs, check_on_device)
+            self._update_outside_graph(jobs, grads, check_on_device)
         else:
-            self._update(jobs, check_on_device)
+            self._update(jobs, grads, check_on_device)
         return loss
 
-    def _update(self, jobs, check_on_device: bool) -> None:
-        """The device side of a step: every family's core update, applied to the parameters."""
-        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
-                 for family in self._families]
+    def _update(self, jobs, grads, check_on_device: bool) -> None:
+        """The device side of a step: every family's core update, applied to the parameters.
+
+        ``grads`` are whole gradients (:func:`~matroot.optim.dtensor.whole`), per family.
+        """
         finite = core.all_finite(list(chain.from_iterable(grads))) if check_on_device else None
         for family, fam_grads, job in zip(self._families, grads, jobs):
             if job is None:
                 continue
             self._sync_family_state(family)
+            # A DTensor parameter is gathered only where weight decay reads it.
+            params = [whole(p.detach()) if decay or not is_dtensor(p) else None
+                      for p, decay in zip(family.params, job.decays)]
             updates, family.state = core.update(
-                fam_grads, family.state, [p.detach() for p in family.params], job.config,
+                fam_grads, family.state, params, job.config,
                 lr=job.lrs, weight_decay=job.decays, check_grads=False, in_place=True,
                 schedule=job.schedule, finite=finite)
             self._publish_family_state(family)
             if family.sharding is not None:
                 family.sharding.share_updates(updates)
             for p, u in zip(family.params, updates):
-                if u is None:
-                    continue
-                if u.dtype == p.dtype:
-                    p.add_(u)
-                else:
-                    p.copy_(p.to(u.dtype) + u)
+                if u is not None:
+                    add_to_local(p, u)
 
     # A step with a root refresh runs eagerly under torch.compile: the solvers' convergence
     # checks read the host, and a graph break inside the families' loop would leave the
@@ -319,11 +306,19 @@ class Shampoo(torch.optim.Optimizer):
         blocks are sharded, the gradients are checked here (one host read);
         otherwise the check is left to the device.
 
+        Gradients of DTensor parameters are checked on their local parts when
+        the blocks are sharded (the check is a collective, so a gradient missing
+        on some ranks raises before any rank waits in a gather), then gathered
+        whole (:func:`~matroot.optim.dtensor.whole`), so every rank updates
+        from the same values.
+
         Returns
         -------
         jobs : list of _Job or None, or None
             Per family (None where no parameter has a gradient); None when there
             is nothing to update (no gradients, or a step skipped for NaN/Inf).
+        grads : list of lists of tensors or None
+            Per family, its parameters' whole gradients.
         check_on_device : bool
         """
         for p in self._all_params():
@@ -331,23 +326,28 @@ class Shampoo(torch.optim.Optimizer):
                 raise TypeError("Shampoo does not support sparse gradients")
         self._form_families()
         group_of = self._group_of()
-        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
-                 for family in self._families]
         check_on_device = self._process_group is None and all(
             group_of[id(p)]["nonfinite_grads"] == "skip"
             for family in self._families for p in family.params)
-        if not check_on_device:
+        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
+                 for family in self._families]
+        bad: list = []
+        if not check_on_device and self._process_group is not None:
+            bad = self._nonfinite_params([[None if g is None else local_view(g) for g in fam]
+                                          for fam in grads])
+        grads = [[whole(g) for g in fam] for fam in grads]
+        if not check_on_device and self._process_group is None:
             bad = self._nonfinite_params(grads)
-            if bad:
-                params = self._all_params()
-                if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
-                    raise core.NonFiniteGradientError(
-                        f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
-                        "Inf; pass nonfinite_grads='skip' to skip such steps instead")
-                for family in self._families:
-                    family.state = family.state._replace(
-                        skipped_steps=family.state.skipped_steps + 1)
-                return None, check_on_device
+        if bad:
+            params = self._all_params()
+            if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
+                raise core.NonFiniteGradientError(
+                    f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
+                    "Inf; pass nonfinite_grads='skip' to skip such steps instead")
+            for family in self._families:
+                family.state = family.state._replace(
+                    skipped_steps=family.state.skipped_steps + 1)
+            return None, grads, check_on_device
         jobs: list[_Job | None] = []
         for family, fam_grads in zip(self._families, grads):
             if all(g is None for g in fam_grads):
@@ -361,7 +361,7 @@ class Shampoo(torch.optim.Optimizer):
             jobs.append(_Job(family.config, [g["lr"] for g in groups],
                              [g["weight_decay"] for g in groups],
                              family.config.schedule_at(family.schedule_step)))
-        return (jobs if any(jobs) else None), check_on_device
+        return (jobs if any(jobs) else None), grads, check_on_device
 
     def _nonfinite_params(self, grads) -> list:
         """state_dict numbers of parameters with NaN/Inf gradients (on any rank when sharded)."""
