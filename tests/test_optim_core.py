@@ -313,3 +313,10 @@ def test_bad_hyperparameters_are_rejected(kwargs, match):
 def test_integer_parameters_are_rejected():
     with pytest.raises(TypeError, match="real floating"):
         init([np.zeros((3, 3), dtype=np.int64)], ShampooConfig())
+
+
+def test_a_storage_dtype_the_array_library_lacks_is_named_with_the_fix():
+    from matroot.optim import ShampooConfig, init
+
+    with pytest.raises(ValueError, match="bfloat16 exists in PyTorch and JAX"):
+        init([np.zeros((4, 4))], ShampooConfig(root_storage_dtype="bfloat16"), lazy=True)

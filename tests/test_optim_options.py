@@ -234,6 +234,28 @@ def test_bfloat16_root_storage_halves_root_bytes_and_stays_close_to_float32():
     assert (w16 - w32).norm() < 0.02 * moved
 
 
+@pytest.mark.parametrize("storage", [None, "float16"])
+def test_a_root_that_overflows_its_storage_dtype_fails_and_falls_back(storage):
+    """Gradients of 1e-12 make factors of 1e-27·I: their root, ~4.7e6·I, is exact in
+    float32 and Inf in float16 (largest 65504), so with float16 storage every refresh
+    fails, is counted, and the blocks keep their identity roots (the grafted Adam
+    direction), as after a failed solve; nothing non-finite reaches the parameters."""
+    w = torch.nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+    opt = Shampoo([w], lr=1e-2, block_size=4, precondition_frequency=1,
+                  start_preconditioning_step=1, matrix_eps=1e-27, root_storage_dtype=storage)
+    for _ in range(2):
+        w.grad = 1e-12 * torch.eye(4)
+        opt.step()
+    roots = opt._families[0].state.roots
+    failures = opt.diagnostics()["root_failures"]
+    assert torch.isfinite(w).all() and all(torch.isfinite(r).all() for r in roots)
+    if storage is None:
+        assert failures == 0 and float(roots[0].max()) > 65504
+    else:
+        assert failures == 2 * 2          # two factors, two refreshes
+        assert all(torch.equal(r.float(), torch.eye(4).expand_as(r)) for r in roots)
+
+
 def test_bfloat16_root_storage_resumes_bit_identically():
     opt, params, (x, y) = _stored("bfloat16", steps=5)
     buffer = io.BytesIO()

@@ -169,7 +169,14 @@ def make_plan(params, config: ShampooConfig, *, policies=None) -> BlockPlan:
 
 
 def _root_dtype(xp, config: ShampooConfig, spec):
-    return getattr(xp, config.root_storage_dtype or spec.dtype)
+    name = config.root_storage_dtype or spec.dtype
+    dtype = getattr(xp, name, None)
+    if dtype is None:
+        raise ValueError(
+            f"root_storage_dtype={name!r} is not a dtype of the parameters' array library "
+            f"({getattr(xp, '__name__', xp)}); bfloat16 exists in PyTorch and JAX: use "
+            "root_storage_dtype='float16' or None here")
+    return dtype
 
 
 def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,

@@ -406,12 +406,11 @@ class Shampoo(torch.optim.Optimizer):
                                             if out["parameters"] else 0.0)
         return out
 
-    def state_dict(self):
-        """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
-        the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
-        sd = super().state_dict()
+    def _family_records(self) -> list:
+        """Each family's stacks, counters and the per-parameter ``"layout"`` index of their
+        slots (:mod:`matroot.optim.checkpoint`), parameters numbered in group order."""
         index = {id(p): i for i, p in enumerate(self._all_params())}
-        sd["shampoo_families"] = []
+        records = []
         for f in self._families:
             numbers = [index[id(p)] for p in f.params]
             plan = f.state.plan if f.sharding is None else f.sharding.plan
@@ -425,7 +424,14 @@ class Shampoo(torch.optim.Optimizer):
                       "root_failures": list(f.state.root_failures)}
             if f.sharding is not None:
                 record["shard"] = f.sharding.record()
-            sd["shampoo_families"].append(record)
+            records.append(record)
+        return records
+
+    def state_dict(self):
+        """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
+        the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
+        sd = super().state_dict()
+        sd["shampoo_families"] = self._family_records()
         return sd
 
     def _stacked(self, family) -> bool:
@@ -435,28 +441,85 @@ class Shampoo(torch.optim.Optimizer):
         """Restore a state dict exactly, keeping float32 state of 16-bit parameters float32.
 
         torch's loader casts floating state to each parameter's dtype; the saved
-        tensors are put back with their own dtype afterwards, so continuing after
-        a reload is bit-identical to continuing without one. State dicts of the
-        first format (no ``"layout"``; hyperparameters added since then take this
-        optimizer's values) load too.
+        tensors are put back with their own dtype before torch runs the load
+        post-hooks (so what a hook writes stays), and continuing after a reload is
+        bit-identical to continuing without one. Keys of ``"state"`` that are not
+        parameter numbers are kept as they are, as torch keeps them. State dicts of
+        the first format (no ``"layout"``; hyperparameters added since then take
+        this optimizer's values) load too.
+
+        Raises
+        ------
+        ValueError
+            As torch does for a different number of parameter groups or of
+            parameters in a group; for families whose layout does not fit the
+            parameters, or a shard of another rank or world size.
         """
         state_dict = dict(state_dict)
-        families = state_dict.pop("shampoo_families", [])
-        saved = state_dict.get("state", {})
-        state_dict["param_groups"] = [{**{k: v for k, v in current.items() if k != "params"},
-                                       **group}
-                                      for current, group in zip(self.param_groups,
-                                                                state_dict["param_groups"])]
-        super().load_state_dict(state_dict)
+        saved_groups = list(state_dict["param_groups"])
+        # Hyperparameters the saved groups predate take this optimizer's values.
+        state_dict["param_groups"] = [
+            {**{k: v for k, v in current.items() if k != "params"}, **group}
+            for current, group in zip(self.param_groups, saved_groups)
+        ] + saved_groups[len(self.param_groups):]
+        pending: dict = {}
+
+        def capture(_, final):
+            # Registered last: sees the state dict as the user's pre-hooks left it.
+            pending["state_dict"] = final
+
+        handle = self.register_load_state_dict_pre_hook(capture)
+        self._pending_load = pending
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            handle.remove()
+            del self._pending_load
+
+    def __setstate__(self, state):
+        """torch's ``__setstate__``, then Shampoo's own part: during
+        :meth:`load_state_dict` the saved tensors and families, after unpickling
+        (``pickle``, ``copy.deepcopy``) the families of :meth:`__getstate__`."""
+        state = dict(state)
+        shampoo = state.pop("_shampoo", None)
+        super().__setstate__(state)
+        pending = self.__dict__.get("_pending_load")
+        if pending is not None:
+            self._finish_load(pending["state_dict"])
+        elif shampoo is not None:
+            self._graft_only = shampoo["graft_only"]
+            self._process_group = resolve_process_group(
+                "auto" if shampoo["sharded"] else None)
+            params = self._all_params()
+            self._families = [self._restore_family(r, params) for r in shampoo["families"]]
+
+    def __getstate__(self):
+        """torch's pickled state plus the families' stacks and counters (as records: a
+        process group does not pickle; an optimizer sharded over the default group is
+        sharded over the unpickling process's default group again)."""
+        if self._process_group is not None and self._process_group != dist.group.WORLD:
+            raise TypeError("a Shampoo sharded over a process group other than the default "
+                            "one cannot be pickled or deep-copied; save its state_dict() and "
+                            "load it into a new optimizer instead")
+        return {**super().__getstate__(),
+                "_shampoo": {"families": self._family_records(), "graft_only": self._graft_only,
+                             "sharded": self._process_group is not None}}
+
+    def _finish_load(self, state_dict) -> None:
+        """Put back the saved tensors of ``state_dict`` uncast and rebuild the families."""
+        saved_groups = state_dict["param_groups"]
         params = self._all_params()
-        self.state.clear()
-        for index, entries in saved.items():
-            p = params[int(index)]
+        by_number = dict(zip(chain.from_iterable(g["params"] for g in saved_groups), params))
+        for key, entries in state_dict.get("state", {}).items():
+            p = by_number.get(key)
+            if p is None:
+                continue        # not a parameter: kept by torch as it was
             self.state[p] = {k: (v.detach().to(device=p.device, copy=True)
                                  if torch.is_tensor(v) else v) for k, v in entries.items()}
             if "step" in self.state[p]:
                 self.state[p]["step"] = _step_tensor(self.state[p]["step"], p.device)
-        self._families = [self._restore_family(record, params) for record in families]
+        self._families = [self._restore_family(record, params)
+                          for record in state_dict.get("shampoo_families", [])]
 
     def _restore_family(self, record, params) -> _Family:
         members = [params[i] for i in record["params"]]
