@@ -18,6 +18,7 @@ a lost update or a shard applied to the wrong rows moves them by about ``lr``.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 import torch
@@ -159,6 +160,79 @@ def _train(world, options, steps, nan_at=None, rank=0):
                          "refreshes": opt.diagnostics()["root_refreshes"]}
 
 
+SAVED_AT, RESUMED = 3, 3      # DCP: save after 3 steps, then 3 more
+
+
+def _fsdp_training(world, start=0):
+    model, _, _ = _models(world)
+    return model, Shampoo(list(model.parameters()), **OPTIONS)
+
+
+def _steps(model, opt, start, count):
+    for step in range(start, start + count):
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()
+
+
+def _scenario_dcp_save(base):
+    """Two ranks: save a checkpoint after SAVED_AT steps, then the uninterrupted run."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from matroot.optim.distributed_checkpoint import dcp_state_dict
+
+    model, opt = _fsdp_training(2)
+    _steps(model, opt, 0, SAVED_AT)
+    dcp.save({"model": get_model_state_dict(model), "optim": dcp_state_dict(opt)},
+             checkpoint_id=os.path.join(base, "dcp"))
+    # Two broken checkpoints: one rank's entry unreadable, one rank's entry missing.
+    entry = dcp_state_dict(opt)
+    if dist.get_rank() == 1:
+        entry = {name: b"not a state dict" for name in entry}
+    dcp.save({"optim": entry}, checkpoint_id=os.path.join(base, "garbled"))
+    dcp.save({"optim": dcp_state_dict(opt) if dist.get_rank() == 0 else {}},
+             checkpoint_id=os.path.join(base, "incomplete"))
+    _steps(model, opt, SAVED_AT, RESUMED)
+    return [_whole(p).tolist() for p in model.parameters()]
+
+
+def _resume_from_dcp(model, opt, path):
+    """Load model and optimizer from the 2-rank checkpoint and take the remaining steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+    load_dcp_state_dict(opt, path)
+    _steps(model, opt, SAVED_AT, RESUMED)
+    return [_whole(p).tolist() for p in model.parameters()]
+
+
+def _scenario_dcp_load(base):
+    """Three ranks: resume the 2-rank checkpoint; broken checkpoints give clear errors."""
+    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+
+    out = {"resumed": _resume_from_dcp(*_fsdp_training(3), os.path.join(base, "dcp"))}
+    model, _ = _fsdp_training(3)
+    cases = {"garbled": Shampoo(list(model.parameters()), **OPTIONS),
+             "incomplete": Shampoo(list(model.parameters()), **OPTIONS),
+             "dcp": Shampoo(list(model.parameters())[:-1], **OPTIONS)}  # another model
+    for name, opt in cases.items():
+        try:
+            load_dcp_state_dict(opt, os.path.join(base, name))
+            out[f"error_{name}"] = "loaded"
+        except ValueError as err:
+            out[f"error_{name}"] = str(err)
+    return out
+
+
 def _scenarios(rank, world, tmpdir):
     from torch.distributed.tensor import DTensor
 
@@ -171,14 +245,40 @@ def _scenarios(rank, world, tmpdir):
     for policy in ("raise", "skip"):
         _, _, out[f"nan_{policy}"] = _train(world, dict(OPTIONS, nonfinite_grads=policy), 4,
                                             nan_at=2, rank=rank)
+    base = os.path.dirname(tmpdir)
+    if world == 2:
+        out["uninterrupted"] = _scenario_dcp_save(base)
+    else:
+        out["dcp"] = _scenario_dcp_load(base)
     dist.barrier()
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"{w}ranks")
-def ranks(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("fsdp")
+
+
+def _run(world, base):
+    tmpdir = base / f"world{world}"
+    tmpdir.mkdir()
+    return run_on_ranks(_scenarios, world, str(tmpdir))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(base):
+    return _run(2, base)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(base, two_ranks):
+    return _run(3, base)      # after two_ranks: it resumes the 2-rank checkpoint
+
+
+@pytest.fixture(params=[2, 3], ids=lambda w: f"{w}ranks")
+def ranks(request):
     world = request.param
-    return world, run_on_ranks(_scenarios, world, str(tmp_path_factory.mktemp(f"fsdp{world}")))
+    return world, request.getfixturevalue({2: "two_ranks", 3: "three_ranks"}[world])
 
 
 def test_fsdp2_run_equals_single_process_to_rounding(ranks):
@@ -211,3 +311,41 @@ def test_nan_on_one_rank_is_handled_alike_on_every_rank(ranks):
         # A skipped step changes nothing: the run stays with the reference that left it out.
         assert max(r["nan_skip"]["diffs"]) <= ROUNDING_ATOL, f"rank {rank}"
     assert len({r["nan_skip"]["digest"] for r in results}) == 1
+
+
+def _max_diff(a, b) -> float:
+    return max(float((torch.tensor(x) - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
+
+
+def test_dcp_checkpoint_saved_at_two_ranks_resumes_at_three(two_ranks, three_ranks):
+    uninterrupted = two_ranks[0]["uninterrupted"]
+    assert all(r["uninterrupted"] == uninterrupted for r in two_ranks)
+    for rank, r in enumerate(three_ranks):
+        assert _max_diff(r["dcp"]["resumed"], uninterrupted) <= ROUNDING_ATOL, f"rank {rank}"
+
+
+def test_dcp_checkpoint_saved_at_two_ranks_resumes_in_one_process(two_ranks, base):
+    import torch.distributed.checkpoint as dcp
+
+    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+
+    assert not dist.is_initialized()
+    model = Tiny()
+    opt = Shampoo(list(model.parameters()), **OPTIONS)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(base / "dcp"))
+    model.load_state_dict(state["model"])
+    load_dcp_state_dict(opt, str(base / "dcp"))
+    _steps(model, opt, SAVED_AT, RESUMED)
+    resumed = [p.detach().tolist() for p in model.parameters()]
+    assert _max_diff(resumed, two_ranks[0]["uninterrupted"]) <= ROUNDING_ATOL
+    with pytest.raises(ValueError, match="no Shampoo state under 'optimizer'"):
+        load_dcp_state_dict(opt, str(base / "dcp"), key="optimizer")
+
+
+def test_broken_or_mismatched_dcp_checkpoints_are_refused_clearly(three_ranks):
+    for r in three_ranks:
+        out = r["dcp"]
+        assert "rank1_of_2 cannot be read" in out["error_garbled"], out["error_garbled"]
+        assert "incomplete" in out["error_incomplete"], out["error_incomplete"]
+        assert "doesn't match the size" in out["error_dcp"], out["error_dcp"]
