@@ -534,6 +534,17 @@ def test_planner_command_prints_the_table(capsys):
     assert float(rows[0][2]) <= 1.05
 
 
+def test_planner_prints_fsdp2_bytes_per_rank(capsys):
+    assert plan_main(["--shapes", "11x6,5x10,5", "--block-size", "4", "--world-size", "2",
+                      "3", "--fsdp2"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2" in out
+    rows = [line.split() for line in out.split("FSDP2")[1].splitlines()
+            if line.split()[:1] in (["2"], ["3"])]
+    # Rank 0 holds 6 of 11, 3 of 5 and 3 of 5 rows at 2 ranks: (36 + 30 + 3) * 4 bytes.
+    assert rows[0][:3] == ["2", "276", "B"]
+
+
 def test_planner_takes_user_shapes(tmp_path, capsys):
     path = tmp_path / "shapes.json"
     path.write_text(json.dumps({"w1": [300, 200], "b1": [200], "conv": [16, 3, 3, 3]}))

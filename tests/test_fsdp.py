@@ -375,3 +375,19 @@ def test_broken_or_mismatched_dcp_checkpoints_are_refused_clearly(three_ranks):
         assert "rank1_of_2 cannot be read" in out["error_garbled"], out["error_garbled"]
         assert "incomplete" in out["error_incomplete"], out["error_incomplete"]
         assert "doesn't match the size" in out["error_dcp"], out["error_dcp"]
+
+
+def test_planner_predicts_the_fsdp2_shards(ranks):
+    """``matroot plan --fsdp2``'s parameter bytes are the largest rank's real shards."""
+    import math
+
+    from matroot.optim.plan import plan_summary
+
+    world, results = ranks
+    shapes = [(name, tuple(p.shape)) for name, p in Tiny().named_parameters()]
+    planned = plan_summary(shapes, block_size=4, world_sizes=[world])["worlds"][0]["fsdp2"]
+    fsdp_shards = len(shapes)     # the extras (plain, Replicate) come after the model's
+    largest = max(sum(math.prod(s) for s in r["equality"]["shard_rows"][:fsdp_shards])
+                  for r in results)
+    assert planned["parameters"] == planned["gradients"] == 4 * largest
+    assert planned["gradient_gather_bytes"] == 4 * sum(math.prod(s) for _, s in shapes)
