@@ -242,7 +242,8 @@ def test_a_root_that_overflows_its_storage_dtype_fails_and_falls_back(storage):
     direction), as after a failed solve; nothing non-finite reaches the parameters."""
     w = torch.nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
     opt = Shampoo([w], lr=1e-2, block_size=4, precondition_frequency=1,
-                  start_preconditioning_step=1, matrix_eps=1e-27, root_storage_dtype=storage)
+                  start_preconditioning_step=1, matrix_eps=1e-27, root_storage_dtype=storage,
+                  keep_roots=True)
     for _ in range(2):
         w.grad = 1e-12 * torch.eye(4)
         opt.step()
@@ -326,6 +327,22 @@ def test_roots_not_kept_resume_bit_identically_and_load_into_kept_roots():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def test_roots_refreshed_every_step_are_not_kept_by_default():
+    """keep_roots=None (the default) drops roots that are solved at every step: no root
+    bytes in the state, the same updates as kept roots (bitwise here: the same solver
+    calls on the same stacks, no packing)."""
+    auto, auto_params, _ = _every_step(None, 4)
+    kept, kept_params, _ = _every_step(True, 4)
+    assert all(r is None for r in auto._families[0].state.roots)
+    assert core.state_bytes(auto._families[0].state)["roots"] == 0 < \
+        core.state_bytes(kept._families[0].state)["roots"]
+    assert all(torch.equal(p, q) for p, q in zip(auto_params, kept_params))
+    assert ShampooConfig(precondition_frequency=1, root_storage_dtype="bfloat16").keeps_roots
+    assert ShampooConfig(precondition_frequency=2).keeps_roots
+    with pytest.raises(ValueError, match="True, False or None"):
+        ShampooConfig(keep_roots="auto")
+
+
 def test_roots_not_kept_need_every_step_refreshes_and_no_root_storage_dtype():
     with pytest.raises(ValueError, match="precondition_frequency=1, got 10"):
         ShampooConfig(keep_roots=False)
@@ -348,7 +365,7 @@ def test_the_planner_counts_the_preconditioner_bytes_the_state_holds(storage):
                            world_sizes=[1], precondition_1d=True,
                            symmetric_packing=config.symmetric_packing,
                            root_storage_dtype=config.root_storage_dtype,
-                           keep_roots=config.keep_roots)["worlds"][0]
+                           keep_roots=config.keeps_roots)["worlds"][0]
     assert planned["preconditioner"] == held["factors"] + held["roots"] + failures
     assert planned["moments"] == held["moments"]
 
