@@ -283,3 +283,14 @@ def test_hypothesis_is_optional(monkeypatch):
     monkeypatch.setitem(sys.modules, "hypothesis", None)
     with pytest.raises(ImportError, match=r'pip install "matroot\[testing\]"'):
         matroot.testing.spd_stacks  # noqa: B018
+
+
+def test_default_sizes_reach_past_eight():
+    """Issue 21: a solver wrong for every n > 8 used to pass with the defaults."""
+
+    def wrong_beyond_eight(a, p, eps):
+        root = eigh_reference(a, p, eps)
+        return root if a.shape[-1] <= 8 else 1.5 * root
+
+    with pytest.raises(AssertionError, match="accuracy"):
+        check_inv_root_solver(wrong_beyond_eight, max_examples=25)

@@ -168,7 +168,7 @@ def _search(check: Callable, strategy, ps: tuple, config: settings) -> Callable[
 
 def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 2, 4),
                           dtype: str = "float32", xp=None, device=None,
-                          n: int | tuple[int, int] = (1, 40),
+                          n: int | tuple[int, int] = (1, 16),
                           kappa: tuple[float, float] = (1.0, 1e6), method: str = "iterative",
                           rtol: float | None = None, max_examples: int | None = None,
                           skip: Collection[str] = ("nan_isolation",)) -> None:
