@@ -1,17 +1,96 @@
-"""What ``converged=True`` means, decided in one place.
+"""The accuracy policy, in one place: the README's table, its κ buckets, and what
+``converged=True`` means.
 
 A root is converged when its method stopped (on ``tol``, at its rounding floor,
 or after the fixed ``tol=0`` step count), it is usable (finite and positive
 definite in the output dtype) and its a-posteriori error estimate
 (:mod:`matroot.verify`) meets the accuracy asked for: the README table's target
-for its κ, or a looser ``tol``.
+for its κ (:func:`row_target`), or a looser ``tol``. This module sits at the
+bottom of the library: the check (:mod:`matroot.verify`), ``evd`` and the public
+testing toolkit (:mod:`matroot.testing`, which re-exports the table) read it.
 """
 
 from __future__ import annotations
 
+from . import _xp
 from ._typing import Array
 
-__all__ = ["is_converged", "unit_roundoff"]
+__all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "FLOAT32_INVERSE_TOLERANCE", "KAPPA_BUCKETS",
+           "LOW_PRECISION_ROWS", "is_converged", "row_target", "unit_roundoff"]
+
+#: Upper ends of the κ(A + eps·I) buckets of the table.
+KAPPA_BUCKETS: tuple[float, ...] = (1e2, 1e4, 1e6)
+
+#: (row, dtype) -> relative Frobenius error allowed per κ bucket; None: no target.
+ACCURACY_TABLE: dict[tuple[str, str], tuple[float | None, ...]] = {
+    ("evd", "float32"): (1e-5, 1e-4, 1e-3),
+    ("iterative", "float32"): (1e-4, 1e-3, 2e-2),
+    ("chebyshev", "float32"): (1e-3, 1e-2, None),
+    ("evd", "float64"): (1e-8, 1e-7, 1e-6),
+    ("iterative", "float64"): (1e-8, 1e-7, 1e-6),
+    ("chebyshev", "float64"): (1e-8, 1e-7, None),
+}
+
+#: The plain inverse of a float32 matrix beyond κ = 1e4: rounding A to float32 alone
+#: moves A⁻¹ by about κ·u ≈ 6e-2 in its worst direction.
+FLOAT32_INVERSE_TOLERANCE = 5e-2
+
+#: Rows of the accuracy table for 16-bit matmul operands (float32 accumulation):
+#: what ``converged=True`` promises with ``matmul_dtype``, per κ bucket. Measured
+#: errors (``matroot.solvers.minimax``'s table) are 3–10× below these.
+LOW_PRECISION_ROWS = {
+    "float16": (5e-3, 2e-2, 5e-2),
+    "bfloat16": (3e-2, 1e-1, 2e-1),
+}
+#: κ bucket edges are widened by this factor towards the stricter target: the
+#: Ritz values carry rounding of about n·u·λmax, a few percent at κ = 1e4 in float32.
+BUCKET_SLACK = 1.1
+
+
+def row_target(row: str, precision: str, p, kappa):
+    """The error ``converged=True`` promises for each matrix of a table ``row``.
+
+    The README's table (:data:`ACCURACY_TABLE`), or :data:`LOW_PRECISION_ROWS`
+    for 16-bit matmuls, at each matrix's κ estimate (bucket edges widened by
+    :data:`BUCKET_SLACK` towards the stricter target). Beyond κ = 1e6, and where
+    the table sets no target, the loosest target the row states applies.
+
+    Parameters
+    ----------
+    row : {"evd", "iterative", "chebyshev"}
+        The table row (a solver's registry entry names its row).
+    precision : {"float32", "float64", "float16", "bfloat16"}
+        Compute dtype, or the matmul operand dtype for 16-bit products.
+    p : int or float
+        Root order.
+    kappa : array, shape (b,)
+        Estimated condition numbers.
+
+    Returns
+    -------
+    array, shape (b,)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.accuracy import row_target
+    >>> row_target("iterative", "float32", 2, np.array([10.0, 1e3, 1e5, 1e9])).tolist()
+    [0.0001, 0.001, 0.02, 0.02]
+    """
+    xp = _xp.array_namespace(kappa)
+    stated_row: tuple[float | None, ...]
+    if precision in LOW_PRECISION_ROWS:
+        stated_row = LOW_PRECISION_ROWS[precision]
+    else:
+        stated_row = ACCURACY_TABLE[(row, precision)]
+    stated = [t for t in stated_row if t is not None]
+    targets = [t if t is not None else stated[-1] for t in stated_row]
+    if p == 1 and precision == "float32":
+        targets[-1] = max(targets[-1], FLOAT32_INVERSE_TOLERANCE)
+    result = xp.full_like(kappa, targets[-1])
+    for edge, target in reversed(list(zip(KAPPA_BUCKETS[:-1], targets[:-1]))):
+        result = xp.where(kappa <= edge * BUCKET_SLACK, xp.full_like(kappa, target), result)
+    return result
 
 
 def unit_roundoff(xp, dtype) -> float:

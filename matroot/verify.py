@@ -57,20 +57,13 @@ from . import _xp
 import numpy as np
 
 from .scaling import LANCZOS_STEPS, RitzValues, _start_vectors, ritz_values
+from .accuracy import BUCKET_SLACK, LOW_PRECISION_ROWS, row_target
 from .solvers._result import RootCheck
+from .solvers.registry import get_solver
 
-__all__ = ["LOW_PRECISION_ROWS", "RootCheck", "accuracy_target", "check_root"]
+__all__ = ["BUCKET_SLACK", "LOW_PRECISION_ROWS", "RootCheck", "accuracy_target",
+           "check_root", "sandwich_bound"]
 
-#: Rows of the accuracy table for 16-bit matmul operands (float32 accumulation):
-#: what ``converged=True`` promises with ``matmul_dtype``, per κ bucket. Measured
-#: errors (``matroot.solvers.minimax``'s table) are 3–10× below these.
-LOW_PRECISION_ROWS = {
-    "float16": (5e-3, 2e-2, 5e-2),
-    "bfloat16": (3e-2, 1e-1, 2e-1),
-}
-#: κ bucket edges are widened by this factor towards the stricter target: the
-#: Ritz values carry rounding of about n·u·λmax, a few percent at κ = 1e4 in float32.
-BUCKET_SLACK = 1.1
 
 
 def _products(root, scaled, p: int):
@@ -254,27 +247,8 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
 
 
 def accuracy_target(method: str, precision: str, p, kappa):
-    """The error ``converged=True`` promises for each matrix, from its κ estimate.
-
-    The README's table (:data:`matroot.testing.ACCURACY_TABLE`, row named by the
-    solver's registry entry), or :data:`LOW_PRECISION_ROWS` for 16-bit matmuls.
-    Beyond κ = 1e6, and where the table sets no target, the loosest target the
-    row states applies: ``converged`` then still bounds the error.
-
-    Parameters
-    ----------
-    method : str
-        The solver that ran.
-    precision : {"float32", "float64", "float16", "bfloat16"}
-        Compute dtype, or the matmul operand dtype for 16-bit products.
-    p : int or float
-        Root order.
-    kappa : array, shape (b,)
-        Estimated condition numbers.
-
-    Returns
-    -------
-    array, shape (b,)
+    """The error ``converged=True`` promises for each matrix of ``method``, from its κ
+    estimate: :func:`matroot.accuracy.row_target` of the row its registry entry names.
 
     Examples
     --------
@@ -283,21 +257,4 @@ def accuracy_target(method: str, precision: str, p, kappa):
     >>> accuracy_target("minimax", "float32", 2, np.array([10.0, 1e3, 1e5, 1e9])).tolist()
     [0.0001, 0.001, 0.02, 0.02]
     """
-    from .solvers.registry import get_solver
-    from .testing.tolerances import (ACCURACY_TABLE, FLOAT32_INVERSE_TOLERANCE,
-                                     KAPPA_BUCKETS)
-
-    xp = _xp.array_namespace(kappa)
-    row: tuple[float | None, ...]
-    if precision in LOW_PRECISION_ROWS:
-        row = LOW_PRECISION_ROWS[precision]
-    else:
-        row = ACCURACY_TABLE[(get_solver(method).accuracy_row, precision)]
-    stated = [t for t in row if t is not None]
-    targets = [t if t is not None else stated[-1] for t in row]
-    if p == 1 and precision == "float32":
-        targets[-1] = max(targets[-1], FLOAT32_INVERSE_TOLERANCE)
-    result = xp.full_like(kappa, targets[-1])
-    for edge, target in reversed(list(zip(KAPPA_BUCKETS[:-1], targets[:-1]))):
-        result = xp.where(kappa <= edge * BUCKET_SLACK, xp.full_like(kappa, target), result)
-    return result
+    return row_target(get_solver(method).accuracy_row, precision, p, kappa)

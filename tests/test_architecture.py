@@ -74,3 +74,45 @@ def test_library_never_imports_the_tools():
     for module, deps in import_graph().items():
         if not module.startswith(TOOLS) and module != "matroot.__main__":
             assert not {d for d in deps if d.startswith(TOOLS)}, module
+
+
+#: The lower layers of docs/architecture.rst, bottom first: a module of one layer
+#: never imports (at the top or lazily inside a function) a module of a layer above.
+LOWER_LAYERS = (
+    ("matroot._xp", "matroot._typing"),
+    ("matroot._checks",),
+    ("matroot.accuracy",),
+    ("matroot.scaling",),
+    ("matroot.solvers",),
+)
+#: What the lower layers may never reach, whatever their own order.
+UPPER = ("matroot.verify", "matroot.roots", "matroot.optim", "matroot.testing",
+         "matroot.polar", "matroot.cli", "matroot.bench")
+
+
+def _layer_of(module: str) -> int | None:
+    for index, layer in enumerate(LOWER_LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in layer):
+            return index
+    return None
+
+
+def test_lower_layers_import_only_downwards():
+    """Package edges included (matroot.solvers.* as one layer) and lazy imports too:
+    the import graph walks whole module bodies."""
+    for module, deps in import_graph().items():
+        layer = _layer_of(module)
+        if layer is None:
+            continue
+        for dep in deps:
+            assert not dep.startswith(UPPER), f"{module} imports {dep} (a higher layer)"
+            dep_layer = _layer_of(dep)
+            assert dep_layer is None or dep_layer <= layer, \
+                f"{module} (layer {layer}) imports {dep} (layer {dep_layer})"
+
+
+def test_testing_is_never_imported_by_the_library():
+    for module, deps in import_graph().items():
+        if module.startswith(("matroot.testing", "matroot.cli", "matroot.bench")):
+            continue
+        assert not {d for d in deps if d.startswith("matroot.testing")}, module

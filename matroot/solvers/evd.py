@@ -20,7 +20,7 @@ eigh runs in float64 anyway (NumPy) never retry.
 from __future__ import annotations
 
 from .. import _xp
-from ..verify import BUCKET_SLACK, accuracy_target
+from ..accuracy import BUCKET_SLACK, KAPPA_BUCKETS, row_target
 from ._result import RootCheck, SolverOutput
 from .registry import ANY_REAL_P, SolverSpec
 
@@ -126,7 +126,7 @@ def float32_eigh_suffices(lam, p, tol: float = 0.0):
     u = _unit_roundoff(xp, xp.float32)
     check = eigh_root_check(lam, p, xp.full(lam.shape[:1], u, dtype=lam.dtype,
                                             device=_xp.device_of(lam)), u)
-    target = accuracy_target("evd", "float32", p, check.kappa)
+    target = row_target("evd", "float32", p, check.kappa)
     return check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))
 
 
@@ -168,13 +168,10 @@ def surely_beyond_float32(a, p, tol: float = 0.0):
     u = _unit_roundoff(xp, xp.float32)
     # κ may be anywhere above the bound: float32 must fail at the bound and at the
     # start of every looser bucket of the table above it (the estimate grows with κ).
-    # (The table lives in matroot.testing, which imports the solver registry.)
-    from ..testing.tolerances import KAPPA_BUCKETS
-
     missed_everywhere = xp.ones_like(usable)
     for edge in (0.0, *KAPPA_BUCKETS):
         at = xp.maximum(kappa, xp.full_like(kappa, edge * BUCKET_SLACK * (1 + 1e-6)))
-        target = accuracy_target("evd", "float32", p, at)
+        target = row_target("evd", "float32", p, at)
         reachable = xp.maximum(target, xp.full_like(target, tol))
         missed_everywhere = missed_everywhere & (_estimated_error(at, n, p, u, u) > reachable)
     return ~usable | missed_everywhere

@@ -1,7 +1,8 @@
 """The README's accuracy table, as data, and the assertion that applies it.
 
-This is the one place the table lives: the README states it, matroot's own accuracy
-tests and :func:`matroot.testing.check_inv_root_solver` read it from here.
+The table lives in :mod:`matroot.accuracy` (the library's check reads it there);
+it is re-exported here for the README's readers, matroot's own accuracy tests and
+:func:`matroot.testing.check_inv_root_solver`.
 
 Examples
 --------
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..accuracy import ACCURACY_TABLE, FLOAT32_INVERSE_TOLERANCE, KAPPA_BUCKETS
 from ..solvers.registry import SOLVERS
 
 __all__ = [
@@ -31,22 +33,6 @@ __all__ = [
     "case_tolerances",
 ]
 
-#: Upper ends of the κ(A + eps·I) buckets of the table.
-KAPPA_BUCKETS: tuple[float, ...] = (1e2, 1e4, 1e6)
-
-#: (row, dtype) -> relative Frobenius error allowed per κ bucket; None: no target.
-ACCURACY_TABLE: dict[tuple[str, str], tuple[float | None, ...]] = {
-    ("evd", "float32"): (1e-5, 1e-4, 1e-3),
-    ("iterative", "float32"): (1e-4, 1e-3, 2e-2),
-    ("chebyshev", "float32"): (1e-3, 1e-2, None),
-    ("evd", "float64"): (1e-8, 1e-7, 1e-6),
-    ("iterative", "float64"): (1e-8, 1e-7, 1e-6),
-    ("chebyshev", "float64"): (1e-8, 1e-7, None),
-}
-
-#: The plain inverse of a float32 matrix beyond κ = 1e4: rounding A to float32 alone
-#: moves A⁻¹ by about κ·u ≈ 6e-2 in its worst direction.
-FLOAT32_INVERSE_TOLERANCE = 5e-2
 
 
 def _row(method: str) -> str:
