@@ -15,7 +15,9 @@
 # bad usage or (without --dry-run) no GPU.
 #
 # Environment: PYTHON (default python), GPU_CHECK_BUDGET_S (total seconds, default
-# 440), GPU_CHECK_SOLVERS_ARGS / GPU_CHECK_OPTIM_ARGS (override the benchmark options).
+# 440), GPU_CHECK_CAP_SCALE (multiplies every step's time cap, default 1: a busy
+# machine's dry run can raise it), GPU_CHECK_SOLVERS_ARGS / GPU_CHECK_OPTIM_ARGS
+# (override the benchmark options).
 
 set -u
 
@@ -40,6 +42,7 @@ cd "$(dirname "$0")/.." || exit 2
 
 PYTHON="${PYTHON:-python}"
 budget="${GPU_CHECK_BUDGET_S:-440}"
+cap_scale="${GPU_CHECK_CAP_SCALE:-1}"
 start_s=$(date +%s)
 deadline=$((start_s + budget))
 export MATROOT_GPU_CHECK_RUNNING=1   # the suite's own test of this script skips itself
@@ -67,7 +70,7 @@ trap 'echo "gpu_check.sh: interrupted" >&2; exit 1' INT TERM
 
 # step NAME CAP_SECONDS COMMAND...: run under timeout, log to OUT/NAME.log, record it.
 step() {
-  local name="$1" cap="$2"; shift 2
+  local name="$1" cap=$(( $2 * cap_scale )); shift 2
   local now left limit rc status t0 log="$out/$name.log"
   now=$(date +%s); left=$((deadline - now))
   limit=$(( cap < left ? cap : left ))

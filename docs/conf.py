@@ -8,6 +8,7 @@ The figures and measured tables are rendered from the JSON in ``docs/data/`` by
 ``docs/make_plots.py`` at the start of every build.
 """
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -26,6 +27,10 @@ version = release
 
 extensions = ["sphinx.ext.autodoc", "numpydoc"]
 autodoc_typehints = "none"
+# The `docs` extra installs no array framework (an unpinned torch is a multi-GB CUDA
+# build): the torch and optax shells are documented against stand-ins where their
+# framework is missing.
+autodoc_mock_imports = [m for m in ("torch", "jax", "optax") if importlib.util.find_spec(m) is None]
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False

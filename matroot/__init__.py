@@ -6,6 +6,7 @@ PyTorch arrays, with any solver of the registry (:mod:`matroot.solvers.registry`
 eigh, Newton–Schulz, coupled Newton, minimax polynomial iterations or Chebyshev.
 """
 
+from .polar import PolarResult, polar, polar_info
 from .roots import (
     ConvergenceWarning,
     InvRootResult,
@@ -29,6 +30,9 @@ __version__ = "0.1.0"
 __all__ = [
     "inv_root",
     "inv_root_info",
+    "polar",
+    "polar_info",
+    "PolarResult",
     "InvRootResult",
     "ConvergenceWarning",
     "default_tol",

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from matroot.bench.backends import (
     UnavailableError,
@@ -267,12 +268,12 @@ def test_plan_runs(capsys):
 
 def test_module_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "matroot", "--backend", "no-such"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("matroot demo: error: unknown backend 'no-such'; choose "
                                    "from numpy, torch, array_api_strict, jax, cupy")
     version = subprocess.run([sys.executable, "-m", "matroot", "--version"],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert version.returncode == 0 and version.stdout.startswith("matroot ")
 
 

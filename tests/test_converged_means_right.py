@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from rounding import relative_distance, rounding_tolerance
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import matroot
@@ -246,8 +247,11 @@ def test_fallback_repairs_only_failures_and_leaves_neighbours_bitwise():
     assert plain.converged.tolist() == [True, False, True]
     assert fixed.repaired.tolist() == [False, True, False]
     assert fixed.converged.all()
+    # Same call, same inputs: the repair must not touch the neighbours' bits.
     np.testing.assert_array_equal(fixed.root[[0, 2]], plain.root[[0, 2]])
-    np.testing.assert_array_equal(fixed.root[[0, 2]], alone.root)
+    # Another batch size (another BLAS blocking): rounding is all that may differ.
+    assert np.all(relative_distance(fixed.root[[0, 2]], alone.root)
+                  <= rounding_tolerance("float32", 1e3, 64))
     assert relative_error(fixed.root[1], oracle_inv_root(stack[1], 4)) <= 1e-3
     with pytest.raises(ValueError, match="fallback"):
         matroot.inv_root(stack, 4, fallback="newton_db")

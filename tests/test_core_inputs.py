@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+from rounding import relative_distance, rounding_tolerance
 
 import matroot
 from matroot import ConvergenceWarning
@@ -117,9 +118,9 @@ def test_check_finite_raises(bad):
 @pytest.mark.parametrize("method", METHODS)
 def test_non_finite_matrix_is_isolated(backend, method):
     """With check_finite=False the bad matrix is NaN and the others are bit-identical
-    to a batch with a good matrix in its place (and, on the backends that run op by
-    op, to the batch without it; JAX compiles each batch size into its own program,
-    which XLA may round differently)."""
+    to a batch with a good matrix in its place (the same program on the same inputs),
+    and equal to rounding to the batch without it (another batch size: XLA compiles
+    each into its own program, and BLAS kernels may block a stack differently)."""
     a = _spd(batch=(3,), n=6)
     poisoned = a.copy()
     poisoned[1, 0, 4] = np.nan
@@ -136,9 +137,9 @@ def test_non_finite_matrix_is_isolated(backend, method):
     assert np.all(np.isnan(bad[1]))
     assert to_numpy(info.converged).tolist() == [True, False, True]
     np.testing.assert_array_equal(bad[[0, 2]], same_size[[0, 2]])
-    if backend.backend != "jax":
-        clean = matroot.inv_root(backend.asarray(a[[0, 2]]), 4, method=method, **kw)
-        np.testing.assert_array_equal(bad[[0, 2]], to_numpy(clean))
+    clean = to_numpy(matroot.inv_root(backend.asarray(a[[0, 2]]), 4, method=method, **kw))
+    assert np.all(relative_distance(bad[[0, 2]], clean)
+                  <= rounding_tolerance(a.dtype, 1e3, a.shape[-1]))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -292,13 +293,16 @@ def test_fixed_steps_with_tol_zero(method):
 
 @pytest.mark.parametrize("method", ["newton_db", "coupled_newton"])
 def test_converged_matrices_are_frozen(method):
-    """An easy matrix stops early and is not degraded by its hard neighbour's steps."""
+    """An easy matrix stops early and is not degraded by its hard neighbour's steps:
+    bit-identical to the same call (same batch size, same program) with an easy
+    neighbour that stops with it."""
     easy = _spd(batch=(1,), n=12, kappa=2.0, seed=1)
     hard = _spd(batch=(1,), n=12, kappa=1e6, seed=2)
     both = matroot.inv_root_info(np.concatenate([easy, hard]), 2, method=method)
-    alone = matroot.inv_root_info(easy, 2, method=method)
+    twins = matroot.inv_root_info(np.concatenate([easy, easy]), 2, method=method)
     assert both.iterations[0] < both.iterations[1]
-    np.testing.assert_array_equal(both.root[0], alone.root[0])
+    assert both.iterations[0] == twins.iterations[0]
+    np.testing.assert_array_equal(both.root[0], twins.root[0])
 
 
 def test_max_iter_cap_reports_not_converged():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hang_guard import HANG_GUARD_S
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 sys.path.insert(0, str(DOCS))
@@ -28,7 +29,7 @@ def test_docs_build_without_warnings(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
          str(DOCS), str(tmp_path / "html")],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for page in ("index", "getting_started", "methods", "scaling", "support", "api",
                  "optimizer", "distributed", "benchmarks", "command_line", "architecture"):

@@ -7,6 +7,7 @@ import importlib
 
 import numpy as np
 import pytest
+from rounding import relative_distance, rounding_tolerance
 
 import matroot
 
@@ -48,7 +49,8 @@ def test_float32_check_flags_ill_conditioned_matrices(backend):
 @pytest.mark.parametrize("n", [24, 64], ids=["unscreened", "screened"])
 def test_retry_only_what_float32_cannot_do(backend, monkeypatch, n):
     """The ill-conditioned matrix meets the κ = 1e5 table entry (via the float64 retry
-    where eigh is genuinely float32); the other is bitwise what it is alone."""
+    where eigh is genuinely float32); the other is what it is alone, up to the rounding
+    of another batch size."""
     calls = []
     real = evd_module._retry_in_float64
 
@@ -61,7 +63,7 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch, n):
     x = backend.asarray(a)
     together = to_numpy(matroot.inv_root(x, 4, method="evd", compute_dtype="float32"))
     alone = to_numpy(matroot.inv_root(x[:1, ...], 4, method="evd", compute_dtype="float32"))
-    assert np.array_equal(together[0], alone[0])
+    assert relative_distance(together[:1], alone) <= rounding_tolerance("float32", 1e2, n)
     err = relative_error(together, oracle_inv_root(a, 4))
     assert err[0] <= 1e-5 and err[1] <= 1e-3, err
     genuinely_float32 = not matroot._xp.eigh_runs_in_float64(backend.xp)

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+from hang_guard import HANG_GUARD_S
 
 import matroot
 
@@ -28,7 +29,7 @@ def test_shampoo_without_torch_names_the_extra():
             "except ImportError as err:\n    print(err)\n"
             "from matroot.optim import init  # the functional core needs no torch\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr
     assert 'pip install "matroot[torch]"' in proc.stdout
 

@@ -11,6 +11,7 @@ indexed on the device, so nothing here may read a value back to the host.
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from matroot.testing import oracle_inv_root, relative_error  # noqa: E402
+from rounding import relative_distance, rounding_tolerance  # noqa: E402
 from test_core_accuracy import CASES, KAPPAS, _problem, target  # noqa: E402
 
 
@@ -78,16 +80,27 @@ def test_accuracy_table_under_jit(method, p, dtype):
 @pytest.mark.parametrize("method", ["evd", "newton_db", "coupled_newton", "minimax",
                                     "chebyshev"])
 def test_jit_matches_eager(method):
-    """Same schedules, same iteration counts, same roots to rounding."""
-    a, eps = _problem(1e3, 16, with_eps=True, seed=3)
+    """Same schedules, so the same roots up to rounding; both meet the table."""
+    kappa, n = 1e3, 16
+    a, eps = _problem(kappa, n, with_eps=True, seed=3)
     x = jnp.asarray(a, dtype=jnp.float32)
     with jax.disable_jit():
         eager = matroot.inv_root_info(x, 4, method=method, eps=eps)
     traced = jit_info(4, method=method, eps=eps)(x)
-    np.testing.assert_array_equal(np.asarray(traced.iterations), np.asarray(eager.iterations))
-    np.testing.assert_array_equal(np.asarray(traced.converged), np.asarray(eager.converged))
-    np.testing.assert_allclose(np.asarray(traced.root), np.asarray(eager.root),
-                               rtol=1e-4, atol=1e-6 * float(np.abs(eager.root).max()))
+    assert_same_solve(traced, eager, oracle_inv_root(a, 4, eps), "float32", kappa, n,
+                      target(method, "float32", kappa, 4))
+
+
+def assert_same_solve(first, second, oracle, dtype, kappa, n, table_tol):
+    """Two programs ran one solve (jit vs. op by op, or another batch size): both
+    converge and meet the table; where rounding did not move a convergence check (same
+    iteration counts) the roots agree to rounding, else each is held to the table alone."""
+    assert np.all(np.asarray(first.converged)) and np.all(np.asarray(second.converged))
+    for res in (first, second):
+        assert np.all(relative_error(np.asarray(res.root), oracle) <= table_tol)
+    same_steps = np.asarray(first.iterations) == np.asarray(second.iterations)
+    distance = relative_distance(first.root, second.root)
+    assert np.all(distance[same_steps] <= rounding_tolerance(dtype, kappa, n)), distance
 
 
 def test_an_eager_call_compiles_once_per_shape_and_keeps_the_eager_checks(monkeypatch):
@@ -96,16 +109,19 @@ def test_an_eager_call_compiles_once_per_shape_and_keeps_the_eager_checks(monkey
     traces = []
     solve = roots._solve_stack
     monkeypatch.setattr(roots, "_solve_stack", lambda a, **o: traces.append(1) or solve(a, **o))
-    a, _ = _problem(1e2, 12, with_eps=False, seed=5)
+    kappa, n = 1e2, 12
+    a, _ = _problem(kappa, n, with_eps=False, seed=5)
     x = jnp.asarray(a, dtype=jnp.float32)
     first = matroot.inv_root_info(x, 4, method="newton_db", tol=1e-4)
     again = matroot.inv_root_info(x + 0, 4, method="newton_db", tol=1e-4)
     assert len(traces) == 1                         # traced once, then the compiled call
+    # Same compiled program, same inputs: bitwise equality is what XLA gives here.
     assert bool(jnp.all(first.converged)) and bool(jnp.all(first.root == again.root))
     with jax.disable_jit():
         eager = matroot.inv_root_info(x, 4, method="newton_db", tol=1e-4)
     assert len(traces) == 2                         # op by op: Python runs again
-    np.testing.assert_allclose(np.asarray(first.root), np.asarray(eager.root), rtol=1e-4)
+    assert_same_solve(first, eager, oracle_inv_root(a, 4, 0.0), "float32", kappa, n,
+                      target("newton_db", "float32", kappa, 4))
     bad = np.asarray(x).copy()
     bad[0, 0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN or Inf"):
@@ -117,16 +133,25 @@ def test_an_eager_call_compiles_once_per_shape_and_keeps_the_eager_checks(monkey
 @pytest.mark.parametrize("method", ["evd", "coupled_newton", "minimax"])
 def test_nonfinite_matrix_isolated_under_jit(method):
     """No host check under jit: the bad matrix comes back NaN, not converged, and
-    the others are bit-identical to a batch without it."""
-    a, eps = _problem(1e2, 8, with_eps=True, seed=7)
+    cannot move the others: bit-identical to the same program run with a good matrix
+    in its place, and equal to rounding to a batch without it (another program)."""
+    kappa, n = 1e2, 8
+    a, eps = _problem(kappa, n, with_eps=True, seed=7)
     poisoned = a.copy()
     poisoned[1, 0, 3] = np.nan
     compiled = jit_info(2, method=method, eps=eps)
     bad = compiled(jnp.asarray(poisoned))
-    clean = jit_info(2, method=method, eps=eps)(jnp.asarray(a[[0, 2]]))
+    # One compiled program, the same inputs in rows 0 and 2: bitwise is XLA's to give.
+    same_program = compiled(jnp.asarray(a))
     assert np.asarray(bad.converged).tolist() == [True, False, True]
     assert np.all(np.isnan(np.asarray(bad.root[1])))
-    np.testing.assert_array_equal(np.asarray(bad.root)[[0, 2]], np.asarray(clean.root))
+    np.testing.assert_array_equal(np.asarray(bad.root)[[0, 2]],
+                                  np.asarray(same_program.root)[[0, 2]])
+    smaller = jit_info(2, method=method, eps=eps)(jnp.asarray(a[[0, 2]]))
+    good = SimpleNamespace(**{field: np.asarray(getattr(bad, field))[[0, 2]]
+                              for field in ("root", "converged", "iterations")})
+    assert_same_solve(good, smaller, oracle_inv_root(a[[0, 2]], 2, eps), "float64", kappa,
+                      n, target(method, "float64", kappa, 2))
 
 
 def test_inv_root_under_jit_returns_the_root_without_host_reads():
@@ -191,8 +216,8 @@ def test_evd_without_x64_stays_float32_and_says_where_it_falls_short():
 
 @pytest.mark.parametrize("method", ["coupled_newton", "minimax"])
 def test_16bit_matmuls_under_jit(method):
-    """float16 operands under jit: the steps eager takes, at least its accuracy
-    (minimax keeps ZY and q·Z in float32 there)."""
+    """float16 operands under jit: converged, and as accurate as the documented
+    float16 level (minimax keeps ZY and q·Z in float32 there), like the op-by-op run."""
     a, eps = _problem(1e3, 32, with_eps=True, seed=11)
     x = jnp.asarray(a, dtype=jnp.float32)
     options = dict(method=method, eps=eps, matmul_dtype="float16")
@@ -200,8 +225,6 @@ def test_16bit_matmuls_under_jit(method):
     with jax.disable_jit():
         eager = matroot.inv_root_info(x, 2, **options)
     ref = oracle_inv_root(np.asarray(x), 2, eps)
-    np.testing.assert_array_equal(np.asarray(traced.iterations), np.asarray(eager.iterations))
-    assert np.all(np.asarray(traced.converged))
-    traced_err = relative_error(np.asarray(traced.root), ref)
-    assert np.all(traced_err <= 1.01 * relative_error(np.asarray(eager.root), ref))
-    assert np.all(traced_err <= 2e-3)
+    for res in (traced, eager):
+        assert np.all(np.asarray(res.converged))
+        assert np.all(relative_error(np.asarray(res.root), ref) <= 2e-3)

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from rounding import relative_distance, rounding_tolerance
 
 torch = pytest.importorskip("torch")
 
@@ -560,8 +561,10 @@ def test_a_rank_keeps_moments_only_where_it_owns_blocks_and_its_blocks_match_one
                     view = plan.params[block.param].view
                     assembled[block.param].reshape(view)[block.index] = \
                         per_rank[r][block.param].reshape(view)[block.index]
+        # A rank solves a smaller stack than one process: another batch size, which
+        # need not round alike; the updates agree to float64 rounding (κ ≤ λmax/matrix_eps).
         for got, want in zip(assembled, expected):
-            np.testing.assert_array_equal(got, want)
+            assert relative_distance(got, want) <= rounding_tolerance("float64", 1e9, 16)
         params = apply_updates(params, expected)
     whole = state_bytes(single)["total"]
     replicated = 3 * 8 * 8                  # the vector's two moments and momentum, float64

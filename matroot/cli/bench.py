@@ -1,4 +1,4 @@
-"""``matroot bench solvers | optim | plots | report``: the benchmarks' command lines.
+"""``matroot bench solvers | optim | polar | plots | report``: the benchmarks' command lines.
 
 Results go to ``--out`` (default ``./matroot-bench/`` under the current folder):
 never into the installed package, and never into the repository's committed
@@ -36,6 +36,11 @@ def configure(parser) -> None:
         "optim", help="one Shampoo step: stacked blocks vs a per-block loop",
         description="Time one optimizer step (roots refreshed every step) with all "
                     "same-size blocks stacked against a per-block loop."))
+    _configure_polar(verbs.add_parser(
+        "polar", help="polar factor: Polar Express vs the Muon quintic vs SVD; Muon step",
+        description="Products, time and orthogonality defect of matroot.polar's methods "
+                    "side by side, and one stacked Muon direction against a per-parameter "
+                    "loop."))
     for name, what in (("plots", "PNG plots"), ("report", "summary.md and summary.rst")):
         sub = verbs.add_parser(name, help=f"redraw the {what} of a solvers.json",
                                description=f"Write the {what} of a solver benchmark's JSON.")
@@ -221,6 +226,33 @@ def _run_optim(args) -> int:
                      steps=steps, warmup=args.warmup, progress=progress,
                      compile_backend=args.compile)
     progress.close()
+    report["threads"] = threads
+    return _print_and_save(report, format_table(report), out)
+
+
+def _configure_polar(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="smaller stacks, fewer κ")
+    parser.add_argument("--backend", default="torch", metavar="NAME",
+                        help="numpy, torch, torch-cuda, jax, ... (default torch)")
+    add_thread_option(parser)
+    parser.add_argument("--out", metavar="JSON",
+                        help="write the report as JSON here (and a .md table beside it)")
+    parser.set_defaults(run=_run_polar, prog=parser.prog)
+
+
+def _run_polar(args) -> int:
+    from matroot.bench.backends import UnavailableError, select_targets
+    from matroot.bench.polar import format_table, run
+    from matroot.bench.threads import thread_policy
+
+    at_least(args.threads, 0, "--threads")
+    out = writable_file(args.out, "--out") if args.out else None
+    try:
+        target = select_targets([args.backend])[0]
+    except UnavailableError as err:
+        raise UsageError(str(err)) from None
+    with thread_policy(args.threads) as threads:
+        report = run(target, quick=args.quick)
     report["threads"] = threads
     return _print_and_save(report, format_table(report), out)
 

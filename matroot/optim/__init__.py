@@ -28,6 +28,7 @@ from .core import (
 
 __all__ = [
     "Shampoo",
+    "Muon",
     "shampoo",
     "init",
     "update",
@@ -48,6 +49,9 @@ __all__ = [
 
 
 def __getattr__(name):
+    if name == "Muon":
+        from .muon_torch import Muon
+        return Muon
     if name == "Shampoo":
         try:
             from .torch_shampoo import Shampoo

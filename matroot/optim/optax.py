@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from . import core
+from .muon_optax import MuonOptaxState, muon, scale_by_muon  # noqa: F401  (re-export)
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
 

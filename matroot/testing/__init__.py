@@ -27,6 +27,7 @@ from .oracle import (
     relative_error,
     spd_stack,
 )
+from .polar_oracle import PolarCase, oracle_polar, polar_case, polar_relative_error
 from .spectra import ADVERSARIAL_FAMILIES, FAMILIES
 from .tolerances import ACCURACY_TABLE, KAPPA_BUCKETS, accuracy_tolerance, assert_inv_root_close
 
@@ -36,6 +37,12 @@ __all__ = [
     "ADVERSARIAL_FAMILIES",
     "KAPPA_BUCKETS",
     "PROPERTIES",
+    "PolarCase",
+    "check_polar_solver",
+    "oracle_polar",
+    "polar_case",
+    "polar_relative_error",
+    "rectangular_stacks",
     "SPDCase",
     "accuracy_tolerance",
     "assert_inv_root_close",
@@ -50,7 +57,8 @@ __all__ = [
 
 #: Names that need hypothesis, and the module that defines each.
 _NEEDS_HYPOTHESIS = {"spd_stacks": "strategies", "check_inv_root_solver": "conformance",
-                     "PROPERTIES": "conformance"}
+                     "PROPERTIES": "conformance", "rectangular_stacks": "polar",
+                     "check_polar_solver": "polar"}
 
 
 def __getattr__(name: str) -> Any:

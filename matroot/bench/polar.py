@@ -1,0 +1,154 @@
+"""``matroot bench polar``: products and time to an orthogonality defect, side by side.
+
+Part one orthogonalizes batched random stacks with singular values log-spaced over
+``[1/κ, 1]`` by Muon's 5-step quintic, by Polar Express with Muon's setting
+(``lower=1e-3``, 5 steps), by Polar Express for ``lower=1e-3`` and for the true
+``1/κ`` cut at the fewest steps that reach the quintic's defect, by Polar Express
+and its Gram-side variant run to the float32 default ``rtol``, and by a batched SVD.
+Products of different sizes count alike (an m×n×n and an n×n×n product are one each),
+so compare the Gram-side variant by time. Part two times
+one Muon direction for a model's worth of matrices: stacked (one polar call per
+shape) against a per-parameter loop.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+import matroot
+from matroot.optim.muon import MuonConfig, muon_directions, muon_init
+from matroot.testing import polar_case, polar_relative_error
+
+from .timing import interleaved_times, timed_call
+
+__all__ = ["DEFAULTS", "run", "format_table"]
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "quick": dict(shapes=((16, 128, 128), (8, 512, 128)), kappas=(1e2, 1e4), width=128,
+                  layers=4, repeats=3, budget_s=2.0),
+    "full": dict(shapes=((16, 256, 256), (8, 1024, 256), (4, 512, 512), (8, 2048, 128)),
+                 kappas=(1e1, 1e2, 1e3, 1e4), width=256, layers=8, repeats=5, budget_s=5.0),
+}
+#: Muon's Polar Express setting (the paper's lower bound for Muon).
+MUON_LOWER = 1e-3
+
+
+def _fewest_steps(target, g, lower: float, quintic_error: float) -> int | None:
+    """The fewest Polar Express steps for ``lower`` whose defect is the quintic's or better."""
+    for steps in range(1, 9):
+        info = matroot.polar_info(g, lower=lower, max_iter=steps)
+        if float(np.max(target.to_host(info.error_estimate))) <= quintic_error:
+            return steps
+    return None
+
+
+def _contenders(target, g, kappa: float, quintic_error: float) -> dict[str, dict]:
+    """The options of each contender: Polar Express for Muon's lower bound and for the
+    true ``1/κ``, each cut at the fewest steps that reach the quintic's defect."""
+    options: dict[str, dict] = {"quintic (5 steps)": dict(method="quintic"),
+                                "polar_express (lower 1e-3, 5 steps)": dict(lower=MUON_LOWER,
+                                                                           max_iter=5)}
+    for label, lower in (("1e-3", MUON_LOWER), ("1/κ", min(0.5, 1.0 / kappa))):
+        cut = _fewest_steps(target, g, lower, quintic_error)
+        if cut is not None:
+            options[f"polar_express (lower {label}) at the quintic's defect"] = dict(
+                lower=lower, max_iter=cut)
+    options["polar_express (float32 rtol)"] = {}
+    options["gram_newton_schulz (float32 rtol)"] = dict(method="gram_newton_schulz")
+    options["svd"] = dict(method="svd")
+    return options
+
+
+def _orthogonalization_rows(target, shape, kappa, repeats, budget_s) -> list[dict]:
+    batch, m, n = shape
+    case = polar_case(np.random.default_rng(int(kappa) % 101), (batch,), m, n, kappa)
+    g = target.asarray(case.g, "float32")
+    quintic = matroot.polar_info(g, method="quintic")
+    quintic_error = float(np.max(target.to_host(quintic.error_estimate)))
+    options = _contenders(target, g, kappa, quintic_error)
+    calls: dict[Hashable, tuple[Callable, float]] = {}
+    results = {}
+    for name, opts in options.items():
+        seconds, results[name] = timed_call(lambda o=opts: matroot.polar_info(g, **o),
+                                            target.synchronize)
+        calls[name] = (lambda o=opts: matroot.polar_info(g, **o), seconds)
+    times = interleaved_times(calls, target.synchronize, repeats=repeats, budget_s=budget_s)
+    svd_time = statistics.median(times["svd"])
+    rows = []
+    for name, result in results.items():
+        median = statistics.median(times[name])
+        error = polar_relative_error(result.root, case.polar)
+        rows.append(dict(shape=list(shape), kappa=kappa, contender=name,
+                         products=int(np.max(target.to_host(result.matmuls))),
+                         defect=float(np.max(target.to_host(result.error_estimate))),
+                         error=float(np.max(error)), seconds=median,
+                         time_vs_svd=median / svd_time,
+                         converged=bool(np.all(target.to_host(result.converged)))))
+    return rows
+
+
+def _model_gradients(target, width: int, layers: int) -> list:
+    """A transformer-like set of matrices: per layer four width² and two width×4width."""
+    rng = np.random.default_rng(0)
+    shapes = [(width, width)] * 4 + [(4 * width, width), (width, 4 * width)]
+    return [target.asarray(rng.standard_normal(s), "float32")
+            for _ in range(layers) for s in shapes]
+
+
+def _muon_step_rows(target, width, layers, repeats, budget_s) -> list[dict]:
+    grads = _model_gradients(target, width, layers)
+    use = [True] * len(grads)
+    config = MuonConfig()
+    state = muon_init(grads, use)
+
+    def stacked():
+        return muon_directions(grads, state, use, config)
+
+    def loop():
+        return [muon_directions([g], muon_init([g], [True]), [True], config) for g in grads]
+
+    calls: dict[Hashable, tuple[Callable, float]] = {}
+    for name, fn in (("stacked", stacked), ("per-parameter loop", loop)):
+        calls[name] = (fn, timed_call(fn, target.synchronize)[0])
+    times = interleaved_times(calls, target.synchronize, repeats=repeats, budget_s=budget_s)
+    loop_time = statistics.median(times["per-parameter loop"])
+    return [dict(matrices=len(grads), width=width, contender=name,
+                 seconds=statistics.median(t), speedup_vs_loop=loop_time / statistics.median(t))
+            for name, t in times.items()]
+
+
+def run(target, *, quick: bool = False, progress=None) -> dict:
+    """Both parts on ``target``; a JSON-able report."""
+    settings = DEFAULTS["quick" if quick else "full"]
+    rows = []
+    for shape in settings["shapes"]:
+        for kappa in settings["kappas"]:
+            rows += _orthogonalization_rows(target, shape, kappa, settings["repeats"],
+                                            settings["budget_s"])
+            if progress is not None:
+                progress.step(f"{shape} κ={kappa:g}")
+    muon = _muon_step_rows(target, settings["width"], settings["layers"],
+                           settings["repeats"], settings["budget_s"])
+    return dict(backend=target.name, quick=quick, orthogonalization=rows, muon_step=muon)
+
+
+def format_table(report: dict) -> str:
+    """Markdown tables of a :func:`run` report."""
+    lines = [f"Orthogonalization ({report['backend']}, float32): max over the stack of the "
+             "defect ‖QᵀQ − I‖_F/√n and of the error vs the exact polar factor",
+             "", "| shape (b, m, n) | κ | contender | products | defect | error | ms | "
+                 "time / svd |", "|---|---|---|---|---|---|---|---|"]
+    for r in report["orthogonalization"]:
+        lines.append(f"| {tuple(r['shape'])} | {r['kappa']:g} | {r['contender']} | "
+                     f"{r['products']} | {r['defect']:.1e} | {r['error']:.1e} | "
+                     f"{r['seconds'] * 1e3:.1f} | {r['time_vs_svd']:.2f} |")
+    lines += ["", "Muon direction for a model's matrices (polar_express, 5 steps)", "",
+              "| matrices | width | contender | ms | speed-up vs loop |", "|---|---|---|---|---|"]
+    for r in report["muon_step"]:
+        lines.append(f"| {r['matrices']} | {r['width']} | {r['contender']} | "
+                     f"{r['seconds'] * 1e3:.1f} | {r['speedup_vs_loop']:.2f} |")
+    return "\n".join(lines)

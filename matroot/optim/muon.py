@@ -1,0 +1,220 @@
+"""Stacked Muon, functional core: every same-shape matrix of the model orthogonalized in
+one batched :func:`matroot.polar_info` call per shape.
+
+Muon (Keller Jordan, 2024) replaces a matrix parameter's momentum by its polar
+factor. The direction for a matrix ``W`` (m×n) with gradient ``G`` is
+
+- momentum ``B ← μ·B + (1 − μ)·G`` and, with Nesterov, ``U = (1 − μ)·G + μ·B``
+  (else ``U = B``), the convention of ``torch.optim.Muon``;
+- ``D = scale(m, n)·polar(U)`` with the **shape scale** ``"original"``:
+  ``√max(1, m/n)`` (torch.optim.Muon's default), or ``"match_rms_adamw"``:
+  ``0.2·√max(m, n)`` (Moonlight: the update's RMS matches AdamW's, so AdamW's
+  learning rate and weight decay carry over).
+
+The shells apply ``W ← W·(1 − lr·weight_decay) − lr·D`` (decoupled decay).
+
+**Which parameters get Muon** (the shells decide, by this documented rule):
+parameters with two or more dimensions, except embeddings and output heads,
+which (like all 1-D parameters: biases, norms) take AdamW, whose direction here
+is ``m̂/(√v̂ + eps)`` with bias-corrected moments. A 3-D parameter
+``(e, m, n)`` (MoE experts, per-head matrices) is a stack of e matrices; one
+with four or more dimensions (a convolution) is viewed as
+``(shape[0], prod(shape[1:]))``, as Keller Jordan's Muon does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .. import _xp
+from ..polar import polar_info
+
+__all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
+           "matrix_stack_shape", "shape_scale", "default_use_muon"]
+
+#: The shape-scale conventions, by name.
+SHAPE_SCALES = ("original", "match_rms_adamw")
+#: Name parts (of a dotted parameter name or pytree path) that mark an output head.
+HEAD_NAMES = ("head", "lm_head", "classifier")
+
+
+def default_use_muon(name: str | None, shape: Sequence[int]) -> bool:
+    """The documented rule: Muon for ≥ 2-D parameters except embeddings and heads.
+
+    A name part (split at ``.`` or ``/``) that starts with ``embed`` or equals one
+    of :data:`HEAD_NAMES` marks an embedding or a head; without a name only the
+    dimension counts.
+
+    Examples
+    --------
+    >>> from matroot.optim.muon import default_use_muon
+    >>> [default_use_muon(n, s) for n, s in [("layers.0.weight", (8, 8)),
+    ...  ("embed_tokens.weight", (100, 8)), ("lm_head.weight", (100, 8)), ("norm.weight", (8,))]]
+    [True, False, False, False]
+    """
+    if len(shape) < 2:
+        return False
+    parts = [] if name is None else name.replace("/", ".").split(".")
+    return not any(part.startswith("embed") or part in HEAD_NAMES for part in parts)
+
+
+@dataclass(frozen=True)
+class MuonConfig:
+    """Muon's and AdamW's hyperparameters, apart from the learning rate and decay.
+
+    Attributes
+    ----------
+    momentum : float
+        μ of the Muon momentum (0.95, as torch.optim.Muon).
+    nesterov : bool
+        Use ``(1 − μ)·G + μ·B`` instead of ``B``.
+    shape_scale : {"original", "match_rms_adamw"}
+        The per-matrix scale of the polar factor (module docstring).
+    polar_method : str
+        A :func:`matroot.polar` method; ``"polar_express"`` by default.
+    polar_lower : float
+        The lower bound on σmin/σmax the schedule is built for (Polar Express
+        uses 1e-3 for Muon).
+    polar_steps : int or None
+        Polynomial steps (5: as many products as Muon's quintic); None runs the
+        schedule to the precision's default ``rtol``.
+    matmul_dtype : {None, "float16", "bfloat16"}
+        Operand dtype of the polar iteration's products.
+    betas, eps : tuple of float, float
+        AdamW's moments and denominator floor, for the non-Muon parameters.
+    """
+
+    momentum: float = 0.95
+    nesterov: bool = True
+    shape_scale: str = "original"
+    polar_method: str = "polar_express"
+    polar_lower: float = 1e-3
+    polar_steps: int | None = 5
+    matmul_dtype: str | None = None
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+
+    def __post_init__(self):
+        if self.shape_scale not in SHAPE_SCALES:
+            raise ValueError(f"shape_scale={self.shape_scale!r} is not one of "
+                             + ", ".join(repr(s) for s in SHAPE_SCALES))
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+
+
+class MuonState(NamedTuple):
+    """Per parameter: the momentum (Muon) or first moment (AdamW), the AdamW second
+    moment (None for Muon parameters), and the steps taken so far."""
+
+    momentum: list
+    exp_avg_sq: list
+    steps: list
+
+
+def matrix_stack_shape(shape: Sequence[int]) -> tuple[int, int, int]:
+    """The ``(count, m, n)`` stack a Muon parameter of ``shape`` is orthogonalized as.
+
+    Examples
+    --------
+    >>> from matroot.optim.muon import matrix_stack_shape
+    >>> matrix_stack_shape((8, 4)), matrix_stack_shape((3, 8, 4)), matrix_stack_shape((16, 2, 3, 3))
+    ((1, 8, 4), (3, 8, 4), (1, 16, 18))
+    """
+    if len(shape) < 2:
+        raise ValueError(f"a Muon parameter needs two or more dimensions, got shape {shape}")
+    if len(shape) == 2:
+        return (1, shape[0], shape[1])
+    if len(shape) == 3:
+        return (shape[0], shape[1], shape[2])
+    return (1, shape[0], math.prod(shape[1:]))
+
+
+def shape_scale(m: int, n: int, convention: str) -> float:
+    """The scale of an m×n polar factor under ``convention`` (module docstring).
+
+    Examples
+    --------
+    >>> from matroot.optim.muon import shape_scale
+    >>> shape_scale(512, 128, "original"), round(shape_scale(512, 128, "match_rms_adamw"), 6)
+    (2.0, 4.525483)
+    """
+    if convention == "original":
+        return math.sqrt(max(1.0, m / n))
+    return 0.2 * math.sqrt(max(m, n))
+
+
+def muon_init(params: Sequence[Any], use_muon: Sequence[bool]) -> MuonState:
+    """Zero moments for ``params`` (any array-API arrays); AdamW ones get a second moment."""
+    zeros = [_xp.array_namespace(p).zeros_like(p) for p in params]
+    second = [None if muon else _xp.array_namespace(p).zeros_like(p)
+              for p, muon in zip(params, use_muon)]
+    return MuonState(zeros, second, [0] * len(params))
+
+
+def _orthogonalized(inputs: dict[int, Any], config: MuonConfig) -> dict[int, Any]:
+    """``scale·polar(U)`` for every Muon input, one polar call per matrix shape."""
+    groups: dict[tuple, list[int]] = {}
+    for i, u in inputs.items():
+        groups.setdefault((*matrix_stack_shape(u.shape)[1:], u.dtype), []).append(i)
+    out = {}
+    for (m, n, _), members in groups.items():
+        xp = _xp.array_namespace(inputs[members[0]])
+        stacks = [xp.reshape(inputs[i], matrix_stack_shape(inputs[i].shape))
+                  for i in members]
+        stack = stacks[0] if len(stacks) == 1 else xp.concat(stacks, axis=0)
+        factor = polar_info(stack, method=config.polar_method, lower=config.polar_lower,
+                            max_iter=config.polar_steps, matmul_dtype=config.matmul_dtype,
+                            check_finite=False).root
+        factor = factor * shape_scale(m, n, config.shape_scale)
+        start = 0
+        for i, piece in zip(members, stacks):
+            out[i] = xp.reshape(factor[start:start + piece.shape[0]], inputs[i].shape)
+            start += piece.shape[0]
+    return out
+
+
+def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[bool],
+                    config: MuonConfig) -> tuple[list, MuonState]:
+    """The unit-learning-rate directions ``D`` and the new state, for every parameter.
+
+    ``grads[i]`` None leaves parameter i and its state as they are (its
+    direction is None). Pure: nothing is modified in place.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.optim.muon import MuonConfig, muon_directions, muon_init
+    >>> params = [np.ones((4, 3)), np.ones(3)]
+    >>> state = muon_init(params, use_muon=[True, False])
+    >>> grads = [np.arange(12.0).reshape(4, 3), np.ones(3)]
+    >>> d, state = muon_directions(grads, state, [True, False], MuonConfig())
+    >>> d[0].shape, np.round(d[1], 6).tolist(), state.steps
+    ((4, 3), [1.0, 1.0, 1.0], [1, 1])
+    """
+    mu, (beta1, beta2) = config.momentum, config.betas
+    momentum, second, steps = list(state.momentum), list(state.exp_avg_sq), list(state.steps)
+    directions: list = [None] * len(grads)
+    muon_inputs = {}
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        xp = _xp.array_namespace(g)
+        steps[i] += 1
+        if use_muon[i]:
+            momentum[i] = mu * momentum[i] + (1 - mu) * g
+            muon_inputs[i] = (1 - mu) * g + mu * momentum[i] if config.nesterov else momentum[i]
+            continue
+        momentum[i] = beta1 * momentum[i] + (1 - beta1) * g
+        second[i] = beta2 * second[i] + (1 - beta2) * (g * g)
+        first_hat = momentum[i] / (1 - beta1 ** steps[i])
+        second_hat = second[i] / (1 - beta2 ** steps[i])
+        directions[i] = first_hat / (xp.sqrt(second_hat) + config.eps)
+    directions_muon = _orthogonalized(muon_inputs, config) if muon_inputs else {}
+    for i, d in directions_muon.items():
+        directions[i] = d
+    return directions, MuonState(momentum, second, steps)

@@ -1,0 +1,117 @@
+"""``matroot.optim.optax.muon``: stacked Muon as an optax ``GradientTransformation``.
+
+A thin shell over :func:`matroot.optim.muon.muon_directions`: leaves chosen by
+``use_muon`` (by default :func:`~matroot.optim.muon.default_use_muon` on the
+leaf's key path and shape) are orthogonalized, one polar call per matrix shape;
+the others take AdamW's direction scaled by ``adamw_lr_ratio``. The state is a
+NamedTuple of arrays and the update is ``jax.jit``-able.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+
+__all__ = ["muon", "scale_by_muon", "MuonOptaxState"]
+
+
+class MuonOptaxState(NamedTuple):
+    """``count`` (int32 steps taken) and the per-leaf moments (None for the second
+    moment of a Muon leaf)."""
+
+    count: Any
+    momentum: list
+    exp_avg_sq: list
+
+
+def _muon_leaves(tree, use_muon) -> list[bool]:
+    """Per leaf: Muon or AdamW, by ``use_muon`` (a pytree of bools or a callable of
+    ``(path_string, leaf)``) or the default rule."""
+    if use_muon is not None and not callable(use_muon):
+        return [bool(v) for v in jax.tree_util.tree_leaves(use_muon)]
+    paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+    rule = use_muon or (lambda name, leaf: default_use_muon(name, leaf.shape))
+    return [bool(rule(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
+            for path, leaf in paths]
+
+
+def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
+                  **config: Any) -> optax.GradientTransformation:
+    """The Muon/AdamW direction ``+D`` of every leaf, without learning rate or decay.
+
+    Parameters
+    ----------
+    use_muon : pytree of bool or callable, optional
+        Which leaves get Muon; by default ≥ 2-D leaves whose path names no
+        embedding or head.
+    adamw_lr_ratio : float
+        The AdamW leaves' learning rate as a multiple of the Muon one.
+    **config
+        :class:`~matroot.optim.muon.MuonConfig` fields.
+    """
+    settings = MuonConfig(**config)
+
+    def init_fn(params):
+        leaves = jax.tree_util.tree_leaves(params)
+        muon = _muon_leaves(params, use_muon)
+        return MuonOptaxState(jnp.zeros((), jnp.int32), [jnp.zeros_like(x) for x in leaves],
+                              [None if m else jnp.zeros_like(x) for x, m in zip(leaves, muon)])
+
+    def update_fn(updates, state, params=None):
+        leaves, treedef = jax.tree_util.tree_flatten(updates)
+        muon = _muon_leaves(updates, use_muon)
+        core = MuonState(state.momentum, state.exp_avg_sq, [state.count] * len(leaves))
+        directions, new = muon_directions(leaves, core, muon, settings)
+        directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
+        return (treedef.unflatten(directions),
+                MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
+         use_muon: Any = None, adamw_lr_ratio: float = 1.0,
+         **config: Any) -> optax.GradientTransformation:
+    """Stacked Muon for optax: ``scale_by_muon``, decoupled weight decay, learning rate.
+
+    Parameters
+    ----------
+    learning_rate : float or optax schedule
+        Muon's step size; AdamW leaves take ``adamw_lr_ratio`` times it.
+    weight_decay : float
+        Decoupled decay ``W ← W − lr·weight_decay·W`` on every leaf.
+    use_muon, adamw_lr_ratio, **config
+        As :func:`scale_by_muon`.
+
+    Returns
+    -------
+    optax.GradientTransformation
+        ``update`` needs ``params`` when ``weight_decay > 0``.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from matroot.optim.optax import muon
+    >>> params = {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}
+    >>> opt = muon(0.05, adamw_lr_ratio=0.2)
+    >>> state = opt.init(params)
+    >>> loss = lambda p: jnp.sum((p["w"] - 2.0) ** 2) + jnp.sum(p["b"] ** 2)
+    >>> @jax.jit
+    ... def step(params, state):
+    ...     updates, state = opt.update(jax.grad(loss)(params), state, params)
+    ...     return optax.apply_updates(params, updates), state
+    >>> for _ in range(10):
+    ...     params, state = step(params, state)
+    >>> bool(loss(params) < 12.0)
+    True
+    """
+    decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
+                                     **config),
+                       *decay, optax.scale_by_learning_rate(learning_rate))

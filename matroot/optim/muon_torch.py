@@ -1,0 +1,131 @@
+"""``matroot.optim.Muon``: a ``torch.optim.Optimizer`` around the stacked Muon core.
+
+Parameter groups carry ``lr``, ``weight_decay`` and ``use_muon``; everything else
+(:class:`~matroot.optim.muon.MuonConfig`) is optimizer-wide, since the Muon
+matrices of all groups share one polar call per shape. Parameters given without
+``use_muon`` are split by :func:`~matroot.optim.muon.default_use_muon` (pass
+``model.named_parameters()`` so embeddings and heads are recognised); the AdamW
+part gets ``adamw_lr`` and ``adamw_weight_decay``. Per-parameter state
+(``momentum_buffer``, ``exp_avg_sq`` for AdamW, ``step`` a Python int) lives in
+``optimizer.state[p]``, so ``state_dict()`` and LR schedulers work as for torch's
+own optimizers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+
+__all__ = ["Muon"]
+
+
+def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> list[dict]:
+    """torch-style ``params`` (tensors, (name, tensor) pairs or group dicts) as groups
+    that each say ``use_muon``."""
+    entries = list(params)
+    if not entries:
+        raise ValueError("Muon got an empty parameter list")
+    if not isinstance(entries[0], dict):
+        entries = [{"params": entries}]
+    groups = []
+    for entry in entries:
+        options = {k: v for k, v in entry.items() if k != "params"}
+        members = list(entry["params"])
+        if "use_muon" in options:
+            for p in members:
+                if options["use_muon"] and (isinstance(p, tuple) or p.ndim < 2):
+                    raise ValueError("use_muon=True needs tensors of two or more dimensions")
+            groups.append({"params": members, **options})
+            continue
+        split: dict[bool, list] = {True: [], False: []}
+        for p in members:
+            name, tensor = p if isinstance(p, tuple) else (None, p)
+            split[default_use_muon(name, tensor.shape)].append(tensor)
+        for muon, tensors in split.items():
+            if tensors:
+                defaults = (dict(lr=lr, weight_decay=weight_decay) if muon
+                            else dict(lr=adamw_lr, weight_decay=adamw_weight_decay))
+                groups.append({"params": tensors, **defaults, **options, "use_muon": muon})
+    return groups
+
+
+class Muon(torch.optim.Optimizer):
+    """Stacked Muon for torch: one batched polar factor per matrix shape of the model.
+
+    Parameters
+    ----------
+    params : iterable
+        Tensors, ``(name, tensor)`` pairs (``model.named_parameters()``: the rule
+        then sends embeddings and heads to AdamW) or group dicts, which may set
+        ``use_muon``, ``lr`` and ``weight_decay``.
+    lr, weight_decay : float
+        Muon's step size and decoupled weight decay.
+    adamw_lr, adamw_weight_decay : float
+        The same for the AdamW parameters.
+    **config
+        :class:`~matroot.optim.muon.MuonConfig` fields (momentum, nesterov,
+        shape_scale, polar_method, polar_lower, polar_steps, matmul_dtype,
+        betas, eps).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from matroot.optim import Muon
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> opt = Muon(model.parameters(), lr=0.02, adamw_lr=1e-3)
+    >>> [g["use_muon"] for g in opt.param_groups]
+    [True, False]
+    >>> loss = model(torch.ones(3, 4)).square().sum()
+    >>> loss.backward()
+    >>> opt.step()
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.02, weight_decay: float = 0.0,
+                 adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, **config: Any):
+        self.config = MuonConfig(**config)
+        groups = _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay)
+        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """One step; ``closure`` re-evaluates the model and returns the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        members = [(p, group) for group in self.param_groups for p in group["params"]
+                   if p.grad is not None]
+        if not members:
+            return loss
+        for p, group in members:
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["momentum_buffer"] = torch.zeros_like(p)
+                if not group["use_muon"]:
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+        states = [self.state[p] for p, _ in members]
+        core_state = MuonState([s["momentum_buffer"] for s in states],
+                               [s.get("exp_avg_sq") for s in states],
+                               [int(s["step"]) for s in states])
+        directions, new = muon_directions([p.grad for p, _ in members], core_state,
+                                          [g["use_muon"] for _, g in members], self.config)
+        for (p, group), state, direction, i in zip(members, states, directions,
+                                                   range(len(members))):
+            state["step"] = new.steps[i]
+            state["momentum_buffer"].copy_(new.momentum[i])
+            if new.exp_avg_sq[i] is not None:
+                state["exp_avg_sq"].copy_(new.exp_avg_sq[i])
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            p.add_(direction.to(p.dtype), alpha=-group["lr"])
+        return loss
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}"
+                            for f in dataclasses.fields(self.config))
+        return f"Muon({len(self.param_groups)} groups, {options})"

@@ -1,0 +1,284 @@
+"""The polar factor ``polar(G) = G·(GᵀG)^(-1/2) = U·Vᵀ`` of every matrix of a stack.
+
+The call is resolved once on the host (method, precision, tolerance and the
+polynomial steps, which depend only on those), then one pass runs without a
+data-dependent loop: validate → transpose wide matrices (the iteration works on
+the smaller Gram side) → scale by a certified bound on σmax → iterate → check
+the returned factor's orthogonality defect. Its only host reads are the
+certified bound's (eagerly, outside the iteration); under ``jax.jit`` and
+``torch.compile`` there are none.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, NamedTuple
+
+from . import _xp
+from ._checks import check_choice, check_matmul_dtype, check_max_iter, check_nonnegative
+from ._typing import Array
+from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
+from .polar_coefficients import default_margin
+from .polar_solvers import get_polar_method, polar_method_names
+from .roots import ConvergenceWarning
+from .scaling import certified_lambda_max
+
+__all__ = ["polar", "polar_info", "PolarResult"]
+
+
+class PolarResult(NamedTuple):
+    """Result of :func:`polar_info`.
+
+    Attributes
+    ----------
+    root : array, shape (..., m, n)
+        The polar factor, in the input's namespace, device and dtype. Singular
+        directions with σ = 0 map to zero (a partial isometry); a matrix with
+        NaN or Inf entries gets NaN.
+    orthogonality_defect : array, shape (...)
+        ``‖QᵀQ − I‖_F`` of the returned factor (``QQᵀ`` for wide matrices),
+        computed in the compute dtype; ≥ the spectral-norm defect.
+    error_estimate : array, shape (...)
+        ``orthogonality_defect/√min(m, n)``: a bound on the relative error
+        ``‖Q − U·Vᵀ‖_F/‖U·Vᵀ‖_F`` in real arithmetic (see
+        :mod:`matroot.polar_accuracy` for what rounding adds).
+    iterations : array, shape (...)
+        Polynomial steps taken (0 for a decomposition).
+    converged : array of bool, shape (...)
+        The input was finite and ``error_estimate ≤ rtol``; the factor then
+        meets :func:`matroot.polar_accuracy.polar_error_bound`.
+    matmuls : array, shape (...)
+        Batched matrix products formed per matrix, scaling included and the
+        final check not (each at most ``max(m, n)·min(m, n)²`` multiply-adds).
+    method : str
+        The method that ran (what ``"auto"`` resolved to).
+    """
+
+    root: Array
+    orthogonality_defect: Array
+    error_estimate: Array
+    iterations: Array
+    converged: Array
+    matmuls: Array
+    method: str
+
+
+def _check_matrices(g):
+    """Validate a stack of real floating matrices; return its namespace."""
+    try:
+        xp = _xp.array_namespace(g)
+    except TypeError as err:
+        raise TypeError("g must be an array of a supported library (NumPy, CuPy, PyTorch, "
+                        f"JAX, array-api-strict), got {type(g).__name__}") from err
+    if g.ndim < 2:
+        raise ValueError(f"g must have at least 2 dimensions (..., m, n), got shape "
+                         f"{tuple(g.shape)}; reshape a vector to (1, n) or (n, 1)")
+    if not xp.isdtype(g.dtype, "real floating"):
+        raise TypeError(f"g has dtype {g.dtype}: only real floating matrices are supported; "
+                        "cast integers to float32 or float64 first")
+    return xp
+
+
+def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower):
+    """The call's static decisions: method, compute dtype, rtol and the step rows."""
+    if method == "auto":
+        method = "polar_express"
+    spec = get_polar_method(method)
+    work_name = "float64" if g.dtype == xp.float64 else "float32"
+    matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
+    precision = matmul_dtype if matmul_dtype is not None and spec.forms_products else work_name
+    rtol = DEFAULT_RTOL[precision] if rtol is None else check_nonnegative(rtol, "rtol")
+    if lower is None:
+        lower = DEFAULT_LOWER[precision]
+    elif not 0.0 < check_nonnegative(lower, "lower") < 1.0:
+        raise ValueError(f"lower must lie in (0, 1) (a bound on σmin/σmax), got {lower!r}")
+    unit = UNIT_ROUNDOFF[precision]
+    # The schedule aims below rtol, leaving the rest of it to rounding.
+    rows = _step_rows(method, float(lower), max(rtol / 4, unit), default_margin(unit),
+                      check_max_iter(max_iter))
+    return method, work_name, rtol, rows
+
+
+@_xp.host_constant
+def _step_rows(method, lower, target, margin, max_iter):
+    """The method's ``(c1, c3, c5)`` rows as Python floats: a constant torch.compile
+    bakes in (instead of tracing the Remez exchange)."""
+    return get_polar_method(method).steps(lower, target, margin, max_iter)
+
+
+def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
+               max_iter: int | None = None, matmul_dtype: str | None = None,
+               check_finite: bool = True, lower: float | None = None) -> PolarResult:
+    """:func:`polar` with per-matrix diagnostics.
+
+    Takes the same arguments as :func:`polar`.
+
+    Returns
+    -------
+    PolarResult
+        ``root`` plus per-matrix ``orthogonality_defect``, ``error_estimate``,
+        ``iterations``, ``converged`` and ``matmuls`` of shape ``g.shape[:-2]``.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> g = np.array([[[3.0, 0.0], [0.0, -0.5], [0.0, 0.0]]])
+    >>> res = matroot.polar_info(g)
+    >>> np.round(res.root[0], 6).tolist(), res.converged.tolist()
+    ([[1.0, 0.0], [0.0, -1.0], [0.0, 0.0]], [True])
+    """
+    xp = _check_matrices(g)
+    check_choice(method, "method", polar_method_names())
+    method, work_name, rtol, rows = _resolve(xp, g, method, rtol, max_iter, matmul_dtype,
+                                             lower)
+    batch = tuple(g.shape[:-2])
+    if math.prod(batch) == 0 or min(g.shape[-2:]) == 0:
+        return _empty_result(xp, g, batch, method)
+    static = dict(method=method, rows=rows, rtol=rtol, matmul_dtype=matmul_dtype,
+                  work_name=work_name)
+    traced = _xp.is_traced(g)
+    if _xp.is_jax_namespace(xp):
+        _xp.register_jax_pytree(PolarResult, ("method",))
+    if check_finite and not traced and not bool(xp.all(xp.isfinite(g))):
+        raise ValueError("g contains NaN or Inf (pass check_finite=False to get NaN factors "
+                         "for those matrices instead)")
+    if _xp.is_jax_namespace(xp) and not traced:
+        # One compiled call per shape instead of hundreds of eagerly dispatched ops.
+        return _xp.jax_compiled(_polar_stack, g, **static)
+    return _polar_stack(g, **static)
+
+
+def _scaled(x, gram, scaling: str):
+    """``x`` and its Gram matrix divided so that every σ ≤ 1 (``"certified"``) or
+    ``‖x‖_F = 1`` (``"frobenius"``); a zero matrix keeps scale 1."""
+    xp = _xp.array_namespace(x)
+    if scaling == "certified":
+        square = certified_lambda_max(_xp.symmetric_part(gram)).bound
+    elif scaling == "frobenius":
+        square = _xp.frobenius_norm(x) ** 2
+    else:
+        return x, gram
+    square = xp.where(square > 0, square, xp.ones_like(square))
+    return x / xp.sqrt(square)[:, None, None], gram / square[:, None, None]
+
+
+def _polar_stack(g, *, method, rows, rtol, matmul_dtype, work_name):
+    """The resolved call on a non-empty stack (pure: traceable by jax.jit)."""
+    xp = _xp.array_namespace(g)
+    spec = get_polar_method(method)
+    batch, (m, n) = tuple(g.shape[:-2]), g.shape[-2:]
+    b = math.prod(batch)
+    work = getattr(xp, work_name)
+    stack = xp.reshape(xp.astype(g, work, copy=False), (b, m, n))
+    wide = m < n
+    if wide:
+        stack = xp.matrix_transpose(stack)
+    finite = _xp.finite_matrices(stack)
+    stack = _xp.batched_where(finite, stack, xp.zeros_like(stack))
+    # Entries O(1) before any product: ‖G‖² overflows float32 from entries of 1e19 on.
+    entry = xp.max(xp.abs(stack), axis=(-2, -1))
+    x = stack / xp.where(entry > 0, entry, xp.ones_like(entry))[:, None, None]
+    matmul = _xp.Matmul(xp, None if matmul_dtype is None or not spec.forms_products
+                        else _xp.dtype_from_name(xp, matmul_dtype))
+    gram = None
+    if spec.scaling != "none" or spec.forms_products:
+        gram = matmul.full(xp.matrix_transpose(x), x)
+    x, gram = _scaled(x, gram, spec.scaling)
+    factor = spec.solve(x, gram, rows, matmul)
+    returned = xp.astype(factor, g.dtype, copy=False)
+    # The defect of what the caller gets, so the cast back is in it.
+    check = xp.astype(returned, work, copy=False)
+    eye = _xp.identity_stack(xp, check.shape[-1], work, _xp.device_of(check))
+    defect = _xp.frobenius_norm(xp.matrix_transpose(check) @ check - eye)
+    nan = xp.full_like(defect, float("nan"))
+    defect = xp.where(finite, defect, nan)
+    error = defect / math.sqrt(check.shape[-1])
+    converged = finite & (error <= rtol)
+    returned = _xp.batched_where(finite, returned, xp.full_like(returned, float("nan")))
+    if wide:
+        returned = xp.matrix_transpose(returned)
+    count = xp.full(defect.shape, 1, dtype=xp.int32, device=_xp.device_of(defect))
+    return PolarResult(
+        root=xp.reshape(returned, (*batch, *returned.shape[-2:])),
+        orthogonality_defect=xp.reshape(defect, batch),
+        error_estimate=xp.reshape(error, batch),
+        iterations=xp.reshape(count * len(rows), batch),
+        converged=xp.reshape(converged, batch),
+        matmuls=xp.reshape(count * matmul.count, batch),
+        method=method,
+    )
+
+
+def _empty_result(xp, g, batch, method):
+    """An empty stack or empty matrices: nothing to orthogonalize."""
+    dev = _xp.device_of(g)
+    zeros = xp.zeros(batch, dtype=g.dtype, device=dev)
+    counts = xp.zeros(batch, dtype=xp.int32, device=dev)
+    return PolarResult(xp.zeros_like(g), zeros, zeros, counts,
+                       xp.ones(batch, dtype=xp.bool, device=dev), counts, method)
+
+
+def polar(g: Array, /, **options: Any) -> Array:
+    """Orthogonal polar factor ``U·Vᵀ`` of every matrix of a stack ``g[..., m, n]``.
+
+    Parameters
+    ----------
+    g : array, shape (..., m, n)
+        Real floating matrices of any shape (tall, wide or square) from NumPy,
+        PyTorch, JAX, CuPy or array-api-strict. float16/bfloat16 inputs are
+        computed in float32, float64 in float64.
+    method : {"auto", "polar_express", "gram_newton_schulz", "quintic", "svd", "eigh"}
+        See :data:`matroot.polar_solvers.POLAR_METHODS`; ``"auto"`` is
+        ``"polar_express"``.
+    rtol : float, optional
+        Bound on ``‖QᵀQ − I‖_F/√min(m, n)`` for ``converged``; default per
+        precision in :data:`matroot.polar_accuracy.DEFAULT_RTOL`.
+    max_iter : int, optional
+        Cap on the polynomial steps (the quintic's step count).
+    matmul_dtype : {None, "float16", "bfloat16"}
+        Round the operands of every product to this dtype (float32 accumulation);
+        the schedule then keeps the 1.01 safety factor.
+    check_finite : bool
+        Raise ValueError on NaN/Inf input (eagerly); with False those matrices
+        get NaN factors and their neighbours are unaffected.
+    lower : float, optional
+        The smallest σmin/σmax the polynomial schedules are built for
+        (:data:`matroot.polar_accuracy.DEFAULT_LOWER` per precision); smaller
+        singular values are not mapped to 1 and leave ``converged`` False.
+
+    Returns
+    -------
+    array, shape (..., m, n)
+        The polar factor, in ``g``'s namespace, device and dtype.
+
+    Raises
+    ------
+    ValueError
+        Bad option values, NaN/Inf input with ``check_finite=True``.
+    TypeError
+        Not an array, or not real floating.
+
+    Warns
+    -----
+    ConvergenceWarning
+        Eagerly, when some matrix is not converged (always for ``"quintic"``,
+        whose singular values end in about [0.7, 1.2]).
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> g = np.random.default_rng(0).standard_normal((4, 8, 3))
+    >>> q = matroot.polar(g)
+    >>> bool(np.allclose(np.swapaxes(q, -1, -2) @ q, np.eye(3), atol=1e-8))
+    True
+    """
+    result = polar_info(g, **options)
+    if not _xp.is_traced(result.converged):
+        xp = _xp.array_namespace(result.converged)
+        if not bool(xp.all(result.converged)):
+            warnings.warn(f"polar: some matrices did not converge with method "
+                          f"{result.method!r} (check polar_info(...).converged; for a "
+                          "rank-deficient or very ill-conditioned matrix pass a smaller "
+                          "lower=, or use method='svd')", ConvergenceWarning, stacklevel=2)
+    return result.root

@@ -1,0 +1,178 @@
+"""matroot.polar against the float64 SVD oracle: the accuracy table on every backend,
+shapes, 16-bit matmuls, rank deficiency, NaN isolation and bad input.
+
+The table (:mod:`matroot.polar_accuracy`) is what ``converged=True`` promises:
+relative error ``‖Q − U·Vᵀ‖_F/√min(m, n) ≤ max(2·rtol, ROUNDING·κ)``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import matroot
+from matroot.polar_accuracy import DEFAULT_LOWER, polar_error_bound
+from matroot.testing import oracle_polar, polar_case, polar_relative_error
+from conftest import to_numpy
+
+#: (dtype, κ): the default schedule's lower bound covers κ up to about 1/lower.
+ACCURACY_CASES = [("float64", 10.0), ("float64", 1e4), ("float64", 1e6),
+                  ("float32", 10.0), ("float32", 1e3), ("float32", 3e4)]
+SHAPES = [(12, 12), (20, 7), (6, 15)]
+
+
+def _assert_meets_table(result, case, precision):
+    error = polar_relative_error(to_numpy(result.root), case.polar)
+    converged = to_numpy(result.converged)
+    assert converged.all(), f"not converged: {to_numpy(result.error_estimate)}"
+    bound = polar_error_bound(precision, case.kappa, method=result.method)
+    assert np.all(error <= bound), f"error {error.max():.2e} > {bound:.2e}"
+    # The estimate bounds the error in real arithmetic; rounding adds up to ROUNDING·κ.
+    estimate = to_numpy(result.error_estimate)
+    assert np.all(error <= estimate + bound), (error, estimate)
+
+
+@pytest.mark.parametrize("dtype,kappa", ACCURACY_CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_polar_express_meets_the_table(backend, dtype, kappa, shape):
+    case = polar_case(np.random.default_rng(int(kappa) % 89), (2,), *shape, kappa)
+    result = matroot.polar_info(backend.asarray(case.g, dtype))
+    assert result.method == "polar_express"
+    assert result.root.shape == case.g.shape
+    assert result.root.dtype == backend.asarray(case.g, dtype).dtype
+    _assert_meets_table(result, case, dtype)
+
+
+@pytest.mark.parametrize("method,kappa,shape", [("svd", 1e3, (16, 9)), ("eigh", 10.0, (16, 9)),
+                                                ("gram_newton_schulz", 1e3, (160, 40))])
+def test_other_methods_meet_the_table(backend, method, kappa, shape):
+    """eigh squares κ in the Gram matrix: in float32 it converges only for small κ."""
+    case = polar_case(np.random.default_rng(3), (3,), *shape, kappa)
+    result = matroot.polar_info(backend.asarray(case.g, "float32"), method=method)
+    _assert_meets_table(result, case, "float32")
+
+
+def test_eigh_is_not_converged_where_squaring_loses_the_small_singular_values():
+    case = polar_case(np.random.default_rng(4), (2,), 10, 10, 1e5)
+    result = matroot.polar_info(case.g.astype(np.float32), method="eigh")
+    assert not result.converged.any()
+
+
+def test_quintic_baseline_is_fast_but_never_converged(backend):
+    """Muon's 5-step quintic leaves the singular values in about [0.7, 1.2]."""
+    case = polar_case(np.random.default_rng(5), (2,), 16, 8, 100.0)
+    result = matroot.polar_info(backend.asarray(case.g, "float32"), method="quintic")
+    assert not to_numpy(result.converged).any()
+    assert (to_numpy(result.matmuls) == 15).all() and (to_numpy(result.iterations) == 5).all()
+    sigma = np.linalg.svd(to_numpy(result.root).astype(np.float64), compute_uv=False)
+    assert sigma.min() > 0.6 and sigma.max() < 1.25
+
+
+@pytest.mark.parametrize("matmul_dtype", ["bfloat16", "float16"])
+def test_sixteen_bit_matmuls_meet_their_row(backend, matmul_dtype):
+    if backend.backend not in ("torch", "jax"):
+        pytest.skip("bfloat16 exists on torch and JAX only")
+    case = polar_case(np.random.default_rng(6), (3,), 24, 16, 100.0)
+    result = matroot.polar_info(backend.asarray(case.g, "float32"), matmul_dtype=matmul_dtype)
+    _assert_meets_table(result, case, matmul_dtype)
+
+
+def test_fewer_products_than_the_quintic_at_its_orthogonality():
+    """Polar Express built for κ ≤ 100 and the quintic's own accuracy needs fewer products
+    (12 against 15 here; docs/polar.rst has the sweep over κ)."""
+    case = polar_case(np.random.default_rng(7), (4,), 32, 32, 100.0)
+    g = case.g.astype(np.float32)
+    quintic = matroot.polar_info(g, method="quintic")
+    express = matroot.polar_info(g, rtol=float(quintic.error_estimate.min()), lower=1e-2)
+    assert express.converged.all()
+    assert express.matmuls.max() < quintic.matmuls.min()
+    assert express.error_estimate.max() <= quintic.error_estimate.min()
+
+
+def test_rank_deficient_directions_map_to_zero_and_zero_maps_to_zero(backend):
+    rng = np.random.default_rng(8)
+    u, _ = np.linalg.qr(rng.standard_normal((9, 9)))
+    v, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+    low_rank = (u[:, :3] * [4.0, 1.0, 0.5]) @ v[:, :3].T
+    g = np.stack([low_rank, np.zeros((9, 6))])
+    result = matroot.polar_info(backend.asarray(g, "float64"), lower=1e-3)
+    root = to_numpy(result.root)
+    assert np.isfinite(root).all()
+    np.testing.assert_allclose(root[0], u[:, :3] @ v[:, :3].T, atol=1e-9)
+    assert np.all(root[1] == 0)
+    # Documented: a partial isometry is not orthogonal, so not converged.
+    assert not to_numpy(result.converged).any()
+
+
+def test_nan_matrix_leaves_its_neighbours_alone(backend):
+    case = polar_case(np.random.default_rng(9), (3,), 8, 5, 50.0)
+    alone = to_numpy(matroot.polar(backend.asarray(case.g, "float64")))
+    g = case.g.copy()
+    g[1, 2, 3] = np.nan
+    result = matroot.polar_info(backend.asarray(g, "float64"), check_finite=False)
+    root = to_numpy(result.root)
+    assert np.isnan(root[1]).all()
+    converged = to_numpy(result.converged)
+    assert converged[[0, 2]].all() and not converged[1]
+    # Same program on the same inputs for the clean matrices: rounding may still
+    # differ with the batch composition, so compare to the float64 table's bound.
+    assert np.abs(root[[0, 2]] - alone[[0, 2]]).max() <= polar_error_bound("float64", 50.0)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        matroot.polar(backend.asarray(g, "float64"))
+
+
+def test_batch_shapes_and_empty_stacks():
+    case = polar_case(np.random.default_rng(10), (2, 3), 5, 4, 10.0)
+    result = matroot.polar_info(case.g)
+    assert result.root.shape == (2, 3, 5, 4) and result.converged.shape == (2, 3)
+    empty = matroot.polar_info(np.zeros((0, 4, 3)))
+    assert empty.root.shape == (0, 4, 3) and empty.converged.shape == (0,)
+
+
+def test_low_precision_input_is_computed_in_float32():
+    torch = pytest.importorskip("torch")
+    case = polar_case(np.random.default_rng(11), (2,), 12, 8, 10.0)
+    result = matroot.polar_info(torch.asarray(case.g).to(torch.bfloat16), rtol=1e-2)
+    assert result.root.dtype == torch.bfloat16
+    # Rounding the factor to bfloat16 is in the defect: about 2⁻⁸ per entry.
+    assert result.converged.all()
+    error = polar_relative_error(result.root.float().numpy(), case.polar)
+    assert error.max() <= 1e-2
+
+
+def test_plain_function_warns_when_not_converged():
+    g = np.random.default_rng(12).standard_normal((2, 6, 4))
+    with pytest.warns(matroot.ConvergenceWarning, match="quintic"):
+        matroot.polar(g, method="quintic")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        matroot.polar(g)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: matroot.polar(np.ones(3)), ValueError, "at least 2 dimensions"),
+    (lambda: matroot.polar(np.ones((3, 3), dtype=np.int64)), TypeError, "cast integers"),
+    (lambda: matroot.polar([[1.0]]), TypeError, "supported library"),
+    (lambda: matroot.polar(np.eye(3), method="newton"), ValueError, "polar_express"),
+    (lambda: matroot.polar(np.eye(3), lower=2.0), ValueError, "lower must lie in"),
+    (lambda: matroot.polar(np.eye(3), rtol=-1.0), ValueError, "rtol"),
+    (lambda: matroot.polar(np.eye(3), max_iter=0), ValueError, "max_iter"),
+    (lambda: matroot.polar(np.eye(3, dtype=np.float32), matmul_dtype="bfloat16"),
+     ValueError, "bfloat16"),
+])
+def test_bad_input_is_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_default_lower_bounds_are_what_the_table_claims():
+    """The cases above stay within the κ the default schedules are built for."""
+    for dtype, kappa in ACCURACY_CASES:
+        assert kappa * DEFAULT_LOWER[dtype] <= 1.0
+
+
+def test_oracle_agrees_with_the_constructed_factor():
+    case = polar_case(np.random.default_rng(13), (2,), 7, 4, 1e3)
+    np.testing.assert_allclose(oracle_polar(case.g), case.polar, atol=1e-11)

@@ -1,0 +1,56 @@
+"""``matroot bench polar`` on a tiny configuration: every contender, both parts, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from matroot.bench import polar as bench_polar
+from matroot.bench.backends import select_targets
+
+TINY = dict(shapes=((2, 12, 8),), kappas=(10.0,), width=8, layers=1, repeats=1,
+            budget_s=0.01)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(bench_polar.DEFAULTS, "quick", TINY)
+
+
+def test_report_compares_every_contender(tiny):
+    report = bench_polar.run(select_targets(["numpy"])[0], quick=True)
+    rows = {r["contender"]: r for r in report["orthogonalization"]}
+    quintic = rows["quintic (5 steps)"]
+    assert quintic["products"] == 15 and not quintic["converged"]
+    assert rows["svd"]["converged"] and rows["svd"]["time_vs_svd"] == 1.0
+    assert rows["polar_express (float32 rtol)"]["converged"]
+    cut = rows["polar_express (lower 1/κ) at the quintic's defect"]
+    assert cut["defect"] <= quintic["defect"] and cut["products"] < quintic["products"]
+    assert {r["contender"] for r in report["muon_step"]} == {"stacked", "per-parameter loop"}
+    assert "| quintic (5 steps) |" in bench_polar.format_table(report)
+
+
+def test_cli_writes_json_and_markdown(tiny, tmp_path):
+    from matroot.cli import main
+
+    out = tmp_path / "polar.json"
+    assert main(["bench", "polar", "--quick", "--backend", "numpy", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["backend"] == "numpy"
+    assert out.with_suffix(".md").read_text().startswith("Orthogonalization")
+
+
+@pytest.mark.parametrize("argv,fragment", [(["--backend", "nonesuch"], "nonesuch"),
+                                           (["--threads", "-1"], "--threads"),
+                                           (["--out", "/nonexistent/dir/polar.json"],
+                                            "nonexistent")])
+def test_cli_refuses_bad_input_before_work(monkeypatch, capsys, argv, fragment):
+    from matroot.cli import main
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the input was checked")
+
+    monkeypatch.setattr(bench_polar, "run", no_work)
+    assert main(["bench", "polar", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1
