@@ -71,7 +71,10 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     distributed : "auto", None or ProcessGroup
         ``"auto"``: when ``torch.distributed`` is initialised with more than one
         rank, split the blocks over its ranks (see :mod:`matroot.optim.distributed`
-        and docs/distributed.rst); None: never.
+        and docs/distributed.rst); None: never. Parameters may be ``DTensor`` s
+        (FSDP2's ``fully_shard``): blocks are cut from whole parameters
+        (:mod:`matroot.optim.dtensor`), so results do not depend on the sharding;
+        DCP checkpoints: :mod:`matroot.optim.distributed_checkpoint`.
     graft_only : callable, optional
         ``graft_only(param) -> bool``: True keeps that parameter on the grafting
         update with no factors (per parameter; per group, set ``precondition=False``).
