@@ -14,6 +14,11 @@ updates the blocks this rank owns, shares the updates with one all-gather per
 dtype and adds this rank's rows to its shards: the result does not depend on the
 world size (docs/distributed.rst, "FSDP2"). Rank 0 prints the loss and, at the
 end, how far the parameters are from an unsharded run of the same steps.
+
+Checkpoints with ``torch.distributed.checkpoint``, resumed at another world size::
+
+    torchrun --standalone --nproc-per-node 2 examples/fsdp2_shampoo.py --save ckpt
+    torchrun --standalone --nproc-per-node 3 examples/fsdp2_shampoo.py --resume ckpt
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from matroot.optim import Shampoo
+from matroot.optim.distributed_checkpoint import dcp_state_dict, load_dcp_state_dict
 
 
 def build_model() -> torch.nn.Module:
@@ -40,6 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--save", metavar="DIR", help="save a DCP checkpoint at the end")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="start from a DCP checkpoint (of any world size)")
     args = parser.parse_args()
 
     dist.init_process_group(args.backend)
@@ -59,15 +70,23 @@ def main() -> None:
     fully_shard(model, mesh=mesh)
     options = dict(lr=1e-2, block_size=64, precondition_frequency=5)
     opt = Shampoo(model.parameters(), **options)
-    ref_opt = Shampoo(reference.parameters(), distributed=None, **options) if reference else None
+    if args.resume:
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=args.resume)
+        set_model_state_dict(model, state["model"])
+        load_dcp_state_dict(opt, args.resume)
+        reference = None      # the unsharded comparison starts from the initial weights
+    ref_opt = (Shampoo(reference.parameters(), distributed=None, **options)
+               if reference is not None else None)
 
-    data = torch.Generator().manual_seed(1)  # the same batches on every rank
     teacher = torch.randn(4, 10, generator=torch.Generator().manual_seed(7)).to(device)
-    for step in range(args.steps):
+    first = opt.diagnostics()["steps"]        # > 0 after --resume
+    for step in range(first, first + args.steps):
+        data = torch.Generator().manual_seed(1000 + step)  # the same batch on every rank
         tokens = torch.randint(0, 1000, (64, 4), generator=data).to(device)
         target = torch.sin(tokens.float()) @ teacher
-        for net, optimizer in ((model, opt), (reference, ref_opt)):
-            if net is None:
+        for net, optimizer in ((reference, ref_opt), (model, opt)):
+            if net is None or optimizer is None:
                 continue
             loss = torch.nn.functional.mse_loss(net(tokens), target)
             optimizer.zero_grad()
@@ -79,11 +98,16 @@ def main() -> None:
     stats = opt.diagnostics()
     print(f"rank {rank}/{world}: {stats['blocks']} blocks, optimizer state "
           f"{stats['state_bytes']} bytes", flush=True)
-    whole = [p.full_tensor() for p in model.parameters()]  # a collective: every rank
+    whole = [p.detach().full_tensor() for p in model.parameters()]  # a collective
     if reference is not None:
         diff = max(float((w - r.detach()).abs().max())
                    for w, r in zip(whole, reference.parameters()))
         print(f"largest difference from the unsharded run: {diff:.2e}")
+    if args.save:
+        dcp.save({"model": get_model_state_dict(model), "optim": dcp_state_dict(opt)},
+                 checkpoint_id=args.save)
+        if rank == 0:
+            print(f"saved {args.save} (steps {opt.diagnostics()['steps']})")
     dist.destroy_process_group()
 
 

@@ -2,8 +2,9 @@
 
 Shared by the multi-process test files: each spawns one process group per world
 size, runs all its scenarios in it (starting processes costs far more than the
-scenarios), and checks the JSON every rank wrote. Collectives time out after 60 s
-and ranks still alive at the deadline are killed, so a hang fails instead of blocking.
+scenarios), and checks the JSON every rank wrote. Collectives and the whole run are
+bounded by the suite's hang guard (never a speed limit), and ranks still alive then
+are killed, so a hang fails instead of blocking.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-DEADLINE_S = 120
-
+from hang_guard import HANG_GUARD_S
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -35,7 +34,7 @@ def _rank_main(rank, world, port, tmpdir, scenarios):
     result = {}
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
+                                timeout=timedelta(seconds=HANG_GUARD_S))
         result["backend"] = dist.get_backend()
         result.update(scenarios(rank, world, tmpdir))
         dist.barrier()
@@ -54,15 +53,15 @@ def run_on_ranks(scenarios, world: int, tmpdir: str) -> list:
 
     ``scenarios`` must be a module-level function (the ranks are spawned). Returns
     every rank's dict, with ``"backend"`` added; fails the test if a rank raised
-    or the run outlived :data:`DEADLINE_S`.
+    or the run outlived the hang guard.
     """
     context = mp.start_processes(_rank_main, args=(world, _free_port(), tmpdir, scenarios),
                                  nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = time.monotonic() + HANG_GUARD_S
     try:
         while not context.join(timeout=1):
             if time.monotonic() > deadline:
-                pytest.fail(f"{world} ranks still running after {DEADLINE_S} s (a hang)")
+                pytest.fail(f"{world} ranks still running after {HANG_GUARD_S} s (a hang)")
     except mp.ProcessRaisedException as err:
         pytest.fail(f"a rank failed:\n{err}")
     finally:

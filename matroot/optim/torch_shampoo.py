@@ -34,57 +34,16 @@ import torch
 import torch.distributed as dist
 
 from . import core
-from .checkpoint import FORMAT, plan_from_layout, plan_layout
 from .config import PER_PARAMETER
-from .distributed import (
-    BlockSharding,
-    agree_on_gradients,
-    check_shard,
-    resolve_process_group,
-)
+from .distributed import BlockSharding, agree_on_gradients, resolve_process_group
 from .dtensor import add_to_local, is_dtensor, local_view, whole
-from .preconditioner import factor_shape
+from .torch_state import STEP_DTYPE, ShampooStateDict, _Family
 
 __all__ = ["Shampoo"]
 
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig))
 _DEFAULTS = core.ShampooConfig()
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
-#: dtype of the per-parameter ``step`` tensors (bias corrections in float64).
-STEP_DTYPE = torch.float64
-
-
-def _device_counters(state: core.ShampooState, device) -> core.ShampooState:
-    """The family counters of ``state`` as int64 tensors on ``device``."""
-    def counter(value):
-        return torch.as_tensor(int(value), dtype=torch.int64, device=device)
-
-    return state._replace(step=counter(state.step), root_refreshes=counter(state.root_refreshes),
-                          skipped_steps=counter(state.skipped_steps))
-
-
-def _step_tensor(value, device) -> torch.Tensor:
-    """A per-parameter step count (an int from an older state dict, or a tensor) as
-    a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
-    return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
-
-
-class _Family:
-    """Parameters that share factor stacks, their core state and, when sharded, their split.
-
-    ``schedule_step`` counts the steps that reached the update on the host (steps
-    skipped on the device included) and drives the root schedule; ``config`` is the
-    last config the family stepped with (the same object while it is unchanged).
-    """
-
-    def __init__(self, params, state: core.ShampooState, sharding=None, schedule_step=None):
-        self.params = params
-        self.state = _device_counters(state, params[0].device)
-        self.sharding = sharding
-        self.schedule_step = int(state.step) if schedule_step is None else int(schedule_step)
-        self.config: core.ShampooConfig | None = None
-
-
 class _Job(NamedTuple):
     """What one family's step needs from the host: config, per-parameter ``lr`` and
     ``weight_decay``, and ``(refresh, started)``."""
@@ -95,7 +54,7 @@ class _Job(NamedTuple):
     schedule: tuple
 
 
-class Shampoo(torch.optim.Optimizer):
+class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     """Stacked-block Shampoo with grafting, as a ``torch.optim.Optimizer``.
 
     Weights are cut into blocks of at most ``block_size``; the Kronecker factors
@@ -112,7 +71,10 @@ class Shampoo(torch.optim.Optimizer):
     distributed : "auto", None or ProcessGroup
         ``"auto"``: when ``torch.distributed`` is initialised with more than one
         rank, split the blocks over its ranks (see :mod:`matroot.optim.distributed`
-        and docs/distributed.rst); None: never.
+        and docs/distributed.rst); None: never. Parameters may be ``DTensor`` s
+        (FSDP2's ``fully_shard``): blocks are cut from whole parameters
+        (:mod:`matroot.optim.dtensor`), so results do not depend on the sharding;
+        DCP checkpoints: :mod:`matroot.optim.distributed_checkpoint`.
     graft_only : callable, optional
         ``graft_only(param) -> bool``: True keeps that parameter on the grafting
         update with no factors (per parameter; per group, set ``precondition=False``).
@@ -405,157 +367,3 @@ class Shampoo(torch.optim.Optimizer):
         out["state_bytes_per_parameter"] = (out["state_bytes"] / out["parameters"]
                                             if out["parameters"] else 0.0)
         return out
-
-    def _family_records(self) -> list:
-        """Each family's stacks, counters and the per-parameter ``"layout"`` index of their
-        slots (:mod:`matroot.optim.checkpoint`), parameters numbered in group order."""
-        index = {id(p): i for i, p in enumerate(self._all_params())}
-        records = []
-        for f in self._families:
-            numbers = [index[id(p)] for p in f.params]
-            plan = f.state.plan if f.sharding is None else f.sharding.plan
-            record = {"format": FORMAT, "params": numbers, "step": int(f.state.step),
-                      "schedule_step": f.schedule_step,
-                      "root_refreshes": int(f.state.root_refreshes),
-                      "skipped_steps": int(f.state.skipped_steps),
-                      "block_size": plan.block_size, "stacked": self._stacked(f),
-                      "layout": plan_layout(plan, numbers),
-                      "factors": list(f.state.factors), "roots": list(f.state.roots),
-                      "root_failures": list(f.state.root_failures)}
-            if f.sharding is not None:
-                record["shard"] = f.sharding.record()
-            records.append(record)
-        return records
-
-    def state_dict(self):
-        """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
-        the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
-        sd = super().state_dict()
-        sd["shampoo_families"] = self._family_records()
-        return sd
-
-    def _stacked(self, family) -> bool:
-        return bool(self._group_of()[id(family.params[0])]["stacked"])
-
-    def load_state_dict(self, state_dict):
-        """Restore a state dict exactly, keeping float32 state of 16-bit parameters float32.
-
-        torch's loader casts floating state to each parameter's dtype; the saved
-        tensors are put back with their own dtype before torch runs the load
-        post-hooks (so what a hook writes stays), and continuing after a reload is
-        bit-identical to continuing without one. Keys of ``"state"`` that are not
-        parameter numbers are kept as they are, as torch keeps them. State dicts of
-        the first format (no ``"layout"``; hyperparameters added since then take
-        this optimizer's values) load too.
-
-        Raises
-        ------
-        ValueError
-            As torch does for a different number of parameter groups or of
-            parameters in a group; for families whose layout does not fit the
-            parameters, or a shard of another rank or world size.
-        """
-        state_dict = dict(state_dict)
-        saved_groups = list(state_dict["param_groups"])
-        # Hyperparameters the saved groups predate take this optimizer's values.
-        state_dict["param_groups"] = [
-            {**{k: v for k, v in current.items() if k != "params"}, **group}
-            for current, group in zip(self.param_groups, saved_groups)
-        ] + saved_groups[len(self.param_groups):]
-        pending: dict = {}
-
-        def capture(_, final):
-            # Registered last: sees the state dict as the user's pre-hooks left it.
-            pending["state_dict"] = final
-
-        handle = self.register_load_state_dict_pre_hook(capture)
-        self._pending_load = pending
-        try:
-            super().load_state_dict(state_dict)
-        finally:
-            handle.remove()
-            del self._pending_load
-
-    def __setstate__(self, state):
-        """torch's ``__setstate__``, then Shampoo's own part: during
-        :meth:`load_state_dict` the saved tensors and families, after unpickling
-        (``pickle``, ``copy.deepcopy``) the families of :meth:`__getstate__`."""
-        state = dict(state)
-        shampoo = state.pop("_shampoo", None)
-        super().__setstate__(state)
-        pending = self.__dict__.get("_pending_load")
-        if pending is not None:
-            self._finish_load(pending["state_dict"])
-        elif shampoo is not None:
-            self._graft_only = shampoo["graft_only"]
-            self._process_group = resolve_process_group(
-                "auto" if shampoo["sharded"] else None)
-            params = self._all_params()
-            self._families = [self._restore_family(r, params) for r in shampoo["families"]]
-
-    def __getstate__(self):
-        """torch's pickled state plus the families' stacks and counters (as records: a
-        process group does not pickle; an optimizer sharded over the default group is
-        sharded over the unpickling process's default group again)."""
-        if self._process_group is not None and self._process_group != dist.group.WORLD:
-            raise TypeError("a Shampoo sharded over a process group other than the default "
-                            "one cannot be pickled or deep-copied; save its state_dict() and "
-                            "load it into a new optimizer instead")
-        return {**super().__getstate__(),
-                "_shampoo": {"families": self._family_records(), "graft_only": self._graft_only,
-                             "sharded": self._process_group is not None}}
-
-    def _finish_load(self, state_dict) -> None:
-        """Put back the saved tensors of ``state_dict`` uncast and rebuild the families."""
-        saved_groups = state_dict["param_groups"]
-        params = self._all_params()
-        by_number = dict(zip(chain.from_iterable(g["params"] for g in saved_groups), params))
-        for key, entries in state_dict.get("state", {}).items():
-            p = by_number.get(key)
-            if p is None:
-                continue        # not a parameter: kept by torch as it was
-            self.state[p] = {k: (v.detach().to(device=p.device, copy=True)
-                                 if torch.is_tensor(v) else v) for k, v in entries.items()}
-            if "step" in self.state[p]:
-                self.state[p]["step"] = _step_tensor(self.state[p]["step"], p.device)
-        self._families = [self._restore_family(record, params)
-                          for record in state_dict.get("shampoo_families", [])]
-
-    def _restore_family(self, record, params) -> _Family:
-        members = [params[i] for i in record["params"]]
-        group = self._group_of()[id(members[0])]
-        config = self._group_config(group)
-        if "layout" in record:
-            plan = plan_from_layout(record["layout"], block_size=record["block_size"],
-                                    stacked=record["stacked"])
-            if [layout.shape for layout in plan.params] != [tuple(p.shape) for p in members]:
-                raise ValueError("the state dict's layout does not fit the parameters' shapes")
-        else:
-            plan = core.make_plan([p.detach() for p in members], config)
-        sharding = None if self._process_group is None else \
-            BlockSharding(plan, self._process_group)
-        check_shard(record.get("shard"), sharding)
-        plan = plan if sharding is None else sharding.local
-        device = members[0].device
-        stacks = [factor_shape(s, config.symmetric_packing) for s in plan.stacks]
-
-        def restore(name, shapes):
-            arrays = record[name]
-            found = [None if a is None else tuple(a.shape) for a in arrays]
-            if any(f is not None and f != s for f, s in zip(found, shapes)) or \
-                    len(found) != len(shapes):
-                raise ValueError(f"state dict {name} stacks {found} do not fit the "
-                                 f"parameters' block plan {shapes}")
-            return [None if a is None else a.detach().to(device=device, copy=True)
-                    for a in arrays]
-
-        state = core.ShampooState(
-            step=int(record["step"]), param_steps=(0,) * len(members), exp_avg=[],
-            exp_avg_sq=[], factors=restore("factors", stacks), roots=restore("roots", stacks),
-            root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
-            root_refreshes=int(record["root_refreshes"]),
-            skipped_steps=int(record["skipped_steps"]), plan=plan)
-        family = _Family(members, state, sharding,
-                         schedule_step=record.get("schedule_step", record["step"]))
-        self._sync_family_state(family)
-        return family
