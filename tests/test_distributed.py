@@ -15,8 +15,7 @@ What is asserted, and why not more:
   at other positions than the single-process stack. A wrong block assignment or a
   lost update moves parameters by about ``lr`` = 5e-2, far above the tolerance.
 
-Collectives time out after 60 s and the parent kills any rank still alive after its
-deadline, so a hang fails instead of blocking.
+The process groups are spawned by :mod:`spawned_ranks`.
 """
 
 from __future__ import annotations
@@ -26,15 +25,11 @@ import hashlib
 import json
 import math
 import os
-import socket
-import time
-import traceback
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned_ranks import run_on_ranks
 
 from matroot.optim import Shampoo, core
 from matroot.optim.blocking import ELEMENTWISE, plan_blocks
@@ -63,7 +58,6 @@ LONE_BLOCK = len(SHAPES) - 1
 OPTIONS = dict(lr=0.05, weight_decay=0.01, block_size=8, precondition_frequency=2,
                start_preconditioning_step=2)
 STEPS = 10
-DEADLINE_S = 120
 #: Largest parameter difference, sharded against single-process, that rounding explains:
 #: differences of ~1e-7 in a root grow to ~1e-4 over the 10 steps of these tests.
 ROUNDING_ATOL = 2e-3
@@ -304,60 +298,20 @@ def _scenario_checkpoint(rank, world, tmpdir):
     return out
 
 
-def _worker(rank, world, port, tmpdir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    result = {}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
-        result["backend"] = dist.get_backend()
-        result["equality"] = _scenario_equality(rank, world)
-        result["two_families"] = _scenario_two_families(rank, world)
-        result["failed_roots"] = _scenario_failed_roots(rank, world)
-        result["nonfinite"] = _scenario_nonfinite(rank, world)
-        result["roots_not_kept"] = _scenario_roots_not_kept(rank, world)
-        result["checkpoint"] = _scenario_checkpoint(rank, world, tmpdir)
-        dist.barrier()
-    except Exception:
-        result["error"] = traceback.format_exc()
-        raise
-    finally:
-        with open(os.path.join(tmpdir, f"result-{world}-{rank}.json"), "w") as handle:
-            json.dump(result, handle)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _scenarios(rank, world, tmpdir):
+    return {"equality": _scenario_equality(rank, world),
+            "two_families": _scenario_two_families(rank, world),
+            "failed_roots": _scenario_failed_roots(rank, world),
+            "nonfinite": _scenario_nonfinite(rank, world),
+            "roots_not_kept": _scenario_roots_not_kept(rank, world),
+            "checkpoint": _scenario_checkpoint(rank, world, tmpdir)}
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"{w}ranks")
 def ranks(request, tmp_path_factory):
     """Every rank's results of one spawned run of all scenarios."""
     world = request.param
-    tmpdir = str(tmp_path_factory.mktemp(f"dist{world}"))
-    context = mp.start_processes(_worker, args=(world, _free_port(), tmpdir), nprocs=world,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{world} ranks still running after {DEADLINE_S} s (a hang)")
-    except mp.ProcessRaisedException as err:
-        pytest.fail(f"a rank failed:\n{err}")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    results = []
-    for rank in range(world):
-        with open(os.path.join(tmpdir, f"result-{world}-{rank}.json")) as handle:
-            results.append(json.load(handle))
-    return world, results
+    return world, run_on_ranks(_scenarios, world, str(tmp_path_factory.mktemp(f"dist{world}")))
 
 
 def test_backend_is_gloo(ranks):
@@ -578,6 +532,17 @@ def test_planner_command_prints_the_table(capsys):
                                                                                 ["512"])]
     assert [row[0] for row in rows] == ["8", "64", "512"]
     assert float(rows[0][2]) <= 1.05
+
+
+def test_planner_prints_fsdp2_bytes_per_rank(capsys):
+    assert plan_main(["--shapes", "11x6,5x10,5", "--block-size", "4", "--world-size", "2",
+                      "3", "--fsdp2"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2" in out
+    rows = [line.split() for line in out.split("FSDP2")[1].splitlines()
+            if line.split()[:1] in (["2"], ["3"])]
+    # Rank 0 holds 6 of 11, 3 of 5 and 3 of 5 rows at 2 ranks: (36 + 30 + 3) * 4 bytes.
+    assert rows[0][:3] == ["2", "276", "B"]
 
 
 def test_planner_takes_user_shapes(tmp_path, capsys):

@@ -145,3 +145,58 @@ def test_shampoo_under_jit_beats_adamw_on_digits():
     ours = train(shampoo(1e-2, precondition_frequency=5, root_method="newton_db",
                          matrix_eps=1e-6))
     assert ours < adamw, (ours, adamw)
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["default", "device_put"])
+def test_the_jitted_step_compiles_once(committed):
+    """A state whose arrays are committed to a device while others are not (or the
+    other way round from the params) makes jax.jit compile the step again at step 2."""
+    import jax.monitoring
+
+    params = {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}
+    if committed:
+        params = jax.device_put(params, jax.devices()[0])
+    opt = shampoo(0.1, precondition_frequency=2, root_method="newton_db")
+    state = opt.init(params)
+    assert {leaf.committed for leaf in jax.tree_util.tree_leaves(state)} == {committed}
+
+    def loss(p):
+        return jnp.sum((p["w"] - 2.0) ** 2) + jnp.sum(p["b"] ** 2)
+
+    @jax.jit
+    def step(params, state):
+        updates, state = opt.update(jax.grad(loss)(params), state, params)
+        return optax.apply_updates(params, updates), state
+
+    compiles = []
+
+    def count(name, _duration, **_):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        for _ in range(4):
+            params, state = step(params, state)
+        jax.block_until_ready(params)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert len(compiles) == 1
+    assert int(state[0].count) == 4
+
+
+def test_a_root_that_overflows_float16_storage_is_a_counted_failure_under_jit():
+    """The torch shell's test (test_optim_options) through the optax shell: factors of
+    1e-27·I have roots ~4.7e6·I, Inf in float16; each refresh fails and is counted, the
+    blocks keep their identity roots and the updates stay finite."""
+    params = {"w": jnp.ones((4, 4), dtype=jnp.float32)}
+    opt = shampoo(1e-2, block_size=4, precondition_frequency=1, start_preconditioning_step=1,
+                  matrix_eps=1e-27, root_storage_dtype="float16", root_method="newton_db")
+    state = opt.init(params)
+    step = jax.jit(opt.update)
+    for _ in range(2):
+        updates, state = step({"w": 1e-12 * jnp.eye(4, dtype=jnp.float32)}, state, params)
+    inner = state[0]
+    assert sum(int(f.sum()) for f in inner.root_failures) == 2 * 2
+    assert all(bool(jnp.all(r.astype(jnp.float32) == jnp.eye(4))) for r in inner.roots)
+    assert bool(jnp.all(jnp.isfinite(updates["w"])))

@@ -210,7 +210,7 @@ def test_failed_roots_keep_their_previous_value_and_are_counted():
     rng = np.random.default_rng(5)
     params = [rng.standard_normal((12, 8)), rng.standard_normal((6, 6))]
     config = ShampooConfig(lr=0.01, block_size=16, precondition_frequency=1, matrix_eps=0.0,
-                           root_method="evd", weight_decay=0.0)
+                           root_method="evd", weight_decay=0.0, keep_roots=True)
     state = init(params, config)
     for _ in range(3):
         grads = [np.outer(rng.standard_normal(12), rng.standard_normal(8)),
@@ -232,7 +232,7 @@ def test_failed_roots_keep_their_previous_value_and_are_counted():
 def test_unconverged_roots_are_rejected():
     params, grads = _problem(6, 2, shapes=[(10, 10)])
     config = ShampooConfig(precondition_frequency=1, root_method="newton_db",
-                           root_options={"max_iter": 1}, matrix_eps=1e-6)
+                           root_options={"max_iter": 1}, matrix_eps=1e-6, keep_roots=True)
     _, state = _run(np, params, grads, config)
     assert state.root_failures[0].tolist() == [2, 2]
     np.testing.assert_array_equal(state.roots[0], np.broadcast_to(np.eye(10), (2, 10, 10)))
@@ -313,3 +313,10 @@ def test_bad_hyperparameters_are_rejected(kwargs, match):
 def test_integer_parameters_are_rejected():
     with pytest.raises(TypeError, match="real floating"):
         init([np.zeros((3, 3), dtype=np.int64)], ShampooConfig())
+
+
+def test_a_storage_dtype_the_array_library_lacks_is_named_with_the_fix():
+    from matroot.optim import ShampooConfig, init
+
+    with pytest.raises(ValueError, match="bfloat16 exists in PyTorch and JAX"):
+        init([np.zeros((4, 4))], ShampooConfig(root_storage_dtype="bfloat16"), lazy=True)

@@ -124,10 +124,11 @@ def test_the_step_without_a_refresh_traces_as_one_graph_with_no_host_reads():
     _step(model, opt.step, 1)
     for p, g in zip(model.parameters(), _gradients(model, _NAN_STEP)):
         p.grad = g
-    jobs, check_on_device = opt._prepare_step()
+    jobs, grads, check_on_device = opt._prepare_step()
     assert check_on_device and not any(job.schedule[0] for job in jobs)
     before = [p.detach().clone() for p in model.parameters()]
     with torch.no_grad():
-        torch.compile(opt._update, fullgraph=True, backend="eager")(jobs, check_on_device)
+        torch.compile(opt._update, fullgraph=True, backend="eager")(jobs, grads,
+                                                                        check_on_device)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
     assert opt.diagnostics()["skipped_steps"] == 1

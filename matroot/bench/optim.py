@@ -105,7 +105,8 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
     for name, stacked in (("stacked", True), ("per_block", False)):
         config = ShampooConfig(lr=1e-3, block_size=block_size, precondition_frequency=1,
                                start_preconditioning_step=1, root_method=method,
-                               matrix_eps=1e-6, stacked=stacked)
+                               matrix_eps=1e-6, stacked=stacked,
+                               keep_roots=True)
         params = [to_backend(p.copy()) for p in params0]
         contenders[name] = dict(config=config, params=params, state=init(params, config),
                                 times=[], phases=[])

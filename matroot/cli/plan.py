@@ -36,6 +36,8 @@ def configure(parser) -> None:
     parser.add_argument("--no-keep-roots", action="store_true",
                         help="as Shampoo(keep_roots=False, precondition_frequency=1): "
                              "no roots kept")
+    parser.add_argument("--fsdp2", action="store_true",
+                        help="also print per-rank bytes under FSDP2 (fully_shard)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(run=run, prog=parser.prog)
 
@@ -43,6 +45,7 @@ def configure(parser) -> None:
 def run(args) -> int:
     from matroot.optim.plan import (
         MODELS,
+        format_fsdp2,
         format_summary,
         load_shapes_json,
         parse_shapes,
@@ -71,4 +74,7 @@ def run(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(format_summary(summary, title))
+        if args.fsdp2:
+            print()
+            print(format_fsdp2(summary))
     return 0

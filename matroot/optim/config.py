@@ -126,7 +126,7 @@ class ShampooConfig:
         each instead of ``n²`` (Distributed Shampoo's ``use_symmetric_packing``). The
         factors hold the same values (accumulation is entrywise); a refresh unpacks one
         stack for the solver, a step unpacks one block group's roots at a time.
-    keep_roots : bool
+    keep_roots : bool or None
         Keep the inverse roots between steps (True), or solve them at every step
         and drop each stack after its last use in that step (False; needs
         ``precondition_frequency=1``, Distributed Shampoo's default). False holds
@@ -134,7 +134,10 @@ class ShampooConfig:
         with ``symmetric_packing``, whose kept roots are exactly symmetric); the
         one difference is the fallback: a matrix whose root fails that step gets
         the identity (its side unpreconditioned, the block still grafted) instead
-        of its previous root.
+        of its previous root. None (the default): False when the roots are
+        refreshed at every step (``precondition_frequency=1``) and no
+        ``root_storage_dtype`` is asked for, True otherwise; resolved in
+        :attr:`keeps_roots`.
     precondition : bool
         False keeps the parameters on the grafting update with no factors at all.
     precondition_1d : bool
@@ -186,7 +189,7 @@ class ShampooConfig:
     root_options: dict = field(default_factory=dict)
     root_storage_dtype: str | None = None
     symmetric_packing: bool = False
-    keep_roots: bool = True
+    keep_roots: bool | None = None
     precondition: bool = True
     precondition_1d: bool = False
     max_preconditioned_dim: int | float = math.inf
@@ -225,7 +228,10 @@ class ShampooConfig:
                              + ", ".join(ROOT_OPTIONS))
         object.__setattr__(self, "root_options", options)
         _one_of(self.root_storage_dtype, "root_storage_dtype", ROOT_STORAGE_DTYPES)
-        if not self.keep_roots:
+        if self.keep_roots is not None and not isinstance(self.keep_roots, bool):
+            raise ValueError(f"keep_roots must be True, False or None (automatic), "
+                             f"got {self.keep_roots!r}")
+        if self.keep_roots is False:
             if self.precondition_frequency != 1:
                 raise ValueError("keep_roots=False solves the inverse roots at every step: "
                                  "it needs precondition_frequency=1, got "
@@ -248,6 +254,21 @@ class ShampooConfig:
         if self.start_preconditioning_step is None:
             return self.precondition_frequency
         return int(self.start_preconditioning_step)
+
+    @property
+    def keeps_roots(self) -> bool:
+        """Whether inverse roots are kept between steps: ``keep_roots``, or for None
+        whether they live longer than one step (refreshed less often than every
+        step, or stored in a dtype of their own).
+
+        Examples
+        --------
+        >>> ShampooConfig().keeps_roots, ShampooConfig(precondition_frequency=1).keeps_roots
+        (True, False)
+        """
+        if self.keep_roots is not None:
+            return self.keep_roots
+        return self.precondition_frequency != 1 or self.root_storage_dtype is not None
 
     @property
     def second_moment_beta(self) -> float | None:

@@ -169,7 +169,14 @@ def make_plan(params, config: ShampooConfig, *, policies=None) -> BlockPlan:
 
 
 def _root_dtype(xp, config: ShampooConfig, spec):
-    return getattr(xp, config.root_storage_dtype or spec.dtype)
+    name = config.root_storage_dtype or spec.dtype
+    dtype = getattr(xp, name, None)
+    if dtype is None:
+        raise ValueError(
+            f"root_storage_dtype={name!r} is not a dtype of the parameters' array library "
+            f"({getattr(xp, '__name__', xp)}); bfloat16 exists in PyTorch and JAX: use "
+            "root_storage_dtype='float16' or None here")
+    return dtype
 
 
 def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
@@ -208,7 +215,7 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
     plan = make_plan(params, config) if plan is None else plan
     stacks = init_stacks(plan, xp, device, lazy=lazy, packed=config.symmetric_packing,
                          root_dtypes=[_root_dtype(xp, config, s) for s in plan.stacks],
-                         keep_roots=config.keep_roots)
+                         keep_roots=config.keeps_roots)
     count = len(params)
     moments = [None] * count if lazy else [
         xp.zeros(tuple(p.shape), dtype=getattr(xp, compute_dtype_name(xp, p.dtype)),
@@ -435,8 +442,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
             if factors[stack] is None:
                 factors[stack], roots[stack], failures[stack] = empty_stack(
                     spec, xp, device, root_dtype=_root_dtype(xp, config, spec),
-                    packed=config.symmetric_packing, keep_roots=config.keep_roots)
-            elif roots[stack] is None and config.keep_roots:  # from a keep_roots=False state
+                    packed=config.symmetric_packing, keep_roots=config.keeps_roots)
+            elif roots[stack] is None and config.keeps_roots:  # from a keep_roots=False state
                 roots[stack] = identity_roots(spec, xp, device, _root_dtype(xp, config, spec),
                                               packed=config.symmetric_packing)
         factors = update_factors(run, gather_blocks(run, views, xp), factors,
@@ -459,7 +466,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     refreshes = state.root_refreshes
     if plan.stacks:
-        if not config.keep_roots:
+        if not config.keeps_roots:
             roots = [None] * len(plan.stacks)   # solved in step 4, stack by stack
         elif isinstance(due, bool):
             if due:
@@ -506,7 +513,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         def sides(run):
             return [side for side in (run.left, run.right) if side is not None]
 
-        if not config.keep_roots:
+        if not config.keeps_roots:
             # The runs that need the largest stack go first, then the next largest: each
             # big stack is solved when its first user comes and freed before the next.
             runs = sorted(runs, key=lambda run: -max(
@@ -514,7 +521,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         last_use = {side[0]: j for j, run in enumerate(runs) for side in sides(run)}
         live: dict = {}
         for j, run in enumerate(runs):
-            in_use = roots if config.keep_roots else transient_roots(j, run, live, last_use)
+            in_use = roots if config.keeps_roots else transient_roots(j, run, live, last_use)
             shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), in_use)
             out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
                                        out_views)

@@ -69,8 +69,7 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
             plans[key] = core.make_plan(leaves, config)
         return plans[key]
 
-    def init_fn(params):
-        leaves = jax.tree_util.tree_leaves(params)
+    def build_state(leaves):
         state = core.init(leaves, config, plan=plan_of(leaves))
         return ShampooOptaxState(
             count=jnp.zeros((), jnp.int32),
@@ -78,6 +77,18 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
             exp_avg=state.exp_avg, exp_avg_sq=state.exp_avg_sq, factors=state.factors,
             roots=state.roots, root_failures=state.root_failures,
             root_refreshes=jnp.zeros((), jnp.int32), momentum=state.momentum_buffer)
+
+    def init_fn(params):
+        leaves = jax.tree_util.tree_leaves(params)
+        # Every array of the state is committed to a device, or none is, as the params
+        # are: jax.jit keys its cache on it, so a mix compiles the step a second time
+        # once the first step's outputs come back committed. A jitted init's outputs
+        # depend on no input's values, so they are uncommitted.
+        state = jax.jit(build_state)(leaves)
+        committed = [leaf for leaf in leaves if getattr(leaf, "committed", False)]
+        if committed and len(committed[0].sharding.device_set) == 1:
+            state = jax.device_put(state, next(iter(committed[0].sharding.device_set)))
+        return state
 
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)

@@ -39,6 +39,8 @@ __all__ = [
     "load_shapes_json",
     "plan_summary",
     "format_summary",
+    "fsdp2_per_rank",
+    "format_fsdp2",
 ]
 
 #: Llama MLP width for width 2048: 8/3·2048 rounded up to a multiple of 256
@@ -170,7 +172,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         ``moments`` — the Adam moments of the parameters a rank owns blocks of and of
         the elementwise ones, the largest rank — and ``total``, the largest rank's sum),
         ``allgather_bytes`` (output of the per-step all-gathers on each rank,
-        padding included), ``padding_bytes`` and ``collectives`` per step.
+        padding included), ``padding_bytes``, ``collectives`` per step and
+        ``fsdp2`` (:func:`fsdp2_per_rank`).
 
     Examples
     --------
@@ -220,6 +223,7 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
                 gathered += w * bucket.padded * nbytes
                 padding += (w * bucket.padded - bucket.elements) * nbytes
                 collectives += 1
+        total = max(p + m for p, m in zip(precond, moments))
         worlds.append({
             "world_size": w,
             "blocks_per_rank": (min(per_rank_blocks), max(per_rank_blocks)),
@@ -227,10 +231,12 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
             "best_balance": best_balance(plan, w),
             "preconditioner": max(precond),
             "moments": max(moments),
-            "total": max(p + m for p, m in zip(precond, moments)),
+            "total": total,
             "allgather_bytes": gathered,
             "padding_bytes": padding,
             "collectives": collectives,
+            "fsdp2": fsdp2_per_rank(dims, w, nbytes, optimizer_bytes=total,
+                                    update_gather_bytes=gathered),
         })
     return {
         "parameters": len(dims),
@@ -246,6 +252,54 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         "stacks": dict(sorted(stacks.items(), reverse=True)),
         "worlds": worlds,
     }
+
+
+def fsdp2_per_rank(dims, world_size: int, nbytes: int, *, optimizer_bytes: int,
+                   update_gather_bytes: int) -> dict:
+    """Per-rank bytes of an FSDP2 (``fully_shard``, 1-D mesh) run with Shampoo.
+
+    FSDP2 cuts each parameter's first dimension into ``world_size`` chunks of
+    ``ceil(rows / world_size)`` rows (the last ranks get fewer, or none); rank 0
+    holds the largest. Shampoo's state is the DDP split's (its blocks are cut from
+    whole parameters: :mod:`matroot.optim.dtensor`); per step it gathers every
+    gradient whole (and every parameter where weight decay is non-zero) and
+    all-gathers the block updates.
+
+    Returns
+    -------
+    dict
+        ``parameters`` and ``gradients`` (rank 0's shards), ``optimizer`` (as the
+        DDP split), ``transient`` (whole gradients and updates during a step),
+        ``gradient_gather_bytes`` (received per step; the same again for the
+        parameters with weight decay) and ``update_gather_bytes``.
+
+    Examples
+    --------
+    >>> fsdp2_per_rank([(11, 6), (5,)], 2, 4, optimizer_bytes=0,
+    ...                update_gather_bytes=0)["parameters"]  # 6 of 11 rows, 3 of 5
+    156
+    """
+    shard = sum(-(-d[0] // world_size) * math.prod(d[1:]) if d else 1 for d in dims) * nbytes
+    whole = sum(math.prod(d) for d in dims) * nbytes
+    return {"parameters": shard, "gradients": shard, "optimizer": optimizer_bytes,
+            "transient": 2 * whole, "gradient_gather_bytes": whole,
+            "update_gather_bytes": update_gather_bytes}
+
+
+def format_fsdp2(summary: dict) -> str:
+    """The ``--fsdp2`` table of ``matroot plan``: per-rank bytes under ``fully_shard``."""
+    lines = ["  FSDP2 (fully_shard on dim 0, 1-D mesh), largest rank:",
+             f"  {'ranks':>6}{'params':>13}{'grads':>13}{'optimizer':>13}{'transient':>13}"
+             f"{'grad gather/step':>18}{'update gather/step':>20}"]
+    for w in summary["worlds"]:
+        f = w["fsdp2"]
+        lines.append(f"  {w['world_size']:>6}{_bytes(f['parameters']):>13}"
+                     f"{_bytes(f['gradients']):>13}{_bytes(f['optimizer']):>13}"
+                     f"{_bytes(f['transient']):>13}{_bytes(f['gradient_gather_bytes']):>18}"
+                     f"{_bytes(f['update_gather_bytes']):>20}")
+    lines.append("  grad gather: every gradient received whole (the parameters too when "
+                 "weight_decay > 0); transient: whole gradients and updates during a step")
+    return "\n".join(lines)
 
 
 def _bytes(n: float) -> str:

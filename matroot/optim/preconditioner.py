@@ -253,9 +253,9 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
                           eps: float, options):
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
-    Matrices whose new root is non-finite or did not converge keep their
-    previous root (identity before the first success, or when ``roots`` is None)
-    and have their failure count raised by one.
+    Matrices whose new root is non-finite (in the roots' storage dtype too) or did
+    not converge keep their previous root (identity before the first success, or
+    when ``roots`` is None) and have their failure count raised by one.
 
     Parameters
     ----------
@@ -288,6 +288,10 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
     if roots is None:
         roots = identity_roots(spec, xp, _xp.device_of(factors), factors.dtype)
     root = xp.astype(result.root, roots.dtype, copy=False)
+    if root.dtype != result.root.dtype:
+        # A root fine in its compute dtype can overflow a 16-bit storage dtype (float16
+        # ends at 65504): it failed as surely as a solve that diverged.
+        ok = ok & xp.all(xp.isfinite(root), axis=(-2, -1))
     if roots.ndim == 2:
         new_roots = xp.where(ok[:, None], pack(root), roots)
     else:

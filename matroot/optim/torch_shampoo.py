@@ -42,6 +42,7 @@ from .distributed import (
     check_shard,
     resolve_process_group,
 )
+from .dtensor import add_to_local, is_dtensor, local_view, whole
 from .preconditioner import factor_shape
 
 __all__ = ["Shampoo"]
@@ -66,14 +67,6 @@ def _step_tensor(value, device) -> torch.Tensor:
     """A per-parameter step count (an int from an older state dict, or a tensor) as
     a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
     return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
-
-
-def _is_dtensor(tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
-    return isinstance(tensor, DTensor)
 
 
 class _Family:
@@ -171,12 +164,6 @@ class Shampoo(torch.optim.Optimizer):
         for p in group["params"]:
             if not p.is_floating_point():
                 raise TypeError(f"Shampoo optimizes floating parameters, got dtype {p.dtype}")
-            if _is_dtensor(p):
-                raise TypeError(
-                    "Shampoo does not take DTensor (FSDP2 / fully_shard, tensor-parallel) "
-                    "parameters: its blocks are cut from whole parameters. Supported: one "
-                    "process, or DDP (replicated parameters; blocks are sharded over ranks "
-                    "with distributed='auto'). See docs/distributed.rst")
         self._group_config(group)
 
     @staticmethod
@@ -270,38 +257,38 @@ class Shampoo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        jobs, check_on_device = self._prepare_step()
+        jobs, grads, check_on_device = self._prepare_step()
         if jobs is None:
             return loss
         if any(job is not None and job.schedule[0] for job in jobs):
-            self._update_outside_graph(jobs, check_on_device)
+            self._update_outside_graph(jobs, grads, check_on_device)
         else:
-            self._update(jobs, check_on_device)
+            self._update(jobs, grads, check_on_device)
         return loss
 
-    def _update(self, jobs, check_on_device: bool) -> None:
-        """The device side of a step: every family's core update, applied to the parameters."""
-        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
-                 for family in self._families]
+    def _update(self, jobs, grads, check_on_device: bool) -> None:
+        """The device side of a step: every family's core update, applied to the parameters.
+
+        ``grads`` are whole gradients (:func:`~matroot.optim.dtensor.whole`), per family.
+        """
         finite = core.all_finite(list(chain.from_iterable(grads))) if check_on_device else None
         for family, fam_grads, job in zip(self._families, grads, jobs):
             if job is None:
                 continue
             self._sync_family_state(family)
+            # A DTensor parameter is gathered only where weight decay reads it.
+            params = [whole(p.detach()) if decay or not is_dtensor(p) else None
+                      for p, decay in zip(family.params, job.decays)]
             updates, family.state = core.update(
-                fam_grads, family.state, [p.detach() for p in family.params], job.config,
+                fam_grads, family.state, params, job.config,
                 lr=job.lrs, weight_decay=job.decays, check_grads=False, in_place=True,
                 schedule=job.schedule, finite=finite)
             self._publish_family_state(family)
             if family.sharding is not None:
                 family.sharding.share_updates(updates)
             for p, u in zip(family.params, updates):
-                if u is None:
-                    continue
-                if u.dtype == p.dtype:
-                    p.add_(u)
-                else:
-                    p.copy_(p.to(u.dtype) + u)
+                if u is not None:
+                    add_to_local(p, u)
 
     # A step with a root refresh runs eagerly under torch.compile: the solvers' convergence
     # checks read the host, and a graph break inside the families' loop would leave the
@@ -319,11 +306,19 @@ class Shampoo(torch.optim.Optimizer):
         blocks are sharded, the gradients are checked here (one host read);
         otherwise the check is left to the device.
 
+        Gradients of DTensor parameters are checked on their local parts when
+        the blocks are sharded (the check is a collective, so a gradient missing
+        on some ranks raises before any rank waits in a gather), then gathered
+        whole (:func:`~matroot.optim.dtensor.whole`), so every rank updates
+        from the same values.
+
         Returns
         -------
         jobs : list of _Job or None, or None
             Per family (None where no parameter has a gradient); None when there
             is nothing to update (no gradients, or a step skipped for NaN/Inf).
+        grads : list of lists of tensors or None
+            Per family, its parameters' whole gradients.
         check_on_device : bool
         """
         for p in self._all_params():
@@ -331,23 +326,28 @@ class Shampoo(torch.optim.Optimizer):
                 raise TypeError("Shampoo does not support sparse gradients")
         self._form_families()
         group_of = self._group_of()
-        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
-                 for family in self._families]
         check_on_device = self._process_group is None and all(
             group_of[id(p)]["nonfinite_grads"] == "skip"
             for family in self._families for p in family.params)
-        if not check_on_device:
+        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
+                 for family in self._families]
+        bad: list = []
+        if not check_on_device and self._process_group is not None:
+            bad = self._nonfinite_params([[None if g is None else local_view(g) for g in fam]
+                                          for fam in grads])
+        grads = [[whole(g) for g in fam] for fam in grads]
+        if not check_on_device and self._process_group is None:
             bad = self._nonfinite_params(grads)
-            if bad:
-                params = self._all_params()
-                if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
-                    raise core.NonFiniteGradientError(
-                        f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
-                        "Inf; pass nonfinite_grads='skip' to skip such steps instead")
-                for family in self._families:
-                    family.state = family.state._replace(
-                        skipped_steps=family.state.skipped_steps + 1)
-                return None, check_on_device
+        if bad:
+            params = self._all_params()
+            if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
+                raise core.NonFiniteGradientError(
+                    f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
+                    "Inf; pass nonfinite_grads='skip' to skip such steps instead")
+            for family in self._families:
+                family.state = family.state._replace(
+                    skipped_steps=family.state.skipped_steps + 1)
+            return None, grads, check_on_device
         jobs: list[_Job | None] = []
         for family, fam_grads in zip(self._families, grads):
             if all(g is None for g in fam_grads):
@@ -361,7 +361,7 @@ class Shampoo(torch.optim.Optimizer):
             jobs.append(_Job(family.config, [g["lr"] for g in groups],
                              [g["weight_decay"] for g in groups],
                              family.config.schedule_at(family.schedule_step)))
-        return (jobs if any(jobs) else None), check_on_device
+        return (jobs if any(jobs) else None), grads, check_on_device
 
     def _nonfinite_params(self, grads) -> list:
         """state_dict numbers of parameters with NaN/Inf gradients (on any rank when sharded)."""
@@ -406,12 +406,11 @@ class Shampoo(torch.optim.Optimizer):
                                             if out["parameters"] else 0.0)
         return out
 
-    def state_dict(self):
-        """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
-        the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
-        sd = super().state_dict()
+    def _family_records(self) -> list:
+        """Each family's stacks, counters and the per-parameter ``"layout"`` index of their
+        slots (:mod:`matroot.optim.checkpoint`), parameters numbered in group order."""
         index = {id(p): i for i, p in enumerate(self._all_params())}
-        sd["shampoo_families"] = []
+        records = []
         for f in self._families:
             numbers = [index[id(p)] for p in f.params]
             plan = f.state.plan if f.sharding is None else f.sharding.plan
@@ -425,7 +424,14 @@ class Shampoo(torch.optim.Optimizer):
                       "root_failures": list(f.state.root_failures)}
             if f.sharding is not None:
                 record["shard"] = f.sharding.record()
-            sd["shampoo_families"].append(record)
+            records.append(record)
+        return records
+
+    def state_dict(self):
+        """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
+        the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
+        sd = super().state_dict()
+        sd["shampoo_families"] = self._family_records()
         return sd
 
     def _stacked(self, family) -> bool:
@@ -435,28 +441,85 @@ class Shampoo(torch.optim.Optimizer):
         """Restore a state dict exactly, keeping float32 state of 16-bit parameters float32.
 
         torch's loader casts floating state to each parameter's dtype; the saved
-        tensors are put back with their own dtype afterwards, so continuing after
-        a reload is bit-identical to continuing without one. State dicts of the
-        first format (no ``"layout"``; hyperparameters added since then take this
-        optimizer's values) load too.
+        tensors are put back with their own dtype before torch runs the load
+        post-hooks (so what a hook writes stays), and continuing after a reload is
+        bit-identical to continuing without one. Keys of ``"state"`` that are not
+        parameter numbers are kept as they are, as torch keeps them. State dicts of
+        the first format (no ``"layout"``; hyperparameters added since then take
+        this optimizer's values) load too.
+
+        Raises
+        ------
+        ValueError
+            As torch does for a different number of parameter groups or of
+            parameters in a group; for families whose layout does not fit the
+            parameters, or a shard of another rank or world size.
         """
         state_dict = dict(state_dict)
-        families = state_dict.pop("shampoo_families", [])
-        saved = state_dict.get("state", {})
-        state_dict["param_groups"] = [{**{k: v for k, v in current.items() if k != "params"},
-                                       **group}
-                                      for current, group in zip(self.param_groups,
-                                                                state_dict["param_groups"])]
-        super().load_state_dict(state_dict)
+        saved_groups = list(state_dict["param_groups"])
+        # Hyperparameters the saved groups predate take this optimizer's values.
+        state_dict["param_groups"] = [
+            {**{k: v for k, v in current.items() if k != "params"}, **group}
+            for current, group in zip(self.param_groups, saved_groups)
+        ] + saved_groups[len(self.param_groups):]
+        pending: dict = {}
+
+        def capture(_, final):
+            # Registered last: sees the state dict as the user's pre-hooks left it.
+            pending["state_dict"] = final
+
+        handle = self.register_load_state_dict_pre_hook(capture)
+        self._pending_load = pending
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            handle.remove()
+            del self._pending_load
+
+    def __setstate__(self, state):
+        """torch's ``__setstate__``, then Shampoo's own part: during
+        :meth:`load_state_dict` the saved tensors and families, after unpickling
+        (``pickle``, ``copy.deepcopy``) the families of :meth:`__getstate__`."""
+        state = dict(state)
+        shampoo = state.pop("_shampoo", None)
+        super().__setstate__(state)
+        pending = self.__dict__.get("_pending_load")
+        if pending is not None:
+            self._finish_load(pending["state_dict"])
+        elif shampoo is not None:
+            self._graft_only = shampoo["graft_only"]
+            self._process_group = resolve_process_group(
+                "auto" if shampoo["sharded"] else None)
+            params = self._all_params()
+            self._families = [self._restore_family(r, params) for r in shampoo["families"]]
+
+    def __getstate__(self):
+        """torch's pickled state plus the families' stacks and counters (as records: a
+        process group does not pickle; an optimizer sharded over the default group is
+        sharded over the unpickling process's default group again)."""
+        if self._process_group is not None and self._process_group != dist.group.WORLD:
+            raise TypeError("a Shampoo sharded over a process group other than the default "
+                            "one cannot be pickled or deep-copied; save its state_dict() and "
+                            "load it into a new optimizer instead")
+        return {**super().__getstate__(),
+                "_shampoo": {"families": self._family_records(), "graft_only": self._graft_only,
+                             "sharded": self._process_group is not None}}
+
+    def _finish_load(self, state_dict) -> None:
+        """Put back the saved tensors of ``state_dict`` uncast and rebuild the families."""
+        saved_groups = state_dict["param_groups"]
         params = self._all_params()
-        self.state.clear()
-        for index, entries in saved.items():
-            p = params[int(index)]
+        by_number = dict(zip(chain.from_iterable(g["params"] for g in saved_groups), params))
+        for key, entries in state_dict.get("state", {}).items():
+            p = by_number.get(key)
+            if p is None:
+                continue        # not a parameter: kept by torch as it was
             self.state[p] = {k: (v.detach().to(device=p.device, copy=True)
                                  if torch.is_tensor(v) else v) for k, v in entries.items()}
             if "step" in self.state[p]:
                 self.state[p]["step"] = _step_tensor(self.state[p]["step"], p.device)
-        self._families = [self._restore_family(record, params) for record in families]
+        self._families = [self._restore_family(record, params)
+                          for record in state_dict.get("shampoo_families", [])]
 
     def _restore_family(self, record, params) -> _Family:
         members = [params[i] for i in record["params"]]

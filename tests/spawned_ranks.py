@@ -1,0 +1,76 @@
+"""Run a function on every rank of a fresh gloo process group and collect what each saw.
+
+Shared by the multi-process test files: each spawns one process group per world
+size, runs all its scenarios in it (starting processes costs far more than the
+scenarios), and checks the JSON every rank wrote. Collectives time out after 60 s
+and ranks still alive at the deadline are killed, so a hang fails instead of blocking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+DEADLINE_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank, world, port, tmpdir, scenarios):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    result = {}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        result["backend"] = dist.get_backend()
+        result.update(scenarios(rank, world, tmpdir))
+        dist.barrier()
+    except Exception:
+        result["error"] = traceback.format_exc()
+        raise
+    finally:
+        with open(os.path.join(tmpdir, f"result-{world}-{rank}.json"), "w") as handle:
+            json.dump(result, handle)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_on_ranks(scenarios, world: int, tmpdir: str) -> list:
+    """``scenarios(rank, world, tmpdir) -> dict`` on each of ``world`` gloo ranks.
+
+    ``scenarios`` must be a module-level function (the ranks are spawned). Returns
+    every rank's dict, with ``"backend"`` added; fails the test if a rank raised
+    or the run outlived :data:`DEADLINE_S`.
+    """
+    context = mp.start_processes(_rank_main, args=(world, _free_port(), tmpdir, scenarios),
+                                 nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{world} ranks still running after {DEADLINE_S} s (a hang)")
+    except mp.ProcessRaisedException as err:
+        pytest.fail(f"a rank failed:\n{err}")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    results = []
+    for rank in range(world):
+        with open(os.path.join(tmpdir, f"result-{world}-{rank}.json")) as handle:
+            results.append(json.load(handle))
+    return results

@@ -1,0 +1,393 @@
+"""Shampoo on FSDP2 (``fully_shard``) and other DTensor parameters, gloo on CPU.
+
+One process group of 2 and one of 3 ranks (:mod:`spawned_ranks`). Each rank trains
+a tiny model sharded with ``fully_shard`` (an embedding, two linear layers whose
+first dimensions, 11 and 5, divide by neither world size, 1-D biases), plus a plain
+parameter and a ``Replicate`` DTensor (a mixed model), side by side with an
+unsharded copy and a single-process ``Shampoo`` fed the same batches.
+
+What is asserted, and why not more: every rank feeds the same batch, so FSDP2's
+reduce-scatter averages ``world`` equal gradients, which equals the single-process
+gradient up to the rounding of that average; and a rank's factor stacks hold other
+blocks at other positions than the single-process stacks, which batched kernels
+may round differently (tests/test_distributed.py). The parameters therefore agree
+with the single process to rounding (:data:`ROUNDING_ATOL`), where a wrong block,
+a lost update or a shard applied to the wrong rows moves them by about ``lr``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from spawned_ranks import run_on_ranks
+
+from matroot.optim import Shampoo, core
+
+fsdp = pytest.importorskip("torch.distributed.fsdp")
+tensor_api = pytest.importorskip("torch.distributed.tensor")
+
+OPTIONS = dict(lr=0.05, weight_decay=0.01, block_size=4, precondition_frequency=2,
+               start_preconditioning_step=2)
+STEPS = 6
+#: Parameters differ from the single process by rounding only: ~1e-7 differences in
+#: a gradient or a root, grown over the steps (measured 7e-7 at 3 ranks); a misplaced update
+#: moves a parameter by ~lr = 5e-2.
+ROUNDING_ATOL = 1e-5
+
+
+class Tiny(torch.nn.Module):
+    """An embedding, a hidden layer and an output layer: 11x6, 10x6 + 10, 5x10 + 5."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 6)
+        self.hidden = torch.nn.Linear(6, 10)
+        self.out = torch.nn.Linear(10, 5)
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.hidden(self.embed(tokens).mean(dim=1))))
+
+
+def _batch(step):
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randint(0, 11, (16, 3), generator=gen), torch.randn(16, 5, generator=gen)
+
+
+def _models(world):
+    """An FSDP2 model and its unsharded twin with the same initial weights."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    reference = Tiny()
+    sharded = Tiny()
+    sharded.load_state_dict(reference.state_dict())
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (sharded.embed, sharded.hidden, sharded.out):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    return sharded, reference, mesh
+
+
+def _extras(mesh):
+    """A plain parameter and a ``Replicate`` DTensor, with twins for the reference."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    gen = torch.Generator().manual_seed(7)
+    plain, replicated = torch.randn(4, 3, generator=gen), torch.randn(3, 4, generator=gen)
+    mine = [torch.nn.Parameter(plain.clone()),
+            torch.nn.Parameter(distribute_tensor(replicated.clone(), mesh, [Replicate()]))]
+    twins = [torch.nn.Parameter(plain.clone()), torch.nn.Parameter(replicated.clone())]
+    return mine, twins
+
+
+def _extra_grads(params, step):
+    """Gradients of the extra parameters, equal on every rank, as DTensors where needed."""
+    from torch.distributed.tensor import DTensor
+
+    gen = torch.Generator().manual_seed(1000 + step)
+    for p in params:
+        value = p.to_local() if isinstance(p, DTensor) else p.detach()
+        grad = 0.3 * value ** 3 + torch.randn(value.shape, generator=gen)
+        p.grad = (DTensor.from_local(grad, p.device_mesh, p.placements)
+                  if isinstance(p, DTensor) else grad)
+
+
+def _whole(p):
+    from torch.distributed.tensor import DTensor
+
+    return (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+
+
+def _state_dict_bytes(tree) -> int:
+    """Bytes of every tensor in a (nested) state dict."""
+    if torch.is_tensor(tree):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_state_dict_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_state_dict_bytes(v) for v in tree)
+    return 0
+
+
+def _loss(model, step):
+    tokens, target = _batch(step)
+    return torch.nn.functional.mse_loss(model(tokens), target)
+
+
+def _digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _local_digest(params) -> str:
+    """A hash of this rank's own values (its shards, its replicated copies)."""
+    from torch.distributed.tensor import DTensor
+
+    return _digest([(p.to_local() if isinstance(p, DTensor) else p).detach() for p in params])
+
+
+def _train(world, options, steps, nan_at=None, rank=0):
+    model, reference, mesh = _models(world)
+    extras, twins = _extras(mesh)
+    params = [*model.parameters(), *extras]
+    ref_params = [*reference.parameters(), *twins]
+    opt = Shampoo(params, **options)
+    ref = Shampoo(ref_params, distributed=None, **options)
+    diffs, outcomes = [], []
+    for step in range(steps):
+        for o in (opt, ref):
+            o.zero_grad()
+        _loss(model, step).backward()
+        _loss(reference, step).backward()
+        _extra_grads(extras, step)
+        _extra_grads(twins, step)
+        if nan_at == step and rank == 0:
+            local = model.hidden.weight.grad.to_local()
+            if local.numel():
+                local[0, 0] = float("nan")
+            else:
+                extras[0].grad[0, 0] = float("nan")
+        try:
+            opt.step()
+            outcomes.append("stepped")
+        except core.NonFiniteGradientError:
+            outcomes.append("raised")
+        if nan_at != step:
+            ref.step()
+        diffs.append(max(float((_whole(p) - q.detach()).abs().max())
+                         for p, q in zip(params, ref_params)))
+    return opt, params, {"diffs": diffs, "outcomes": outcomes,
+                         "state_bytes": _state_dict_bytes(opt.state_dict()),
+                         "single_state_bytes": _state_dict_bytes(ref.state_dict()),
+                         "digest": _digest([_whole(p) for p in params]),
+                         "local_digest": _local_digest(params),
+                         "replicated_digest": _local_digest(extras),
+                         "skipped": opt.diagnostics()["skipped_steps"],
+                         "refreshes": opt.diagnostics()["root_refreshes"]}
+
+
+SAVED_AT, RESUMED = 3, 3      # DCP: save after 3 steps, then 3 more
+
+
+def _fsdp_training(world, start=0):
+    model, _, _ = _models(world)
+    return model, Shampoo(list(model.parameters()), **OPTIONS)
+
+
+def _steps(model, opt, start, count):
+    for step in range(start, start + count):
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()
+
+
+def _scenario_dcp_save(base):
+    """Two ranks: save a checkpoint after SAVED_AT steps, then the uninterrupted run."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from matroot.optim.distributed_checkpoint import dcp_state_dict
+
+    model, opt = _fsdp_training(2)
+    _steps(model, opt, 0, SAVED_AT)
+    dcp.save({"model": get_model_state_dict(model), "optim": dcp_state_dict(opt)},
+             checkpoint_id=os.path.join(base, "dcp"))
+    # Two broken checkpoints: one rank's entry unreadable, one rank's entry missing.
+    entry = dcp_state_dict(opt)
+    if dist.get_rank() == 1:
+        entry = {name: b"not a state dict" for name in entry}
+    dcp.save({"optim": entry}, checkpoint_id=os.path.join(base, "garbled"))
+    dcp.save({"optim": dcp_state_dict(opt) if dist.get_rank() == 0 else {}},
+             checkpoint_id=os.path.join(base, "incomplete"))
+    _steps(model, opt, SAVED_AT, RESUMED)
+    return [_whole(p).tolist() for p in model.parameters()]
+
+
+def _resume_from_dcp(model, opt, path):
+    """Load model and optimizer from the 2-rank checkpoint and take the remaining steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+    load_dcp_state_dict(opt, path)
+    _steps(model, opt, SAVED_AT, RESUMED)
+    return [_whole(p).tolist() for p in model.parameters()]
+
+
+def _scenario_dcp_load(base):
+    """Three ranks: resume the 2-rank checkpoint; broken checkpoints give clear errors."""
+    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+
+    out = {"resumed": _resume_from_dcp(*_fsdp_training(3), os.path.join(base, "dcp"))}
+    model, _ = _fsdp_training(3)
+    cases = {"garbled": Shampoo(list(model.parameters()), **OPTIONS),
+             "incomplete": Shampoo(list(model.parameters()), **OPTIONS),
+             "dcp": Shampoo(list(model.parameters())[:-1], **OPTIONS)}  # another model
+    for name, opt in cases.items():
+        try:
+            load_dcp_state_dict(opt, os.path.join(base, name))
+            out[f"error_{name}"] = "loaded"
+        except ValueError as err:
+            out[f"error_{name}"] = str(err)
+    return out
+
+
+def _scenarios(rank, world, tmpdir):
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    opt, params, out["equality"] = _train(world, OPTIONS, STEPS)
+    out["equality"]["dtensors"] = sum(isinstance(p, DTensor) for p in params)
+    out["equality"]["sharded"] = opt._families[0].sharding is not None
+    out["equality"]["shard_rows"] = [list(p.to_local().shape) for p in params
+                                     if isinstance(p, DTensor)]
+    for policy in ("raise", "skip"):
+        _, _, out[f"nan_{policy}"] = _train(world, dict(OPTIONS, nonfinite_grads=policy), 4,
+                                            nan_at=2, rank=rank)
+    base = os.path.dirname(tmpdir)
+    if world == 2:
+        out["uninterrupted"] = _scenario_dcp_save(base)
+    else:
+        out["dcp"] = _scenario_dcp_load(base)
+    dist.barrier()
+    return out
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("fsdp")
+
+
+def _run(world, base):
+    tmpdir = base / f"world{world}"
+    tmpdir.mkdir()
+    return run_on_ranks(_scenarios, world, str(tmpdir))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(base):
+    return _run(2, base)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(base, two_ranks):
+    return _run(3, base)      # after two_ranks: it resumes the 2-rank checkpoint
+
+
+@pytest.fixture(params=[2, 3], ids=lambda w: f"{w}ranks")
+def ranks(request):
+    world = request.param
+    return world, request.getfixturevalue({2: "two_ranks", 3: "three_ranks"}[world])
+
+
+def test_fsdp2_run_equals_single_process_to_rounding(ranks):
+    world, results = ranks
+    for rank, r in enumerate(results):
+        eq = r["equality"]
+        assert eq["sharded"] and eq["dtensors"] == 6, f"rank {rank}"
+        assert eq["refreshes"] >= 2, "the run must reach the preconditioned phase"
+        assert max(eq["diffs"]) <= ROUNDING_ATOL, f"rank {rank}: {eq['diffs']}"
+    # The uneven first dimensions really are cut unevenly (one rank holds fewer rows).
+    rows = [[shape[0] for shape in r["equality"]["shard_rows"]] for r in results]
+    assert sum(row[0] for row in rows) == 11 and len({row[0] for row in rows}) == 2
+
+
+def test_every_rank_ends_with_identical_parameters(ranks):
+    _, results = ranks
+    assert len({r["equality"]["digest"] for r in results}) == 1
+    # The plain and the Replicate parameters are each rank's own copies: equal bit for bit
+    # (one owner computed each block's update, the all-gather copied it).
+    assert len({r["equality"]["replicated_digest"] for r in results}) == 1
+    # The shards differ between ranks (each holds other rows), as FSDP2 requires.
+    assert len({r["equality"]["local_digest"] for r in results}) == len(results)
+
+
+def test_per_rank_state_is_a_share_of_the_single_process_state(ranks):
+    """Counted by walking each rank's whole state dict. Each rank keeps the stacks of
+    its own blocks and the moments of the parameters it owns blocks of; the moments of
+    the Adam-updated vectors (the biases) and of a parameter two ranks' pieces cut are
+    kept by more than one rank, a visible part of the state on a model this small
+    (measured: 0.55-0.56 of one process at 2 ranks, 1.12/2; 0.31-0.40 at 3, 1.20/3).
+    Block-shaped moments would bring this to the issue's 1.1/world; not built yet."""
+    world, results = ranks
+    for rank, r in enumerate(results):
+        eq = r["equality"]
+        assert eq["state_bytes"] <= 1.25 / world * eq["single_state_bytes"], f"rank {rank}"
+
+
+def test_nan_on_one_rank_is_handled_alike_on_every_rank(ranks):
+    _, results = ranks
+    for rank, r in enumerate(results):
+        assert r["nan_raise"]["outcomes"] == ["stepped", "stepped", "raised", "stepped"], rank
+        assert r["nan_skip"]["outcomes"] == ["stepped"] * 4 and r["nan_skip"]["skipped"] == 1
+        # A skipped step changes nothing: the run stays with the reference that left it out.
+        assert max(r["nan_skip"]["diffs"]) <= ROUNDING_ATOL, f"rank {rank}"
+    assert len({r["nan_skip"]["digest"] for r in results}) == 1
+
+
+def _max_diff(a, b) -> float:
+    return max(float((torch.tensor(x) - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
+
+
+def test_dcp_checkpoint_saved_at_two_ranks_resumes_at_three(two_ranks, three_ranks):
+    uninterrupted = two_ranks[0]["uninterrupted"]
+    assert all(r["uninterrupted"] == uninterrupted for r in two_ranks)
+    for rank, r in enumerate(three_ranks):
+        assert _max_diff(r["dcp"]["resumed"], uninterrupted) <= ROUNDING_ATOL, f"rank {rank}"
+
+
+def test_dcp_checkpoint_saved_at_two_ranks_resumes_in_one_process(two_ranks, base):
+    import torch.distributed.checkpoint as dcp
+
+    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+
+    assert not dist.is_initialized()
+    model = Tiny()
+    opt = Shampoo(list(model.parameters()), **OPTIONS)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(base / "dcp"))
+    model.load_state_dict(state["model"])
+    load_dcp_state_dict(opt, str(base / "dcp"))
+    _steps(model, opt, SAVED_AT, RESUMED)
+    resumed = [p.detach().tolist() for p in model.parameters()]
+    assert _max_diff(resumed, two_ranks[0]["uninterrupted"]) <= ROUNDING_ATOL
+    with pytest.raises(ValueError, match="no Shampoo state under 'optimizer'"):
+        load_dcp_state_dict(opt, str(base / "dcp"), key="optimizer")
+
+
+def test_broken_or_mismatched_dcp_checkpoints_are_refused_clearly(three_ranks):
+    for r in three_ranks:
+        out = r["dcp"]
+        assert "rank1_of_2 cannot be read" in out["error_garbled"], out["error_garbled"]
+        assert "incomplete" in out["error_incomplete"], out["error_incomplete"]
+        assert "doesn't match the size" in out["error_dcp"], out["error_dcp"]
+
+
+def test_planner_predicts_the_fsdp2_shards(ranks):
+    """``matroot plan --fsdp2``'s parameter bytes are the largest rank's real shards."""
+    import math
+
+    from matroot.optim.plan import plan_summary
+
+    world, results = ranks
+    shapes = [(name, tuple(p.shape)) for name, p in Tiny().named_parameters()]
+    planned = plan_summary(shapes, block_size=4, world_sizes=[world])["worlds"][0]["fsdp2"]
+    fsdp_shards = len(shapes)     # the extras (plain, Replicate) come after the model's
+    largest = max(sum(math.prod(s) for s in r["equality"]["shard_rows"][:fsdp_shards])
+                  for r in results)
+    assert planned["parameters"] == planned["gradients"] == 4 * largest
+    assert planned["gradient_gather_bytes"] == 4 * sum(math.prod(s) for _, s in shapes)
