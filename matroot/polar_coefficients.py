@@ -38,8 +38,8 @@ import numpy as np
 
 from .solvers.minimax_coefficients import TAIL, quintic_sign_minimax
 
-__all__ = ["CUSHION", "MUON_QUINTIC", "MUON_STEPS", "PolarSchedule", "polar_schedule",
-           "quintic_interval"]
+__all__ = ["CUSHION", "MUON_QUINTIC", "MUON_STEPS", "PolarSchedule", "default_margin",
+           "polar_schedule", "quintic_interval"]
 
 #: Lowest ``design bottom / top`` of any step (the paper's default, ≈ 0.024).
 CUSHION = 0.02407327424182761
@@ -140,5 +140,12 @@ def polar_schedule(lower: float, target: float, margin: float) -> PolarSchedule:
 
 def default_margin(unit_roundoff: float) -> float:
     """The safety margin for operands rounded to ``unit_roundoff``: the paper's 1.01
-    for 16-bit operands, ``√u`` (with a 1e-6 floor) for float32 and float64."""
+    for 16-bit operands, ``√u`` (with a 1e-6 floor) for float32 and float64.
+
+    Examples
+    --------
+    >>> from matroot.polar_coefficients import default_margin
+    >>> default_margin(2.0 ** -8), round(default_margin(2.0 ** -24), 6), default_margin(2.0 ** -53)
+    (0.01, 0.000244, 1e-06)
+    """
     return 0.01 if unit_roundoff > 1e-4 else max(math.sqrt(unit_roundoff), 1e-6)

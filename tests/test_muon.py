@@ -175,6 +175,17 @@ def test_resume_is_bit_identical():
         assert torch.equal(a, b)
 
 
+def test_a_group_added_later_is_split_by_the_rule():
+    model = _two_layer()
+    layers = list(model.children())
+    opt = matroot.optim.Muon(layers[0].parameters(), lr=0.02, adamw_lr=1e-3)
+    opt.add_param_group({"params": list(layers[2].parameters())})
+    assert [g["use_muon"] for g in opt.param_groups] == [True, False, True, False]
+    assert [g["lr"] for g in opt.param_groups] == [0.02, 1e-3, 0.02, 1e-3]
+    model(torch.ones(2, 12)).sum().backward()
+    opt.step()
+
+
 def test_scheduler_and_closure():
     model = _two_layer()
     opt = matroot.optim.Muon(model.parameters(), lr=0.02, adamw_lr=1e-3)

@@ -88,8 +88,14 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 0.02, weight_decay: float = 0.0,
                  adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, **config: Any):
         self.config = MuonConfig(**config)
-        groups = _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay)
+        self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
+        groups = _split_groups(params, *self._split_defaults)
         super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True))
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
+        for group in _split_groups([param_group], *self._split_defaults):
+            super().add_param_group(group)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
