@@ -12,11 +12,14 @@ testing toolkit (:mod:`matroot.testing`, which re-exports the table) read it.
 
 from __future__ import annotations
 
+import numbers
+
 from . import _xp
 from ._typing import Array
 
 __all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "FLOAT32_INVERSE_TOLERANCE", "KAPPA_BUCKETS",
-           "LOW_PRECISION_ROWS", "is_converged", "row_target", "unit_roundoff"]
+           "LOW_PRECISION_ROWS", "RTOL_FLOOR_UNITS", "check_rtol", "is_converged",
+           "row_target", "unit_roundoff"]
 
 #: Upper ends of the κ(A + eps·I) buckets of the table.
 KAPPA_BUCKETS: tuple[float, ...] = (1e2, 1e4, 1e6)
@@ -91,6 +94,57 @@ def row_target(row: str, precision: str, p, kappa):
     for edge, target in reversed(list(zip(KAPPA_BUCKETS[:-1], targets[:-1]))):
         result = xp.where(kappa <= edge * BUCKET_SLACK, xp.full_like(kappa, target), result)
     return result
+
+
+#: An accuracy target below this many unit roundoffs of the compute dtype cannot be
+#: certified: rounding A to that dtype alone moves the root by about u·κ/p, and the
+#: check's own products carry a few u.
+RTOL_FLOOR_UNITS = 10
+
+
+def check_rtol(rtol, unit: float) -> float:
+    """``rtol`` as a float if it is an accuracy target the computation can reach.
+
+    Parameters
+    ----------
+    rtol : float
+        The relative Frobenius error asked of every root, in
+        ``[RTOL_FLOOR_UNITS·u, 1]``.
+    unit : float
+        The unit roundoff u of the compute dtype (:func:`unit_roundoff`).
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        For a non-number, NaN, a value ≤ 0 or > 1, or one below what the compute
+        dtype can certify (the message names float64 as the way out).
+
+    Examples
+    --------
+    >>> from matroot.accuracy import check_rtol
+    >>> check_rtol(1e-3, 2.0 ** -24)
+    0.001
+    >>> check_rtol(1e-8, 2.0 ** -24)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: rtol=1e-08 is below what this computation can certify (10 unit roundoffs ...
+    """
+    if isinstance(rtol, bool) or not isinstance(rtol, numbers.Real):
+        raise ValueError(f"rtol must be a real number in (0, 1], got {rtol!r}")
+    value = float(rtol)
+    if not 0 < value <= 1:  # NaN fails this too
+        raise ValueError(f"rtol must be in (0, 1] (the relative error asked of each root), "
+                         f"got {value!r}")
+    floor = RTOL_FLOOR_UNITS * unit
+    if value < floor:
+        raise ValueError(f"rtol={value:g} is below what this computation can certify "
+                         f"({RTOL_FLOOR_UNITS} unit roundoffs of its dtype, {floor:.1g}); "
+                         "pass a larger rtol, or float64 input or compute_dtype='float64'")
+    return value
 
 
 def unit_roundoff(xp, dtype) -> float:

@@ -28,8 +28,9 @@ from .solvers import get_solver
 from .solvers.auto import choose_method
 from .solvers.registry import check_method, require_dtypes, require_support
 from ._typing import Array
-from .accuracy import is_converged, unit_roundoff
-from .verify import accuracy_target, check_root
+from .accuracy import check_rtol, is_converged, unit_roundoff
+from .probes import FAILURE_PROBABILITY
+from .verify import CERTIFICATES, accuracy_target, check_root
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
            "default_tol", "default_max_iter", "usable_roots"]
@@ -57,8 +58,9 @@ class InvRootResult(NamedTuple):
     converged : array of bool, shape (...)
         True where the method stopped on ``tol`` (or its rounding floor), the
         root is finite in the output dtype, positive definite, and its
-        ``error_estimate`` is within ``max(tol, target)``, the README accuracy
-        table's target for its estimated κ (:func:`matroot.verify.accuracy_target`).
+        ``error_estimate`` is within ``rtol`` when given, else within
+        ``max(tol, target)``, the README accuracy table's target for its
+        estimated κ (:func:`matroot.verify.accuracy_target`).
     lambda_max : array, shape (...)
         The certified upper bound on λmax of ``A + eps·I`` used to scale it.
     matmuls : array, shape (...)
@@ -76,6 +78,10 @@ class InvRootResult(NamedTuple):
     check_matmuls : array, shape (...)
         Cost of certifying λmax and checking the root, in n×n matmul
         equivalents (a Cholesky counts 1/6, a matrix-vector product 1/n).
+    failure_probability : float
+        Probability, per matrix, that ``error_estimate`` is too low because the
+        check drew unlucky probes: :data:`matroot.probes.FAILURE_PROBABILITY`
+        (1e-12) for ``certificate="randomized"``, 0 for a deterministic check.
     """
 
     root: Array
@@ -88,6 +94,7 @@ class InvRootResult(NamedTuple):
     error_estimate: Array
     repaired: Array
     check_matmuls: Array
+    failure_probability: float = 0.0
 
     def __repr__(self) -> str:
         """One line: the root's dtype and shape, how many converged, the worst residual.
@@ -113,6 +120,10 @@ class InvRootResult(NamedTuple):
                 f"converged {int(converged.sum())}/{converged.size}, iterations {steps}, "
                 f"worst residual {float(np.nanmax(residual)) if residual.size else 0:.2g})")
 
+
+#: The check of a root when ``certificate`` is not given (measured in
+#: ``tests/test_randomized_check.py``).
+DEFAULT_CERTIFICATE = "deterministic"
 
 _NONFINITE_INPUT = ("a contains NaN or Inf (pass check_finite=False to get NaN roots for "
                     "those matrices instead)")
@@ -178,10 +189,12 @@ def _with_signature_of(source):
 
 def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
                   scaling: str = "power", tol: float | None = None,
-                  max_iter: int | None = None, matmul_dtype: str | None = None,
+                  rtol: float | None = None, max_iter: int | None = None,
+                  matmul_dtype: str | None = None,
                   check_finite: bool = True, compute_dtype: str | None = None,
                   fallback: str | None = None, lambda_max_upper: Any = None,
-                  lambda_min_lower: Any = None) -> InvRootResult:
+                  lambda_min_lower: Any = None,
+                  certificate: str = DEFAULT_CERTIFICATE) -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -203,7 +216,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     """
     xp = check_stack(a)
     if _xp.is_jax_namespace(xp):
-        _xp.register_jax_pytree(InvRootResult, ("method",))
+        _xp.register_jax_pytree(InvRootResult, ("method", "failure_probability"))
     check_method(method)
     p = check_p(p)
     require_support(method, p)
@@ -211,6 +224,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     check_choice(scaling, "scaling", SCALINGS)
     check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
     check_choice(fallback, "fallback", FALLBACKS)
+    check_choice(certificate, "certificate", CERTIFICATES)
     max_iter = check_max_iter(max_iter)
     if tol is not None:
         tol = check_nonnegative(tol, "tol")
@@ -235,7 +249,11 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
         raise ValueError(f"eps={eps:g} is beyond the range of the {work_name} computation "
                          "(A + eps·I would overflow); pass a smaller eps, or float64 "
                          "input or compute_dtype='float64'")
-    if tol is None:
+    if rtol is not None:
+        rtol = check_rtol(rtol, unit_roundoff(xp, getattr(xp, work_name)))
+    if tol is None and rtol is not None:
+        tol = rtol * spec.rtol_stop_fraction if spec.iterative else rtol
+    elif tol is None:
         tol = default_tol(method, work_name)
     if max_iter is None:
         max_iter = default_max_iter(method)
@@ -254,7 +272,8 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     bounds = {name: check_bound(value, name, xp, batch) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
-    options = dict(p=p, method=method, eps=eps, scaling=scaling, tol=tol, max_iter=max_iter,
+    options = dict(p=p, method=method, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
+                   max_iter=max_iter, certificate=certificate,
                    **bounds,
                    matmul_dtype=matmul_dtype, work_name=work_name)
     if _xp.is_jax_namespace(xp) and not traced and spec.needs_scaling:
@@ -276,12 +295,12 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
             "converged=False. Pass a wider input dtype or a larger eps",
             ConvergenceWarning, stacklevel=2)
     if fallback is not None:
-        result = _repair(xp.reshape(a, (b, n, n)), result, usable, p, eps, fallback, tol)
+        result = _repair(xp.reshape(a, (b, n, n)), result, usable, p, eps, fallback, rtol)
     return _reshaped(xp, result, batch)
 
 
-def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, work_name,
-                 check_finite, lambda_max_upper=None, lambda_min_lower=None):
+def _solve_stack(a, *, p, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, work_name,
+                 check_finite, certificate, lambda_max_upper=None, lambda_min_lower=None):
     """The validated call on a non-empty stack: the flat ``(b, ...)`` result, which
     matrices were finite with a positive λmax bound (the others get NaN roots), and a
     0-d flag, True where some root lost its precision in the cast back to ``a.dtype``."""
@@ -368,7 +387,8 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
 
     unit = unit_roundoff(xp, work_dtype)
     check = out.check if out.check is not None else check_root(
-        scaled, out.root, p, unit_roundoff=unit, ritz=ritz)
+        scaled, out.root, p, unit_roundoff=unit, ritz=ritz, certificate=certificate)
+    probed = out.check is None and isinstance(p, int) and certificate == "randomized"
     precision = work_name if not spec.forms_matmuls or matmul_dtype is None else matmul_dtype
     target = accuracy_target(method, precision, p, check.kappa)
     usable = finite & nonzero
@@ -386,8 +406,10 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
     cast_error, cast_ok = _cast_back_error(returned, root, computed)
     error_estimate = xp.where(fits & computed, check.error_estimate + cast_error,
                               xp.full_like(cast_error, float("inf")))
+    accuracy = (xp.full_like(target, rtol) if rtol is not None
+                else xp.maximum(target, xp.full_like(target, tol)))
     converged = is_converged(out.converged | (tol == 0), usable & check.positive & fits & cast_ok,
-                             check.error_estimate, xp.maximum(target, xp.full_like(target, tol)))
+                             check.error_estimate, accuracy)
     lam_max = lam_max * magnitude
     nan_b = xp.full_like(lam_max, float("nan"))
     residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
@@ -403,6 +425,7 @@ def _solve_stack(a, *, p, method, eps, scaling, tol, max_iter, matmul_dtype, wor
         error_estimate=xp.where(usable, error_estimate, nan_b),
         repaired=xp.zeros_like(converged),
         check_matmuls=certify_cost + check.matmul_equivalents,
+        failure_probability=FAILURE_PROBABILITY if probed else 0.0,
     )
     overflow = usable & check.positive & ~(fits & cast_ok)
     return result, usable, xp.any(overflow)
@@ -418,7 +441,7 @@ def _per_matrix(xp, value, b, dtype, device):
 def _reshaped(xp, result, batch):
     """The flat ``(b, ...)`` fields of a result in the input's batch shape."""
     fields = {name: xp.reshape(value, batch) for name, value in result._asdict().items()
-              if name not in ("root", "method")}
+              if name not in ("root", "method", "failure_probability")}
     return result._replace(root=xp.reshape(result.root, (*batch, *result.root.shape[-2:])),
                            **fields)
 
@@ -439,17 +462,17 @@ def _cast_back_error(returned, root, computed):
     return change, change <= float(xp.finfo(returned.dtype).eps) / 2
 
 
-def _repair(stack, result, usable, p, eps, fallback, tol):
-    """Re-solve the matrices that failed their check with ``fallback`` in float64
-    (with ``tol=0``, a fixed step count, those whose root is not finite)."""
+def _repair(stack, result, usable, p, eps, fallback, rtol):
+    """Re-solve the matrices that failed their check with ``fallback`` in float64,
+    held to the same accuracy target ``rtol`` (None: the table)."""
     xp = _xp.array_namespace(stack)
-    failed = _xp.to_numpy(~usable_roots(result, tol) & usable)
+    failed = _xp.to_numpy(~result.converged & usable)
     where = np.nonzero(failed)[0]
     if where.size == 0:
         return result
     index = _xp.from_numpy(xp, where, dtype=xp.int64, device=_xp.device_of(stack))
     fix = inv_root_info(xp.take(stack, index, axis=0), p, method=fallback, eps=eps,
-                        compute_dtype="float64", check_finite=False)
+                        rtol=rtol, compute_dtype="float64", check_finite=False)
     position = np.zeros(failed.shape, dtype=np.int64)
     position[where] = np.arange(where.size)
     gather = _xp.from_numpy(xp, position, dtype=xp.int64, device=_xp.device_of(stack))
@@ -498,7 +521,19 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     tol : float, optional
         Per-matrix residual at which an iterative solver stops (chebyshev: the
         target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
-        exactly k steps. Default: :func:`matroot.default_tol`.
+        exactly k steps. Default: :func:`matroot.default_tol`, or
+        ``rtol·rtol_stop_fraction`` (the method's registry entry; 1/8 for the
+        coupled iterations, 1/2 for chebyshev) when ``rtol`` is given.
+    rtol : float, optional
+        The accuracy target: the relative Frobenius error
+        ``‖X̃ − X‖_F/‖X‖_F`` asked of every root, the quantity the README's
+        accuracy table states, in ``(0, 1]`` and at least 10 unit roundoffs of
+        the compute dtype. ``tol`` is when the iteration stops, ``rtol`` what
+        ``converged`` promises: a root is converged when its certified
+        ``error_estimate`` is at most ``rtol``, and each matrix stops as soon as
+        its own residual is below the ``tol`` derived from ``rtol``, so a loose
+        target costs fewer products. Default None: the table's target for each
+        matrix's κ (or a looser ``tol``), today's behaviour.
     max_iter : int, optional
         Cap on iterations (on the degree for chebyshev).
     matmul_dtype : {None, "float16", "bfloat16"}
@@ -520,6 +555,13 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         (1−β)·‖G‖²_F). Then no bound is computed (no Cholesky test). A wrong
         (too small) bound is caught by the check of the root: the matrix is
         ``converged=False``, never a wrong root reported converged.
+    certificate : {"deterministic", "randomized"}
+        How the returned root is checked (:func:`matroot.verify.check_root`):
+        with every product of its residual formed, or with products of the
+        residual and a block of Gaussian vectors only (O(p·n²) per vector instead
+        of O(n³); its bounds fail with probability at most 1e-12 per matrix,
+        ``InvRootResult.failure_probability``). Both also test X's sign with a
+        Cholesky factorisation (even p).
     lambda_min_lower : float or array of shape ``a.shape[:-2]``, optional
         A lower bound on λmin(A + eps·I), used by ``minimax`` and ``chebyshev``
         instead of their estimate (never below eps). A bound that is too high is

@@ -56,13 +56,19 @@ import math
 from . import _xp
 import numpy as np
 
+from .probes import FROBENIUS_FACTOR, PROBES, SPECTRAL_FACTOR, probe_block
 from .scaling import LANCZOS_STEPS, RitzValues, _start_vectors, ritz_values
 from .accuracy import BUCKET_SLACK, LOW_PRECISION_ROWS, row_target
 from .solvers._result import RootCheck
 from .solvers.registry import get_solver
 
-__all__ = ["BUCKET_SLACK", "LOW_PRECISION_ROWS", "RootCheck", "accuracy_target",
-           "check_root", "sandwich_bound"]
+__all__ = ["BUCKET_SLACK", "CERTIFICATES", "LOW_PRECISION_ROWS", "RootCheck",
+           "accuracy_target", "check_root", "sandwich_bound"]
+
+#: How the residual of a root is measured: every product formed ("deterministic"),
+#: or only its products with Gaussian probe vectors, bounded with a stated failure
+#: probability (:mod:`matroot.probes`; "randomized").
+CERTIFICATES = ("randomized", "deterministic")
 
 
 
@@ -168,8 +174,43 @@ def beyond_first_order(estimate, spectral, floor, p):
     return xp.where(linear, estimate * growth, xp.maximum(estimate, bound))
 
 
+def _probed_norms(safe, scaled, p: int):
+    """From probes alone, with their failure probability: upper bounds on ``‖R‖₂``
+    and on ``‖R·X‖_F`` (which bounds ``‖sym(R·X)‖_F``: ``X·R = (R·X)ᵀ`` for the
+    balanced form, and averaging two matrices of one norm cannot exceed it), the
+    estimate ``rms_i ‖R·ω_i‖ ≈ ‖R‖_F`` and the matrix-vector blocks formed.
+
+    ``R·v`` is ``X^(p/2)·(A·(X^(p/2)·v)) − v`` for even p, ``X^p·(A·v) − v`` for odd
+    p (p + 1 products of an n×n matrix with the block); one pass takes ``Ω`` and
+    ``X·Ω`` together."""
+    xp = _xp.array_namespace(safe)
+    n = safe.shape[-1]
+    omega = probe_block(xp, n, safe.dtype, _xp.device_of(safe))
+    block = xp.concat([xp.broadcast_to(omega, (safe.shape[0], n, PROBES)), safe @ omega],
+                      axis=-1)
+    v = block
+    if p % 2 == 0:
+        for _ in range(p // 2):
+            v = safe @ v
+        v = scaled @ v
+        for _ in range(p // 2):
+            v = safe @ v
+    else:
+        v = scaled @ v
+        for _ in range(p):
+            v = safe @ v
+    applied = v - block
+    norms = xp.linalg.vector_norm(applied, axis=-2)  # (b, 2·PROBES) column norms
+    on_omega, on_x_omega = norms[:, :PROBES], norms[:, PROBES:]
+    rms = xp.sqrt(xp.mean(on_omega * on_omega, axis=-1))
+    spectral = xp.minimum(SPECTRAL_FACTOR * xp.max(on_omega, axis=-1), FROBENIUS_FACTOR * rms)
+    times_x = FROBENIUS_FACTOR * xp.sqrt(xp.mean(on_x_omega * on_x_omega, axis=-1))
+    return spectral, times_x, rms, 2 * (p + 1) + 1
+
+
 def check_root(scaled, root, p, *, unit_roundoff: float,
-               ritz: RitzValues | None = None) -> RootCheck:
+               ritz: RitzValues | None = None,
+               certificate: str = "deterministic") -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
 
     Parameters
@@ -187,6 +228,13 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     ritz : RitzValues, optional
         :func:`matroot.scaling.ritz_values` of ``scaled``, when the caller ran
         them already (for the minimax schedule's λmin): κ then costs nothing.
+    certificate : {"deterministic", "randomized"}
+        ``"deterministic"`` forms ``R`` and ``R·X``; ``"randomized"`` only their
+        products with :data:`matroot.probes.PROBES` Gaussian vectors (O(p·n²) per
+        probe instead of O(n³)), replacing each norm by a bound that holds except
+        with probability :data:`matroot.probes.FAILURE_PROBABILITY` per matrix in
+        all (``residual`` is then the probes' estimate of ``‖R‖_F/√n``). The sign
+        test (a Cholesky of X, even p) is the same in both.
 
     Returns
     -------
@@ -223,17 +271,23 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
         kappa = _xp.from_numpy(xp, ritz_ratio, dtype=root.dtype, device=_xp.device_of(root))
     cost = min(LANCZOS_STEPS, n) / n
     nan = xp.full_like(kappa, float("nan"))
-    if isinstance(p, int):
+    if isinstance(p, int) and certificate == "randomized":
+        spectral, times_x, rms, blocks = _probed_norms(safe, scaled, p)
+        residual = rms / math.sqrt(n)
+        estimate = times_x / (p * _xp.frobenius_norm(safe))
+        cost += blocks * PROBES / n
+    elif isinstance(p, int):
         product, residual_matrix, count = _products(safe, scaled, p)
         residual = _xp.frobenius_norm(residual_matrix) / math.sqrt(n)
         estimate = (_xp.frobenius_norm(_xp.symmetric_part(product))
                     / (p * _xp.frobenius_norm(safe)))
         spectral = residual_spectral_norm(residual_matrix, symmetric=p % 2 == 0)
+        cost += count + _SPECTRAL_MATVECS * (1 if p % 2 == 0 else 2) / n
+    if isinstance(p, int):
         # An inverse (p = 1) that is accurate norm-wise has a residual X·A − I of up
         # to about n·u·κ (Higham, Accuracy and Stability, §14.1), not a balanced one.
         floor = CHECK_FLOOR_FACTOR * (n if p == 1 else 1) * unit_roundoff * kappa
         estimate = beyond_first_order(estimate, spectral, floor, p)
-        cost += count + _SPECTRAL_MATVECS * (1 if p % 2 == 0 else 2) / n
     else:
         residual = nan
         estimate = unit_roundoff * kappa / p

@@ -220,4 +220,7 @@ SPEC = SolverSpec(
     lower_from_spectrum=True,
     matmul_dtypes=(None,),
     accuracy_row="chebyshev",
+    # Its tol is the fit's relative error, which bounds the root's (measured
+    # 0.07–0.65× tol on isolated-top, clustered and Gram spectra, float32).
+    rtol_stop_fraction=0.5,
 )
