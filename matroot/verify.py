@@ -46,7 +46,9 @@ oracle error at p = 8 too (``X^p·A − I``: up to 60× for coupled_newton).
 Cost: the products of ``X^(p/2)`` (or ``X^p``), then ``·A``, ``·X^(p/2)`` and
 ``·X`` (``p = 2``: 3, ``p = 4``: 4, ``p = 8``: 5), 1/6 matmul for the Cholesky
 (even p), ``LANCZOS_STEPS/n`` for the Lanczos run (one host transfer) and
-24/n (48/n for odd p) for the power steps on ``R``.
+24/n (48/n for odd p) for the power steps on ``R``. With
+``certificate="randomized"`` the products are replaced by (2p + 3) products of an
+n×n matrix with an n×24 probe block (:func:`check_root`, :mod:`matroot.probes`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import math
 from . import _xp
 import numpy as np
 
-from .probes import FROBENIUS_FACTOR, PROBES, SPECTRAL_FACTOR, probe_block
+from .probes import FROBENIUS_FACTOR, PROBE_SEED, PROBES, SPECTRAL_FACTOR, probe_block
 from .scaling import LANCZOS_STEPS, RitzValues, _start_vectors, ritz_values
 from .accuracy import BUCKET_SLACK, LOW_PRECISION_ROWS, row_target
 from .solvers._result import RootCheck
@@ -174,7 +176,7 @@ def beyond_first_order(estimate, spectral, floor, p):
     return xp.where(linear, estimate * growth, xp.maximum(estimate, bound))
 
 
-def _probed_norms(safe, scaled, p: int):
+def _probed_norms(safe, scaled, p: int, seed: int):
     """From probes alone, with their failure probability: upper bounds on ``‖R‖₂``
     and on ``‖R·X‖_F`` (which bounds ``‖sym(R·X)‖_F``: ``X·R = (R·X)ᵀ`` for the
     balanced form, and averaging two matrices of one norm cannot exceed it), the
@@ -185,7 +187,7 @@ def _probed_norms(safe, scaled, p: int):
     ``X·Ω`` together."""
     xp = _xp.array_namespace(safe)
     n = safe.shape[-1]
-    omega = probe_block(xp, n, safe.dtype, _xp.device_of(safe))
+    omega = probe_block(xp, n, safe.dtype, _xp.device_of(safe), seed=seed)
     block = xp.concat([xp.broadcast_to(omega, (safe.shape[0], n, PROBES)), safe @ omega],
                       axis=-1)
     v = block
@@ -210,7 +212,7 @@ def _probed_norms(safe, scaled, p: int):
 
 def check_root(scaled, root, p, *, unit_roundoff: float,
                ritz: RitzValues | None = None,
-               certificate: str = "deterministic") -> RootCheck:
+               certificate: str = "deterministic", probe_seed: int = PROBE_SEED) -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
 
     Parameters
@@ -235,6 +237,9 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
         with probability :data:`matroot.probes.FAILURE_PROBABILITY` per matrix in
         all (``residual`` is then the probes' estimate of ``‖R‖_F/√n``). The sign
         test (a Cholesky of X, even p) is the same in both.
+    probe_seed : int
+        Seed of the randomized check's probes (for experiments on its failure
+        rate; calls use the fixed :data:`matroot.probes.PROBE_SEED`).
 
     Returns
     -------
@@ -272,7 +277,7 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     cost = min(LANCZOS_STEPS, n) / n
     nan = xp.full_like(kappa, float("nan"))
     if isinstance(p, int) and certificate == "randomized":
-        spectral, times_x, rms, blocks = _probed_norms(safe, scaled, p)
+        spectral, times_x, rms, blocks = _probed_norms(safe, scaled, p, probe_seed)
         residual = rms / math.sqrt(n)
         estimate = times_x / (p * _xp.frobenius_norm(safe))
         cost += blocks * PROBES / n
