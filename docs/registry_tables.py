@@ -44,8 +44,7 @@ def support_status(spec, dtype: str, matmul_dtype: str | None, column: BackendCo
     ``yes``, ``emulated`` (16-bit operands rounded on a CPU), ``ignored`` (a
     method that forms no matmuls) or ``no`` (a ValueError).
     """
-    compute = spec.default_compute_dtype or dtype
-    if compute not in spec.compute_dtypes:
+    if dtype not in spec.compute_dtypes:
         return "no"
     if matmul_dtype is None:
         return "yes"

@@ -86,7 +86,8 @@ LOWER_LAYERS = (
     ("matroot.solvers",),
 )
 #: What the lower layers may never reach, whatever their own order.
-UPPER = ("matroot.verify", "matroot.roots", "matroot.optim", "matroot.testing",
+UPPER = ("matroot.verify", "matroot.roots", "matroot.call", "matroot.stack_solve",
+         "matroot.result", "matroot.optim", "matroot.testing",
          "matroot.polar", "matroot.cli", "matroot.bench")
 
 

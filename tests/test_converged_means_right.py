@@ -16,7 +16,7 @@ from rounding import relative_distance, rounding_tolerance
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import matroot
-import matroot.roots
+import matroot.stack_solve
 from matroot.scaling import CertifiedBound, certified_lambda_max, power_iteration
 from matroot.scaling import _start_vectors
 from matroot.verify import accuracy_target
@@ -108,7 +108,7 @@ def test_underestimated_lambda_max_is_caught_by_the_check(monkeypatch, method, p
         bound = power_iteration(stack) * 0.3
         return CertifiedBound(bound, bound * 0)
 
-    monkeypatch.setattr(matroot.roots, "certified_lambda_max", too_low)
+    monkeypatch.setattr(matroot.stack_solve, "certified_lambda_max", too_low)
     a = spd_stack(np.random.default_rng(1), (3,), 32, 1e2)[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

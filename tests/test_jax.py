@@ -104,11 +104,12 @@ def assert_same_solve(first, second, oracle, dtype, kappa, n, table_tol):
 
 
 def test_an_eager_call_compiles_once_per_shape_and_keeps_the_eager_checks(monkeypatch):
-    import matroot.roots as roots
+    import matroot.stack_solve as stack_solve
 
     traces = []
-    solve = roots._solve_stack
-    monkeypatch.setattr(roots, "_solve_stack", lambda a, **o: traces.append(1) or solve(a, **o))
+    solve = stack_solve.solve_stack
+    monkeypatch.setattr(stack_solve, "solve_stack",
+                        lambda a, **o: traces.append(1) or solve(a, **o))
     kappa, n = 1e2, 12
     a, _ = _problem(kappa, n, with_eps=False, seed=5)
     x = jnp.asarray(a, dtype=jnp.float32)

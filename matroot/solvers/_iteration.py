@@ -41,7 +41,11 @@ STALL_SPECTRAL_CEILING = 0.25
 
 
 class IterationOutcome(NamedTuple):
-    """Final iterate and per-matrix diagnostics of :func:`iterate_frozen`."""
+    """Final iterate and per-matrix diagnostics of :func:`iterate_frozen`.
+
+    ``converged`` is the loop's stop verdict (the residual met ``tol`` or stalled at
+    the rounding floor); whether a root is converged is decided once, from the
+    check of the returned root, by :func:`matroot.accuracy.is_converged`."""
 
     state: tuple
     residual: Array

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from .. import _xp
 from ._iteration import IterationOutcome, iterate_frozen
 from .._typing import Array
+from ..accuracy import unit_roundoff
 
 
 class LowPrecisionPhase(NamedTuple):
@@ -34,11 +35,6 @@ class PhasedOutcome(NamedTuple):
     outcome: IterationOutcome
     main_iterations: Array
     polish_iterations: Array
-
-
-def unit_roundoff(xp, dtype) -> float:
-    """``u = eps/2`` of a floating dtype of namespace ``xp``."""
-    return float(xp.finfo(dtype).eps) / 2
 
 
 def run_phases(start: tuple, step: Callable, residual_of: Callable, *, matmul, tol: float,

@@ -28,6 +28,8 @@ class SolverOutput(NamedTuple):
     computed it (evd), else None. ``check`` is the solver's own check of its
     root where it can bound its error without products (evd, from its
     eigenvalues), else None: :func:`matroot.verify.check_root` then checks it.
+    ``converged`` is the solver's stop verdict, one input of
+    :func:`matroot.accuracy.is_converged`.
     """
 
     root: Array

@@ -68,7 +68,8 @@ import math
 import numpy as np
 
 from .. import _xp
-from ._low_precision import LowPrecisionPhase, run_phases, unit_roundoff
+from ..accuracy import unit_roundoff
+from ._low_precision import LowPrecisionPhase, run_phases
 from ._stages import StageOutcome, square_root_stages, stage_count
 from .registry import POWER_OF_TWO_P, SolverSpec
 from ._lower_grid import device_grid_index, quantize_lower

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import _xp
+from ..accuracy import unit_roundoff
 from ..scaling import lambda_max_bound_core
 from ._iteration import iterate_frozen
 from ._stages import StageOutcome, square_root_stages, stage_count
@@ -49,7 +50,7 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
     z0 = xp.broadcast_to(eye, a.shape)
     stall_level = None
     if matmul.operand_dtype is not None and tol > 0:
-        u = float(xp.finfo(matmul.operand_dtype).eps) / 2
+        u = unit_roundoff(xp, matmul.operand_dtype)
         stall_level = max(tol ** 0.5, LOW_PRECISION_STALL * u)
     return iterate_frozen((a, z0), step, residual_of, tol=tol, max_iter=max_iter,
                           check_every=check_every, stall_level=stall_level)

@@ -49,9 +49,12 @@ INTEGER_P = RootOrders("any integer p ≥ 1", _integer)
 POWER_OF_TWO_P = RootOrders("powers of two (1, 2, 4, 8, ...)", _power_of_two)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SolverSpec:
     """Everything matroot needs to know about one solver, stated once.
+
+    Compared and hashed by identity: a resolved call (:class:`matroot.call.RootCall`)
+    that names it is a compile key.
 
     Attributes
     ----------
@@ -95,9 +98,6 @@ class SolverSpec:
     needs_scaling : bool
         False for a solver that takes the regularised stack at any scale (no λmax
         estimate is formed) and returns its exact ``lambda_max``.
-    default_compute_dtype : str, optional
-        The compute dtype when ``compute_dtype`` is not given; None: the input's
-        (float64 for float64 input, else float32).
     accuracy_row : str
         The row of the README's accuracy table the method is held to ("evd",
         "iterative" or "chebyshev"; :data:`matroot.testing.ACCURACY_TABLE`).
@@ -124,7 +124,6 @@ class SolverSpec:
     matmul_dtypes: tuple = (None, "float16", "bfloat16")
     forms_matmuls: bool = True
     needs_scaling: bool = True
-    default_compute_dtype: str | None = None
     accuracy_row: str = "iterative"
     rtol_stop_fraction: float = 0.125
     compute_dtypes: tuple = field(init=False)

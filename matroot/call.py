@@ -1,0 +1,163 @@
+"""One :func:`matroot.inv_root` call, resolved once into a frozen value every later layer reads.
+
+:func:`resolve_call` validates the options, resolves ``method="auto"``, looks the
+method up in the registry, stages the dtypes (compute, matmul operands) and fills in
+the defaults (``tol`` from ``rtol`` or the registry, ``max_iter``). The stack solve
+(:mod:`matroot.stack_solve`), the check and the repair read the :class:`RootCall`
+instead of deriving any of it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _xp
+from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
+                      check_max_iter, check_nonnegative, check_p)
+from .accuracy import check_rtol, row_target, unit_roundoff
+from .solvers import get_solver
+from .solvers.auto import choose_method
+from .solvers.registry import SolverSpec, check_method, require_dtypes, require_support
+from .verify import CERTIFICATES, DEFAULT_CERTIFICATE
+
+__all__ = ["RootCall", "resolve_call"]
+
+
+@dataclass(frozen=True)
+class RootCall:
+    """Everything an ``inv_root`` call decided before it touches the stack.
+
+    Hashable (a JAX compile key): two equal calls compile to the same program.
+
+    Attributes
+    ----------
+    spec : SolverSpec
+        The method's registry entry (``"auto"`` already resolved).
+    p : int or float
+        Root order (integral values as int).
+    eps : float
+        Ridge.
+    scaling : {"power", "frobenius"}
+        How λmax is bounded.
+    tol : float
+        Per-matrix stop threshold of the iteration (0: exactly ``max_iter`` steps).
+    rtol : float or None
+        The accuracy target ``converged`` promises; None: the accuracy table.
+    max_iter : int
+        Iteration (or degree) cap.
+    work_dtype : {"float32", "float64"}
+        The compute dtype.
+    matmul_dtype : {None, "float16", "bfloat16"}
+        Dtype of matmul operands.
+    certificate : {"deterministic", "randomized"}
+        How the returned root is checked.
+    fallback : {None, "evd"}
+        Method that re-solves the matrices whose check failed.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.call import resolve_call
+    >>> call = resolve_call(np, np.eye(3, dtype=np.float32), 2, method="newton_db", rtol=1e-2)
+    >>> call.method, call.work_dtype, call.tol, call.precision
+    ('newton_db', 'float32', 0.00125, 'float32')
+    """
+
+    spec: SolverSpec
+    p: int | float
+    eps: float
+    scaling: str
+    tol: float
+    rtol: float | None
+    max_iter: int
+    work_dtype: str
+    matmul_dtype: str | None
+    certificate: str
+    fallback: str | None
+
+    @property
+    def method(self) -> str:
+        """The method's name."""
+        return self.spec.name
+
+    @property
+    def precision(self) -> str:
+        """The accuracy table's precision: the matmul operands' dtype where they are
+        16-bit, else the compute dtype."""
+        if self.spec.forms_matmuls and self.matmul_dtype is not None:
+            return self.matmul_dtype
+        return self.work_dtype
+
+    def unit_roundoff(self, xp) -> float:
+        """u of the compute dtype."""
+        return unit_roundoff(xp, getattr(xp, self.work_dtype))
+
+    def accuracy(self, kappa):
+        """Per matrix, the error ``converged`` allows: ``rtol``, else the table's
+        target for each κ (:func:`matroot.accuracy.row_target`) or a looser ``tol``."""
+        xp = _xp.array_namespace(kappa)
+        if self.rtol is not None:
+            return xp.full_like(kappa, self.rtol)
+        target = row_target(self.spec.accuracy_row, self.precision, self.p, kappa)
+        return xp.maximum(target, xp.full_like(target, self.tol))
+
+
+def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: str = "power",
+                 tol: float | None = None, rtol: float | None = None,
+                 max_iter: int | None = None, matmul_dtype: str | None = None,
+                 compute_dtype: str | None = None, fallback: str | None = None,
+                 certificate: str = DEFAULT_CERTIFICATE) -> RootCall:
+    """Validate an ``inv_root`` call's options and decide everything they leave open.
+
+    Parameters
+    ----------
+    xp : namespace
+        The array namespace of ``a`` (from :func:`matroot._checks.check_stack`).
+    a : array, shape (..., n, n)
+        The validated stack (its dtype and backend pick the defaults).
+    p, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, compute_dtype, fallback, certificate
+        As in :func:`matroot.inv_root`.
+
+    Returns
+    -------
+    RootCall
+
+    Raises
+    ------
+    ValueError
+        For any option the call cannot take, with what to pass instead.
+    """
+    check_method(method)
+    p = check_p(p)
+    require_support(method, p)
+    eps = check_nonnegative(eps, "eps")
+    check_choice(scaling, "scaling", SCALINGS)
+    check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
+    check_choice(fallback, "fallback", FALLBACKS)
+    check_choice(certificate, "certificate", CERTIFICATES)
+    max_iter = check_max_iter(max_iter)
+    if tol is not None:
+        tol = check_nonnegative(tol, "tol")
+    if compute_dtype == "float64" and not _xp.has_float64(xp):
+        raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
+                         "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1)")
+    work_dtype = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
+    matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_dtype)
+    if method == "auto":
+        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
+    spec = get_solver(method)
+    require_dtypes(spec, work_dtype, matmul_dtype)
+    if eps > float(xp.finfo(getattr(xp, work_dtype)).max) / 4:
+        raise ValueError(f"eps={eps:g} is beyond the range of the {work_dtype} computation "
+                         "(A + eps·I would overflow); pass a smaller eps, or float64 "
+                         "input or compute_dtype='float64'")
+    if rtol is not None:
+        rtol = check_rtol(rtol, unit_roundoff(xp, getattr(xp, work_dtype)))
+    if tol is None and rtol is not None:
+        tol = rtol * spec.rtol_stop_fraction if spec.iterative else rtol
+    elif tol is None:
+        tol = spec.default_tol[work_dtype]
+    return RootCall(spec=spec, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
+                    max_iter=spec.default_max_iter if max_iter is None else max_iter,
+                    work_dtype=work_dtype, matmul_dtype=matmul_dtype,
+                    certificate=certificate, fallback=fallback)

@@ -1,0 +1,226 @@
+"""One resolved call on a non-empty stack: regularise → scale → solve → unscale → judge.
+
+Reads everything it needs from the :class:`~matroot.call.RootCall`; every per-matrix
+decision is batched on the device (no host read under ``jax.jit`` or
+``torch.compile``; eagerly, only the finiteness test of the input).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from . import _xp
+from ._typing import Array
+from .accuracy import is_converged, unit_roundoff
+from .call import RootCall
+from .probes import FAILURE_PROBABILITY
+from .result import InvRootResult
+from .scaling import (RitzValues, certified_lambda_max, lambda_max_bound_core,
+                      lambda_min_estimate_core, ritz_values)
+from .verify import check_root
+
+__all__ = ["NONFINITE_INPUT", "solve_stack"]
+
+NONFINITE_INPUT = ("a contains NaN or Inf (pass check_finite=False to get NaN roots for "
+                   "those matrices instead)")
+
+
+class _Regularised(NamedTuple):
+    """The flat stack in the compute dtype, divided by ``magnitude`` (an exact power
+    of two per matrix) and symmetrised; the ridge is added for an iterative method."""
+
+    stack: Array
+    finite: Array
+    magnitude: Array
+    ridge: Array
+
+
+class _Scaled(NamedTuple):
+    """The stack divided by its λmax bound ``scale`` (1 for a direct method)."""
+
+    stack: Array
+    scale: Array
+    lambda_max: Array | None
+    certify_cost: Array | None
+    ritz: RitzValues | None
+
+
+def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
+                lambda_min_lower=None):
+    """The flat ``(b, ...)`` result of ``call`` on ``a``, which matrices were finite
+    with a positive λmax bound (the others get NaN roots), and a 0-d flag, True
+    where some root lost its precision in the cast back to ``a.dtype``."""
+    xp = _xp.array_namespace(a)
+    spec, p = call.spec, call.p
+    reg = _regularised(a, call, check_finite)
+    b = reg.stack.shape[0]
+    sc = _scaled(reg, call, lambda_max_upper)
+    solver_kwargs: dict = dict(
+        tol=call.tol, max_iter=call.max_iter, scaling=call.scaling,
+        check_every=4 if _xp.is_accelerator(xp, a) else 1,
+        matmul=_xp.Matmul(xp, None if call.matmul_dtype is None
+                          else _xp.dtype_from_name(xp, call.matmul_dtype)))
+    if not spec.needs_scaling and call.eps > 0:
+        # A direct method adds the ridge itself, in the dtype it decomposes in (evd's
+        # float64 eigh of a float32 stack gets the ridge in float64).
+        solver_kwargs["ridge"] = reg.ridge
+    ritz = sc.ritz
+    if spec.needs_lower_bound:
+        floor = reg.ridge if lambda_min_lower is None else xp.maximum(
+            reg.ridge, _per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
+                                   _xp.device_of(a)) / reg.magnitude)
+        solver_kwargs["lower"], ritz = _lower_bound(
+            sc.stack, floor / sc.scale, ritz, has_ridge=call.eps > 0 or lambda_min_lower
+            is not None, from_spectrum=spec.lower_from_spectrum)
+    out = spec.solve(sc.stack, p, **solver_kwargs)
+    lam_max = out.lambda_max if sc.lambda_max is None else sc.lambda_max
+    certify_cost = xp.zeros_like(lam_max) if sc.certify_cost is None else sc.certify_cost
+
+    check = out.check if out.check is not None else check_root(
+        sc.stack, out.root, p, unit_roundoff=call.unit_roundoff(xp), ritz=ritz,
+        certificate=call.certificate)
+    probed = out.check is None and isinstance(p, int) and call.certificate == "randomized"
+    usable = reg.finite & (lam_max > 0)
+    # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
+    factor = _xp.inverse_root_entries(reg.magnitude, p)
+    if spec.needs_scaling:
+        factor = factor * _xp.inverse_root_entries(sc.scale, p)
+    root = out.root * xp.where(usable, factor, xp.full_like(factor, float("nan")))[:, None, None]
+    returned = xp.astype(root, a.dtype, copy=False)
+    # The root the caller gets is what is judged: finite in the output dtype (an
+    # unscaled root can overflow where the scaled one did not), and changed by the
+    # cast by at most one unit roundoff of that dtype.
+    fits = _xp.finite_matrices(returned)
+    computed = usable & _xp.finite_matrices(root)
+    cast_error, cast_ok = _cast_back_error(returned, root, computed)
+    error_estimate = xp.where(fits & computed, check.error_estimate + cast_error,
+                              xp.full_like(cast_error, float("inf")))
+    converged = is_converged(out.converged | (call.tol == 0),
+                             usable & check.positive & fits & cast_ok,
+                             check.error_estimate, call.accuracy(check.kappa))
+    lam_max = lam_max * reg.magnitude
+    nan_b = xp.full_like(lam_max, float("nan"))
+    residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
+                        nan_b)
+    result = InvRootResult(
+        root=returned,
+        residual=residual,
+        iterations=out.iterations,
+        converged=converged,
+        lambda_max=xp.where(reg.finite, lam_max, nan_b),
+        matmuls=out.matmuls,
+        method=call.method,
+        error_estimate=xp.where(usable, error_estimate, nan_b),
+        repaired=xp.zeros_like(converged),
+        check_matmuls=certify_cost + check.matmul_equivalents,
+        failure_probability=FAILURE_PROBABILITY if probed else 0.0,
+    )
+    overflow = usable & check.positive & ~(fits & cast_ok)
+    return result, usable, xp.any(overflow)
+
+
+def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
+    xp = _xp.array_namespace(a)
+    n = a.shape[-1]
+    b = math.prod(a.shape[:-2])
+    traced = _xp.is_traced(a)
+    work_dtype = getattr(xp, call.work_dtype)
+    stack = xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n))
+    finite = _xp.finite_matrices(stack)
+    # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
+    # come back NaN, and every matrix takes the select below.
+    all_finite = False if traced else bool(xp.all(finite))
+    # The input itself is read again only to tell its NaN/Inf from an overflowing cast.
+    if check_finite and not traced and not all_finite and not bool(xp.all(xp.isfinite(a))):
+        raise ValueError(NONFINITE_INPUT)
+    # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
+    if not all_finite:
+        eye = _xp.identity_stack(xp, n, work_dtype, _xp.device_of(a))
+        stack = _xp.batched_where(finite, stack, eye)
+    # An exact power-of-two scale first, so that symmetrising (×0.5) cannot round
+    # subnormal entries away nor overflow huge ones; the ridge is part of it, so
+    # eps / magnitude stays in range.
+    magnitude = _xp.power_of_two_scale(stack, call.eps)
+    stack = _xp.symmetric_part(stack / magnitude[:, None, None])
+    ridge = call.eps / magnitude
+    if call.eps > 0 and call.spec.needs_scaling:
+        stack = _xp.add_scaled_identity(stack, ridge)
+    return _Regularised(stack, finite, magnitude, ridge)
+
+
+def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
+    stack = reg.stack
+    xp = _xp.array_namespace(stack)
+    dev = _xp.device_of(stack)
+    if not call.spec.needs_scaling:
+        # A direct method (eigh) takes the spectrum as it is: no bound to certify.
+        return _Scaled(stack, xp.ones(stack.shape[:1], dtype=stack.dtype, device=dev),
+                       None, None, None)
+    ritz = None
+    if lambda_max_upper is not None:
+        # The caller's bound is used as given: nothing is spent to find one. A bound
+        # below λmax leaves the basin, which the check of the root catches.
+        ritz = ritz_values(stack)
+        lam_max = _per_matrix(xp, lambda_max_upper, stack.shape[0], stack.dtype,
+                              dev) / reg.magnitude
+        certify_cost = xp.zeros_like(lam_max)
+    elif call.scaling == "power":
+        # One Lanczos run serves the λmax candidate, the λmin estimate and the
+        # check's κ (Ritz values scale with the matrix).
+        ritz = ritz_values(stack)
+        top = ritz.high if _xp.is_traced(stack) else _xp.from_numpy(
+            xp, ritz.high, dtype=stack.dtype, device=dev)
+        certified = certified_lambda_max(stack, estimate=top)
+        lam_max, certify_cost = certified.bound, certified.matmul_equivalents
+    else:
+        lam_max = lambda_max_bound_core(stack, scaling=call.scaling)
+        certify_cost = xp.zeros_like(lam_max)
+    scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
+    return _Scaled(stack / scale[:, None, None], scale, lam_max, certify_cost,
+                   None if ritz is None else ritz.divided(scale))
+
+
+def _per_matrix(xp, value, b, dtype, device):
+    """A caller's scalar or batch-shaped bound as a flat ``(b,)`` array."""
+    return xp.reshape(xp.broadcast_to(xp.asarray(value, dtype=dtype, device=device),
+                                      (b,) if xp.asarray(value).ndim == 0 else
+                                      xp.asarray(value).shape), (b,))
+
+
+def _cast_back_error(returned, root, computed):
+    """Relative Frobenius change of each root by the cast to the output dtype, and
+    whether it is at most one unit roundoff of that dtype (finite, within range)."""
+    xp = _xp.array_namespace(root)
+    if returned.dtype == root.dtype:
+        zero = xp.zeros(root.shape[:1], dtype=root.dtype, device=_xp.device_of(root))
+        return zero, xp.ones(root.shape[:1], dtype=xp.bool, device=_xp.device_of(root))
+    safe = _xp.batched_where(computed, root, xp.ones_like(root))
+    back = _xp.batched_where(computed, xp.astype(returned, root.dtype), safe)
+    entry = xp.max(xp.abs(safe), axis=(-2, -1))
+    entry = xp.where(entry > 0, entry, xp.ones_like(entry))[:, None, None]
+    change = _xp.frobenius_norm((back - safe) / entry) / _xp.frobenius_norm(safe / entry)
+    change = xp.where(xp.isfinite(change), change, xp.full_like(change, float("inf")))
+    return change, change <= unit_roundoff(xp, returned.dtype)
+
+
+def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bool):
+    """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
+    else the Lanczos estimate (its Ritz value errs high, hence its safety factor).
+
+    ``from_spectrum``: the Lanczos estimate, never below the ridge, even with one
+    (chebyshev's degree grows with the interval, and a ridge far below the
+    spectrum would push it to its cap; a bound that is too high is caught by the
+    a-posteriori check). Under jax.jit / torch.compile the estimate is formed on
+    the device, with no host read.
+
+    ``ritz``: the call's :class:`~matroot.scaling.RitzValues` of ``scaled``, or
+    None (then a run is made here when needed). Returns ``(bound, ritz)``, the
+    run passed on to the check, which reads its κ from it."""
+    if has_ridge and not from_spectrum:
+        return eps_scaled, ritz
+    xp = _xp.array_namespace(scaled)
+    if ritz is None:
+        ritz = ritz_values(scaled)
+    estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled), ritz=ritz)
+    return xp.maximum(estimate, eps_scaled), ritz

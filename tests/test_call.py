@@ -1,0 +1,75 @@
+"""A call resolved once (issue 24): one frozen RootCall, built in one function, read below."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import matroot
+import matroot.call
+import matroot.stack_solve
+from matroot.accuracy import row_target
+from matroot.call import RootCall, resolve_call
+from matroot.solvers import get_solver
+
+A32 = np.stack([np.diag([1.0, 4.0, 9.0])] * 2).astype(np.float32)
+
+
+def test_the_call_is_frozen_and_a_compile_key():
+    first = resolve_call(np, A32, 2, method="minimax", rtol=1e-3)
+    second = resolve_call(np, A32, 2, method="minimax", rtol=1e-3)
+    assert first == second and hash(first) == hash(second)
+    assert first != resolve_call(np, A32, 2, method="minimax", rtol=1e-2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.tol = 0.0  # type: ignore[misc]
+
+
+def test_defaults_are_filled_in_once():
+    call = resolve_call(np, A32, 4, method="coupled_newton")
+    spec = get_solver("coupled_newton")
+    assert call.spec is spec and call.work_dtype == "float32"
+    assert call.tol == spec.default_tol["float32"] and call.max_iter == spec.default_max_iter
+    assert call.rtol is None
+    target = resolve_call(np, A32, 4, method="coupled_newton", rtol=1e-2)
+    assert target.tol == pytest.approx(1e-2 * spec.rtol_stop_fraction)
+    explicit = resolve_call(np, A32, 4, method="coupled_newton", rtol=1e-2, tol=1e-6)
+    assert explicit.tol == 1e-6
+    assert resolve_call(np, A32.astype(np.float64), 2, method="minimax").work_dtype == "float64"
+
+
+def test_accuracy_is_rtol_or_the_table():
+    kappa = np.array([10.0, 1e3, 1e5])
+    table = resolve_call(np, A32, 2, method="minimax")
+    expected = np.maximum(row_target("iterative", "float32", 2, kappa), table.tol)
+    assert np.array_equal(table.accuracy(kappa), expected)
+    assert np.all(resolve_call(np, A32, 2, method="minimax", rtol=0.3).accuracy(kappa) == 0.3)
+    low = resolve_call(np, A32, 2, method="minimax", matmul_dtype="float16")
+    assert low.precision == "float16"
+
+
+def test_one_resolution_and_one_lookup_per_call(monkeypatch):
+    resolved: list[RootCall] = []
+    looked_up: list[str] = []
+    resolve = matroot.call.resolve_call
+    lookup = matroot.call.get_solver
+    monkeypatch.setattr("matroot.roots.resolve_call",
+                        lambda *a, **k: resolved.append(resolve(*a, **k)) or resolved[-1])
+    monkeypatch.setattr("matroot.call.get_solver",
+                        lambda name: looked_up.append(name) or lookup(name))
+    seen: list[RootCall] = []
+    solve = matroot.stack_solve.solve_stack
+    monkeypatch.setattr("matroot.stack_solve.solve_stack",
+                        lambda a, **o: seen.append(o["call"]) or solve(a, **o))
+    res = matroot.inv_root_info(A32, 2, method="auto")
+    assert len(resolved) == 1 and len(looked_up) == 1 and seen == resolved
+    assert res.method == resolved[0].method
+
+
+def test_the_repair_reads_the_call():
+    a = np.stack([np.diag(np.geomspace(1e-4, 1.0, 16))] * 2).astype(np.float32)
+    res = matroot.inv_root_info(a, 2, method="newton_db", max_iter=2, rtol=1e-4,
+                                fallback="evd")
+    assert np.all(res.repaired) and np.all(res.converged)
+    assert np.all(np.asarray(res.error_estimate) <= 1e-4)
