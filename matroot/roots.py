@@ -214,7 +214,9 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
         exactly k steps. Default: :func:`matroot.default_tol`, or
         ``rtol·rtol_stop_fraction`` (the method's registry entry; 1/8 for the
-        coupled iterations, 1/2 for chebyshev) when ``rtol`` is given.
+        coupled iterations, 1/2 for chebyshev) when ``rtol`` is given, divided
+        by :data:`matroot.probes.FROBENIUS_FACTOR` (5.4) with
+        ``certificate="randomized"``, whose estimate is that much looser.
     rtol : float, optional
         The accuracy target: the relative Frobenius error
         ``‖X̃ − X‖_F/‖X‖_F`` asked of every root, the quantity the README's

@@ -12,6 +12,7 @@ import matroot.call
 import matroot.stack_solve
 from matroot.accuracy import row_target
 from matroot.call import RootCall, resolve_call
+from matroot.probes import FROBENIUS_FACTOR
 from matroot.solvers import get_solver
 
 A32 = np.stack([np.diag([1.0, 4.0, 9.0])] * 2).astype(np.float32)
@@ -34,6 +35,9 @@ def test_defaults_are_filled_in_once():
     assert call.rtol is None
     target = resolve_call(np, A32, 4, method="coupled_newton", rtol=1e-2)
     assert target.tol == pytest.approx(1e-2 * spec.rtol_stop_fraction)
+    probed = resolve_call(np, A32, 4, method="coupled_newton", rtol=1e-2,
+                          certificate="randomized")
+    assert probed.tol == pytest.approx(target.tol / FROBENIUS_FACTOR)
     explicit = resolve_call(np, A32, 4, method="coupled_newton", rtol=1e-2, tol=1e-6)
     assert explicit.tol == 1e-6
     assert resolve_call(np, A32.astype(np.float64), 2, method="minimax").work_dtype == "float64"

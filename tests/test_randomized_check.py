@@ -155,3 +155,30 @@ def test_under_jax_jit():
     # Two XLA programs: estimates equal to within rounding of their products.
     assert np.allclose(np.asarray(jitted.error_estimate), np.asarray(eager.error_estimate),
                        rtol=1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["isolated_top", "clustered", "gram"])
+@pytest.mark.parametrize("method,p", [("newton_db", 2), ("coupled_newton", 3),
+                                      ("minimax", 4), ("chebyshev", 1)], ids=str)
+def test_converged_means_right_with_the_randomized_check(family, method, p):
+    """The promise holds with the randomized certificate on the hard spectra: a root
+    it reports converged is within the table's target (or rtol) of the oracle."""
+    from matroot.testing.spectra import family_stack
+    from matroot.verify import accuracy_target
+
+    kappas = (1e2, 1e4) if method == "chebyshev" else (1e2, 1e4, 1e6)
+    rng = np.random.default_rng(8)
+    a = np.stack([family_stack(family, rng, (), 64, k) for k in kappas]).astype(np.float32)
+    eps = 1e-4 if method == "chebyshev" else 0.0
+    exact = oracle_inv_root(a.astype(np.float64), p, eps)
+    lam = np.linalg.eigvalsh(a.astype(np.float64)) + eps
+    kappa = lam[:, -1] / lam[:, 0]
+    for rtol in (None, 1e-2):
+        res = matroot.inv_root_info(a, p, method=method, eps=eps, rtol=rtol,
+                                    certificate="randomized")
+        err = relative_error(np.asarray(res.root), exact)
+        target = accuracy_target(method, "float32", p, kappa) if rtol is None else rtol
+        converged = np.asarray(res.converged)
+        assert np.all(err[converged] <= np.broadcast_to(target, err.shape)[converged]), \
+            (rtol, err, converged)
+        assert converged[0], (rtol, err, np.asarray(res.error_estimate))
