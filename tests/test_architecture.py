@@ -82,7 +82,7 @@ LOWER_LAYERS = (
     ("matroot._xp", "matroot._typing"),
     ("matroot._checks",),
     ("matroot.accuracy",),
-    ("matroot.scaling",),
+    ("matroot.krylov", "matroot.lambda_max_bounds", "matroot.scaling"),
     ("matroot.solvers",),
 )
 #: What the lower layers may never reach, whatever their own order.
