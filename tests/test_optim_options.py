@@ -361,13 +361,13 @@ def test_the_planner_counts_the_preconditioner_bytes_the_state_holds(storage):
     config = ShampooConfig(block_size=32, precondition_1d=True, **storage)
     state = core.init([torch.zeros(s) for s in shapes], config)
     held = core.state_bytes(state)
-    failures = sum(f.numel() * f.element_size() for f in state.root_failures)
     planned = plan_summary([(str(i), s) for i, s in enumerate(shapes)], block_size=32,
                            world_sizes=[1], precondition_1d=True,
                            symmetric_packing=config.symmetric_packing,
                            root_storage_dtype=config.root_storage_dtype,
                            keep_roots=config.keeps_roots)["worlds"][0]
-    assert planned["preconditioner"] == held["factors"] + held["roots"] + failures
+    # Counters: failure counts and carried λmax bounds.
+    assert planned["preconditioner"] == held["factors"] + held["roots"] + held["counters"]
     assert planned["moments"] == held["moments"]
 
 

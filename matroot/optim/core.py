@@ -48,6 +48,7 @@ from .config import (
     ShampooConfig,
 )
 from .grafting import effective_gradient, final_update, grafting_direction
+from .factor_bounds import unknown_bounds
 from .preconditioner import (
     empty_stack,
     gather_blocks,
@@ -107,6 +108,10 @@ class ShampooState(NamedTuple):
     plan : BlockPlan
     momentum_buffer : list of arrays or None
         Per parameter, the momentum of the final update (None without momentum).
+    factor_bounds : list of arrays or None
+        Per stack, each factor's carried λmax bound and its floor, shape
+        ``(count, 2)`` (:mod:`matroot.optim.factor_bounds`); None (or a None
+        entry beside factors) where they are unknown: the next refresh finds them.
     """
 
     step: Any
@@ -120,6 +125,7 @@ class ShampooState(NamedTuple):
     skipped_steps: Any
     plan: BlockPlan
     momentum_buffer: list | None = None
+    factor_bounds: list | None = None
 
 
 class GradientTransformation(NamedTuple):
@@ -236,6 +242,7 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
         skipped_steps=0,
         plan=plan,
         momentum_buffer=zeros_like_moments(bool(config.momentum)),
+        factor_bounds=stacks.bounds,
     )
 
 
@@ -432,6 +439,10 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     # 2. Factors, one batched product per group of equal-shape blocks.
     factors, roots, failures = (list(state.factors), list(state.roots),
                                 list(state.root_failures))
+    # A state saved before bounds were carried has none: the next refresh finds them.
+    bounds = [b if b is not None or f is None else
+              unknown_bounds(f.shape[0], xp, f.dtype, _xp.device_of(f))
+              for f, b in zip(factors, state.factor_bounds or [None] * len(factors))]
     views = [None if g is None else xp.reshape(g, layout.view)
              for g, layout in zip(g_work, plan.params)]
     runs = [run for group in plan.groups for run in _present_runs(group, present)]
@@ -440,29 +451,29 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
             spec = plan.stacks[stack]
             device = _xp.device_of(g_work[run.blocks[0].param])
             if factors[stack] is None:
-                factors[stack], roots[stack], failures[stack] = empty_stack(
+                factors[stack], roots[stack], failures[stack], bounds[stack] = empty_stack(
                     spec, xp, device, root_dtype=_root_dtype(xp, config, spec),
                     packed=config.symmetric_packing, keep_roots=config.keeps_roots)
             elif roots[stack] is None and config.keeps_roots:  # from a keep_roots=False state
                 roots[stack] = identity_roots(spec, xp, device, _root_dtype(xp, config, spec),
                                               packed=config.symmetric_packing)
-        factors = update_factors(run, gather_blocks(run, views, xp), factors,
-                                 config.betas[1], in_place=in_place, keep=keep)
+        factors, bounds = update_factors(run, gather_blocks(run, views, xp), factors, bounds,
+                                         config.betas[1], in_place=in_place, keep=keep)
     phase("factors")
 
     # 3. Inverse roots, one solver call per stack that has factors. The solvers' convergence
     # checks read the host by design: under torch.compile they run outside the graph.
-    def solve(s, roots, failures):
-        return refresh_inverse_roots(plan.stacks[s], factors[s], roots, failures,
+    def solve(s, roots, failures, bounds):
+        return refresh_inverse_roots(plan.stacks[s], factors[s], roots, failures, bounds,
                                      method=config.root_method, eps=config.matrix_eps,
-                                     options=config.root_options)[:2]
+                                     options=config.root_options)[:3]
 
-    def refresh(roots, failures):
-        roots, failures = list(roots), list(failures)
+    def refresh(roots, failures, bounds):
+        roots, failures, bounds = list(roots), list(failures), list(bounds)
         for s in range(len(plan.stacks)):
             if factors[s] is not None:
-                roots[s], failures[s] = solve(s, roots[s], failures[s])
-        return roots, failures
+                roots[s], failures[s], bounds[s] = solve(s, roots[s], failures[s], bounds[s])
+        return roots, failures, bounds
 
     refreshes = state.root_refreshes
     if plan.stacks:
@@ -470,11 +481,13 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
             roots = [None] * len(plan.stacks)   # solved in step 4, stack by stack
         elif isinstance(due, bool):
             if due:
-                roots, failures = _xp.outside_torch_compile(refresh, roots, failures)
+                roots, failures, bounds = _xp.outside_torch_compile(refresh, roots, failures,
+                                                                    bounds)
                 phase("roots")
         else:  # counters on the device (jax.jit): a device-side branch
-            roots, failures = _xp.cond(due, refresh, lambda r, f: (list(r), list(f)),
-                                       roots, failures)
+            roots, failures, bounds = _xp.cond(
+                due, refresh, lambda r, f, b: (list(r), list(f), list(b)),
+                roots, failures, bounds)
         if isinstance(due, bool):
             refreshes = refreshes + int(due)
         else:
@@ -488,13 +501,14 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                 continue
             s = side[0]
             if isinstance(due, bool):
-                live[s], failures[s] = _xp.outside_torch_compile(solve, s, None, failures[s])
+                live[s], failures[s], bounds[s] = _xp.outside_torch_compile(
+                    solve, s, None, failures[s], bounds[s])
             else:
-                live[s], failures[s] = _xp.cond(
+                live[s], failures[s], bounds[s] = _xp.cond(
                     started, functools.partial(solve, s, None),
-                    lambda f, s=s: (identity_roots(plan.stacks[s], xp, _xp.device_of(f),
-                                                   factors[s].dtype), f),
-                    failures[s])
+                    lambda f, b, s=s: (identity_roots(plan.stacks[s], xp, _xp.device_of(f),
+                                                      factors[s].dtype), f, b),
+                    failures[s], bounds[s])
         in_use = [live.get(s) for s in range(len(plan.stacks))]
         for s in [s for s in live if last_use[s] == j]:
             del live[s]
@@ -557,7 +571,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         step=step, param_steps=param_steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
         factors=factors, roots=roots, root_failures=failures, root_refreshes=refreshes,
         skipped_steps=skipped,
-        momentum_buffer=momentum if config.momentum else state.momentum_buffer)
+        momentum_buffer=momentum if config.momentum else state.momentum_buffer,
+        factor_bounds=bounds)
     return updates, new_state
 
 
@@ -587,7 +602,8 @@ def copy_state(state: ShampooState) -> ShampooState:
     return state._replace(exp_avg=copies(state.exp_avg), exp_avg_sq=copies(state.exp_avg_sq),
                           factors=copies(state.factors), roots=copies(state.roots),
                           root_failures=copies(state.root_failures),
-                          momentum_buffer=copies(state.momentum_buffer))
+                          momentum_buffer=copies(state.momentum_buffer),
+                          factor_bounds=copies(state.factor_bounds))
 
 
 def _nbytes(arrays) -> int:
@@ -608,14 +624,14 @@ def state_bytes(state: ShampooState) -> dict:
     -------
     dict
         ``moments`` (both moments and the momentum buffer), ``factors``, ``roots``,
-        ``counters``, ``total`` (bytes) and ``per_parameter`` (total bytes / number of
-        parameter elements).
+        ``counters`` (failure counts and carried λmax bounds), ``total`` (bytes) and
+        ``per_parameter`` (total bytes / number of parameter elements).
     """
     moments = _nbytes(state.exp_avg) + _nbytes(state.exp_avg_sq) + \
         _nbytes(state.momentum_buffer)
     factors = _nbytes(state.factors)
     roots = _nbytes(state.roots)
-    counters = _nbytes(state.root_failures)
+    counters = _nbytes(state.root_failures) + _nbytes(state.factor_bounds)
     total = moments + factors + roots + counters
     elements = sum(math.prod(p.shape) for p in state.plan.params)
     return {"moments": moments, "factors": factors, "roots": roots, "counters": counters,

@@ -337,6 +337,10 @@ def _empty_stacks(specs, name: str, like) -> list:
     if name == "root_failures":
         return [torch.zeros((spec.count,), dtype=torch.int32) for spec in specs]
     present = [a for a in like if a is not None]
+    if name == "factor_bounds":
+        # Slots no rank filled never had a gradient: zero factors, bound 0 (exact).
+        dtype = present[0].dtype if present else torch.float32
+        return [torch.zeros((spec.count, 2), dtype=dtype) for spec in specs]
     if name == "roots" and not present:
         # Kept by no rank (keep_roots=False, or no gradient yet): the optimizer makes
         # them when it needs them.
@@ -345,6 +349,12 @@ def _empty_stacks(specs, name: str, like) -> list:
     dtype = present[0].dtype if present else None
     return [empty_stack(spec, torch, "cpu", packed=packed,
                         root_dtype=dtype)[0 if name == "factors" else 1] for spec in specs]
+
+
+def _stack_names(entry: dict) -> tuple:
+    """The per-stack arrays of a family's entry (carried bounds only where saved)."""
+    return ("factors", "roots", "root_failures") + (
+        ("factor_bounds",) if "factor_bounds" in entry else ())
 
 
 def _family_entries(state_dict) -> list:
@@ -402,10 +412,10 @@ def consolidate_state_dicts(state_dicts) -> dict:
                              f"got ranks {sorted(by_rank)} in {len(state_dicts)} dicts")
         plan = _plan_of_family(first, entry)
         split = ShardPlan.from_dict(shard["split"])
-        merged = {k: v for k, v in entry.items() if k not in
-                  ("shard", "factors", "roots", "root_failures")}
+        names = _stack_names(entry)
+        merged = {k: v for k, v in entry.items() if k not in ("shard", *names)}
         merged["root_refreshes"] = max(int(e["root_refreshes"]) for e in by_rank.values())
-        for name in ("factors", "roots", "root_failures"):
+        for name in names:
             stacks = _empty_stacks(plan.stacks, name,
                                    [a for e in by_rank.values() for a in e[name]])
             for rank, e in by_rank.items():
@@ -475,9 +485,9 @@ def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
         local, _ = local_plan(plan, split, rank)
         for i in local.remote_params:          # moments this rank does not keep
             out["state"].pop(entry["params"][i], None)
-        sharded = {k: v for k, v in entry.items() if k not in ("factors", "roots",
-                                                                 "root_failures")}
-        for name in ("factors", "roots", "root_failures"):
+        names = _stack_names(entry)
+        sharded = {k: v for k, v in entry.items() if k not in names}
+        for name in names:
             stacks = _empty_stacks(local.stacks, name, entry[name])
             for ls, lslots, fs, fslots in slot_map(plan, split, rank):
                 if entry[name][fs] is not None:

@@ -30,6 +30,8 @@ class ShampooOptaxState(NamedTuple):
     ``count`` and ``param_counts`` are int32 step counters (all steps, and per
     leaf); the lists follow the pytree's leaves and the plan's stacks (entries
     are None where a setting keeps no array, e.g. ``momentum`` without momentum).
+    ``factor_bounds`` carries each factor's λmax bound between refreshes
+    (:mod:`matroot.optim.factor_bounds`; None in a state saved before it existed).
     """
 
     count: Any
@@ -41,6 +43,7 @@ class ShampooOptaxState(NamedTuple):
     root_failures: list
     root_refreshes: Any
     momentum: list
+    factor_bounds: list | None = None
 
 
 def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
@@ -76,7 +79,8 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
             param_counts=jnp.zeros((len(leaves),), jnp.int32),
             exp_avg=state.exp_avg, exp_avg_sq=state.exp_avg_sq, factors=state.factors,
             roots=state.roots, root_failures=state.root_failures,
-            root_refreshes=jnp.zeros((), jnp.int32), momentum=state.momentum_buffer)
+            root_refreshes=jnp.zeros((), jnp.int32), momentum=state.momentum_buffer,
+            factor_bounds=state.factor_bounds)
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
@@ -98,7 +102,8 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
             exp_avg=state.exp_avg, exp_avg_sq=state.exp_avg_sq, factors=state.factors,
             roots=state.roots, root_failures=state.root_failures,
             root_refreshes=state.root_refreshes, skipped_steps=0,
-            plan=plan_of(leaves), momentum_buffer=state.momentum)
+            plan=plan_of(leaves), momentum_buffer=state.momentum,
+            factor_bounds=state.factor_bounds)
         # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
         directions, new = core.update(leaves, core_state, param_leaves, config,
                                       check_grads=False)
@@ -106,7 +111,8 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
             count=new.step, param_counts=jnp.stack(new.param_steps),
             exp_avg=new.exp_avg, exp_avg_sq=new.exp_avg_sq, factors=new.factors,
             roots=new.roots, root_failures=new.root_failures,
-            root_refreshes=new.root_refreshes, momentum=new.momentum_buffer)
+            root_refreshes=new.root_refreshes, momentum=new.momentum_buffer,
+            factor_bounds=new.factor_bounds)
         return treedef.unflatten([-d for d in directions]), new_state
 
     return optax.GradientTransformation(init_fn, update_fn)
