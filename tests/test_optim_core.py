@@ -304,6 +304,11 @@ def test_state_bytes_counts_moments_factors_and_roots():
     (dict(root_options={"eps": 1.0}), "root_options"), (dict(nonfinite_grads="ignore"),
                                                        "nonfinite_grads"),
     (dict(grafting_beta2=2.0), "grafting_beta2"),
+    # Solver options are checked when the config is made, not at the first refresh.
+    (dict(root_options={"max_iter": 0}), "max_iter"),
+    (dict(root_options={"scaling": "trace"}), "scaling"),
+    (dict(root_options={"matmul_dtype": "float8"}), "matmul_dtype"),
+    (dict(root_options={"tol": -1.0}), "tol"),
 ])
 def test_bad_hyperparameters_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -320,3 +325,14 @@ def test_a_storage_dtype_the_array_library_lacks_is_named_with_the_fix():
 
     with pytest.raises(ValueError, match="bfloat16 exists in PyTorch and JAX"):
         init([np.zeros((4, 4))], ShampooConfig(root_storage_dtype="bfloat16"), lazy=True)
+
+
+def test_root_options_are_one_typed_value_from_a_dict_or_itself():
+    from matroot.optim import RootOptions
+
+    typed = ShampooConfig(root_options=RootOptions(tol=0, max_iter=10))
+    assert typed == ShampooConfig(root_options={"tol": 0, "max_iter": 10})
+    assert typed.root_options.keywords() == {"tol": 0.0, "max_iter": 10}
+    assert ShampooConfig().root_options == RootOptions()
+    with pytest.raises(TypeError, match="RootOptions or a dict"):
+        ShampooConfig(root_options=[("tol", 0)])

@@ -571,3 +571,21 @@ def test_a_rank_keeps_moments_only_where_it_owns_blocks_and_its_blocks_match_one
     replicated = 3 * 8 * 8                  # the vector's two moments and momentum, float64
     for state in ranks:
         assert state_bytes(state)["total"] <= 1.2 * (whole - replicated) / world + replicated
+
+
+def test_param_groups_hold_root_options_as_a_plain_dict_that_loads_weights_only():
+    """torch.load(weights_only=True), as DCP loads, unpickles no matroot class."""
+    params = [torch.nn.Parameter(torch.randn(6, 4))]
+    opt = Shampoo(params, root_options={"max_iter": 30}, precondition_frequency=1,
+                  distributed=None)
+    assert opt.param_groups[0]["root_options"] == {"max_iter": 30}
+    params[0].grad = torch.randn(6, 4)
+    opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    again = Shampoo([torch.nn.Parameter(params[0].detach().clone())],
+                    root_options={"max_iter": 30}, precondition_frequency=1, distributed=None)
+    again.load_state_dict(loaded)
+    assert again._group_config(again.param_groups[0]).root_options.max_iter == 30

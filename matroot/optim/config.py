@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..solvers.registry import check_method
 from .blocking import FactorPolicy, check_block_size
+from .root_options import ROOT_OPTIONS, RootOptions
 
 __all__ = [
     "ShampooConfig",
@@ -25,8 +26,6 @@ __all__ = [
     "PER_PARAMETER",
 ]
 
-#: The :func:`matroot.inv_root` keywords that ``root_options`` may set.
-ROOT_OPTIONS = ("tol", "max_iter", "scaling", "matmul_dtype", "compute_dtype")
 #: What ``update`` does with a NaN or Inf gradient.
 NONFINITE_POLICIES = ("raise", "skip")
 #: Elementwise directions whose per-block norm the Shampoo direction takes.
@@ -114,9 +113,10 @@ class ShampooConfig:
         ("evd", "newton_db", "coupled_newton", "chebyshev", "minimax").
     matrix_eps : float
         Ridge of the factors: roots of ``L + matrix_eps·I``.
-    root_options : dict, optional
+    root_options : RootOptions or dict, optional
         Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``,
-        ``scaling``, ``matmul_dtype``, ``compute_dtype``).
+        ``scaling``, ``matmul_dtype``, ``compute_dtype``), checked now and kept as a
+        :class:`~matroot.optim.RootOptions`.
     root_storage_dtype : {None, "float32", "bfloat16", "float16"}
         dtype the inverse roots are kept in between refreshes (None: the factors'
         dtype). Factors and all arithmetic stay float32 (float64 for float64
@@ -186,7 +186,7 @@ class ShampooConfig:
     start_preconditioning_step: int | None = None
     root_method: str = "auto"
     matrix_eps: float = 1e-8
-    root_options: dict = field(default_factory=dict)
+    root_options: RootOptions = field(default_factory=RootOptions)
     root_storage_dtype: str | None = None
     symmetric_packing: bool = False
     keep_roots: bool | None = None
@@ -221,12 +221,7 @@ class ShampooConfig:
                              f"got {start!r}")
         check_method(self.root_method, "root_method")
         _real(self.matrix_eps, "matrix_eps", 0.0)
-        options = dict(self.root_options or {})
-        unknown = sorted(set(options) - set(ROOT_OPTIONS))
-        if unknown:
-            raise ValueError(f"root_options keys {unknown} are not inv_root options; allowed: "
-                             + ", ".join(ROOT_OPTIONS))
-        object.__setattr__(self, "root_options", options)
+        object.__setattr__(self, "root_options", RootOptions.from_value(self.root_options))
         _one_of(self.root_storage_dtype, "root_storage_dtype", ROOT_STORAGE_DTYPES)
         if self.keep_roots is not None and not isinstance(self.keep_roots, bool):
             raise ValueError(f"keep_roots must be True, False or None (automatic), "

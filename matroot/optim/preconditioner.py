@@ -265,7 +265,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
         Any :func:`matroot.inv_root` method.
     eps : float
         Ridge: the roots are of ``factor + eps·I``.
-    options : mapping
+    options : RootOptions
         Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``, ...).
 
     Returns
@@ -278,7 +278,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
 
     def solve(upper=None):
         return inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
-                             lambda_max_upper=upper, **options)
+                             lambda_max_upper=upper, **options.keywords())
 
     tight, upper = carried_lambda_max(bounds, eps)
     if _xp.is_traced(tight):
@@ -287,7 +287,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
     else:
         carried = bool(tight)
         result = solve(upper if carried else None)
-    ok = usable_roots(result, options.get("tol"))
+    ok = usable_roots(result, options.tol)
     margin = rounding_margin(xp, factors.dtype, spec.size, spec.size)
     new_bounds = bounds_after_refresh(
         bounds, result, ok, eps=eps, carried=carried,

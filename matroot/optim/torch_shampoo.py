@@ -130,6 +130,9 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                  **hyperparameters: Any) -> None:
         config = core.ShampooConfig(**hyperparameters)
         defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
+        # Plain values in the groups: state dicts hold them, and DCP loads with
+        # weights_only=True, which unpickles no matroot class.
+        defaults["root_options"] = config.root_options.keywords()
         self._families: list[_Family] = []
         self._process_group = resolve_process_group(distributed)
         self._graft_only = graft_only
