@@ -41,7 +41,8 @@ from .torch_state import STEP_DTYPE, ShampooStateDict, _Family
 
 __all__ = ["Shampoo"]
 
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig))
+#: The config's keywords (its option groups are built from them, not passed).
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig) if f.init)
 
 
 def _hashable(value):
