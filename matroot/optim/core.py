@@ -60,6 +60,7 @@ from .phases import (
     refresh_roots,
     root_dtype,
 )
+from .gradients import all_finite, check_gradients, nonfinite_flags
 from .preconditioner import FactorStacks, init_stacks
 from .state import ShampooState, copy_state, state_bytes
 
@@ -184,39 +185,6 @@ def _per_param(value, default, count, name):
     return values
 
 
-def nonfinite_flags(grads) -> list:
-    """Per gradient, whether it holds NaN/Inf (False for None); one host sync if all are finite.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> nonfinite_flags([np.ones(2), None, np.array([1.0, np.nan])])
-    [False, False, True]
-    """
-    present = [g for g in grads if g is not None]
-    if not present:
-        return [False] * len(grads)
-    xp = _xp.array_namespace(*present)
-    if bool(xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))):
-        return [False] * len(grads)
-    return [g is not None and not bool(xp.all(xp.isfinite(g))) for g in grads]
-
-
-def all_finite(grads):
-    """Whether every gradient is finite, as a 0-d boolean array on their device (no
-    host read; None entries are skipped), for :func:`update`'s ``finite``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> bool(all_finite([np.ones(2), None, np.array([1.0, np.inf])]))
-    False
-    """
-    present = [g for g in grads if g is not None]
-    xp = _namespace(present, "grads")
-    return xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))
-
-
 def _advance(xp, count, by):
     """``count + 1``, or ``count + by`` for a 0-d boolean array ``by`` (a device-side
     step count that stands still where ``by`` is False)."""
@@ -289,15 +257,9 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     >>> state.step, state.root_refreshes, w.shape
     (1, 1, (3, 2))
     """
-    grads = list(grads)
+    grads = check_gradients(grads, state.plan)
     plan = state.plan
     count = len(plan.params)
-    if len(grads) != count:
-        raise ValueError(f"got {len(grads)} gradients for {count} parameters")
-    for i, (g, layout) in enumerate(zip(grads, plan.params)):
-        if g is not None and tuple(g.shape) != layout.shape:
-            raise ValueError(f"gradient {i} has shape {tuple(g.shape)}, parameter has "
-                             f"{layout.shape}")
     xp = _namespace(grads + list(params or []), "grads")
     lrs = _per_param(lr, config.lr, count, "lr")
     decays = _per_param(weight_decay, config.weight_decay, count, "weight_decay")
