@@ -182,7 +182,7 @@ def test_the_jitted_step_compiles_once(committed):
     finally:
         jax.monitoring.unregister_event_duration_listener(count)
     assert len(compiles) == 1
-    assert int(state[0].count) == 4
+    assert int(state[0].step) == 4
 
 
 def test_a_root_that_overflows_float16_storage_is_a_counted_failure_under_jit():

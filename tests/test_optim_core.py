@@ -304,6 +304,11 @@ def test_state_bytes_counts_moments_factors_and_roots():
     (dict(root_options={"eps": 1.0}), "root_options"), (dict(nonfinite_grads="ignore"),
                                                        "nonfinite_grads"),
     (dict(grafting_beta2=2.0), "grafting_beta2"),
+    # Solver options are checked when the config is made, not at the first refresh.
+    (dict(root_options={"max_iter": 0}), "max_iter"),
+    (dict(root_options={"scaling": "trace"}), "scaling"),
+    (dict(root_options={"matmul_dtype": "float8"}), "matmul_dtype"),
+    (dict(root_options={"tol": -1.0}), "tol"),
 ])
 def test_bad_hyperparameters_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -320,3 +325,56 @@ def test_a_storage_dtype_the_array_library_lacks_is_named_with_the_fix():
 
     with pytest.raises(ValueError, match="bfloat16 exists in PyTorch and JAX"):
         init([np.zeros((4, 4))], ShampooConfig(root_storage_dtype="bfloat16"), lazy=True)
+
+
+def test_root_options_are_one_typed_value_from_a_dict_or_itself():
+    from matroot.optim import RootOptions
+
+    typed = ShampooConfig(root_options=RootOptions(tol=0, max_iter=10))
+    assert typed == ShampooConfig(root_options={"tol": 0, "max_iter": 10})
+    assert typed.root_options.keywords() == {"tol": 0.0, "max_iter": 10}
+    assert ShampooConfig().root_options == RootOptions()
+    with pytest.raises(TypeError, match="RootOptions or a dict"):
+        ShampooConfig(root_options=[("tol", 0)])
+
+
+def test_option_groups_are_built_once_and_build_the_same_config():
+    from matroot.optim.option_groups import (
+        BlockingOptions,
+        GraftingOptions,
+        RootSolveOptions,
+        StorageOptions,
+    )
+
+    flat = ShampooConfig(grafting="rmsprop", grafting_beta2=0.99, eps=1e-6, block_size=64,
+                         skip_dims=[1], root_method="newton_db", matrix_eps=1e-5,
+                         root_options={"max_iter": 40}, precondition_frequency=1,
+                         symmetric_packing=True, lr=0.1)
+    grouped = ShampooConfig.from_groups(
+        GraftingOptions(grafting="rmsprop", grafting_beta2=0.99, eps=1e-6),
+        BlockingOptions(block_size=64, skip_dims=(1,)),
+        RootSolveOptions(root_method="newton_db", matrix_eps=1e-5,
+                         root_options={"max_iter": 40}, precondition_frequency=1),
+        StorageOptions(symmetric_packing=True), lr=0.1)
+    assert grouped == flat
+    assert flat.blocking == BlockingOptions(block_size=64, skip_dims=(1,))
+    assert flat.root_solve.root_options.max_iter == 40
+    assert not flat.keeps_roots and flat.second_moment_beta == 0.99
+    with pytest.raises(ValueError, match="given both"):
+        ShampooConfig.from_groups(BlockingOptions(block_size=64), block_size=32)
+    with pytest.raises(TypeError, match="option groups"):
+        ShampooConfig.from_groups({"block_size": 64})
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda g: g.GraftingOptions(grafting="lion"), "grafting"),
+    (lambda g: g.BlockingOptions(skip_dims=(2,)), "skip_dims"),
+    (lambda g: g.RootSolveOptions(precondition_frequency=0), "precondition_frequency"),
+    (lambda g: g.StorageOptions(keep_roots=False, root_storage_dtype="float16"),
+     "root_storage_dtype"),
+])
+def test_each_option_group_checks_itself_under_the_config_keyword(make, match):
+    from matroot.optim import option_groups
+
+    with pytest.raises(ValueError, match=match):
+        make(option_groups)

@@ -361,13 +361,13 @@ def test_the_planner_counts_the_preconditioner_bytes_the_state_holds(storage):
     config = ShampooConfig(block_size=32, precondition_1d=True, **storage)
     state = core.init([torch.zeros(s) for s in shapes], config)
     held = core.state_bytes(state)
-    failures = sum(f.numel() * f.element_size() for f in state.root_failures)
     planned = plan_summary([(str(i), s) for i, s in enumerate(shapes)], block_size=32,
                            world_sizes=[1], precondition_1d=True,
                            symmetric_packing=config.symmetric_packing,
                            root_storage_dtype=config.root_storage_dtype,
                            keep_roots=config.keeps_roots)["worlds"][0]
-    assert planned["preconditioner"] == held["factors"] + held["roots"] + failures
+    # Counters: failure counts and carried λmax bounds.
+    assert planned["preconditioner"] == held["factors"] + held["roots"] + held["counters"]
     assert planned["moments"] == held["moments"]
 
 
@@ -571,3 +571,21 @@ def test_a_rank_keeps_moments_only_where_it_owns_blocks_and_its_blocks_match_one
     replicated = 3 * 8 * 8                  # the vector's two moments and momentum, float64
     for state in ranks:
         assert state_bytes(state)["total"] <= 1.2 * (whole - replicated) / world + replicated
+
+
+def test_param_groups_hold_root_options_as_a_plain_dict_that_loads_weights_only():
+    """torch.load(weights_only=True), as DCP loads, unpickles no matroot class."""
+    params = [torch.nn.Parameter(torch.randn(6, 4))]
+    opt = Shampoo(params, root_options={"max_iter": 30}, precondition_frequency=1,
+                  distributed=None)
+    assert opt.param_groups[0]["root_options"] == {"max_iter": 30}
+    params[0].grad = torch.randn(6, 4)
+    opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    again = Shampoo([torch.nn.Parameter(params[0].detach().clone())],
+                    root_options={"max_iter": 30}, precondition_frequency=1, distributed=None)
+    again.load_state_dict(loaded)
+    assert again._group_config(again.param_groups[0]).root_options.max_iter == 30

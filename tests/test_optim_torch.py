@@ -373,3 +373,35 @@ def test_bad_hyperparameters_are_rejected(kwargs, error):
 def test_integer_parameters_are_rejected():
     with pytest.raises(TypeError, match="floating"):
         Shampoo([torch.zeros(3, dtype=torch.int64)])
+
+
+def test_group_configs_are_validated_once_and_again_only_after_a_change(monkeypatch):
+    built = []
+    validate = ShampooConfig.__post_init__
+
+    def counting(self):
+        built.append(self)
+        validate(self)
+
+    monkeypatch.setattr(ShampooConfig, "__post_init__", counting)
+    model = torch.nn.Linear(6, 4)
+    opt = Shampoo(model.parameters(), lr=1e-2, block_size=8, precondition_frequency=2,
+                  distributed=None)
+    x, y = torch.randn(16, 6), torch.randn(16, 4)
+
+    def steps(count):
+        for _ in range(count):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    steps(2)
+    settled = len(built)
+    steps(3)
+    assert len(built) == settled
+    opt.param_groups[0]["lr"] = 5e-3            # as a scheduler would
+    steps(1)
+    assert len(built) > settled
+    opt.param_groups[0]["betas"] = (1.5, 0.999)
+    with pytest.raises(ValueError, match="betas"):
+        steps(1)

@@ -25,6 +25,7 @@ from .core import (
     state_bytes,
     update,
 )
+from .root_options import RootOptions
 
 __all__ = [
     "Shampoo",
@@ -36,6 +37,7 @@ __all__ = [
     "copy_state",
     "state_bytes",
     "ShampooConfig",
+    "RootOptions",
     "ShampooState",
     "GradientTransformation",
     "NonFiniteGradientError",

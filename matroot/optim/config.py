@@ -11,8 +11,19 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from ..solvers.registry import check_method
-from .blocking import FactorPolicy, check_block_size
+from .option_groups import (
+    GRAFTING,
+    ROOT_STORAGE_DTYPES,
+    BlockingOptions,
+    GraftingOptions,
+    RootSolveOptions,
+    StorageOptions,
+    check_one_of,
+    check_real,
+    group_fields,
+)
+from .blocking import FactorPolicy
+from .root_options import ROOT_OPTIONS, RootOptions
 
 __all__ = [
     "ShampooConfig",
@@ -25,45 +36,20 @@ __all__ = [
     "PER_PARAMETER",
 ]
 
-#: The :func:`matroot.inv_root` keywords that ``root_options`` may set.
-ROOT_OPTIONS = ("tol", "max_iter", "scaling", "matmul_dtype", "compute_dtype")
 #: What ``update`` does with a NaN or Inf gradient.
 NONFINITE_POLICIES = ("raise", "skip")
-#: Elementwise directions whose per-block norm the Shampoo direction takes.
-GRAFTING = ("adam", "adagrad", "rmsprop", "sgd")
 #: Decoupled (AdamW's) or L2 (added to the gradient, Adam's) weight decay.
 WEIGHT_DECAY_TYPES = ("decoupled", "l2")
-#: dtypes the inverse roots may be stored in (computed and applied in float32/64).
-ROOT_STORAGE_DTYPES = (None, "float32", "bfloat16", "float16")
 #: Fields that may differ between parameters sharing factor stacks: read per parameter.
 PER_PARAMETER = ("lr", "weight_decay", "precondition", "precondition_1d",
                  "max_preconditioned_dim", "skip_dims")
+#: The option groups a config builds, by attribute name.
+GROUPS = {"grafting_options": GraftingOptions, "blocking": BlockingOptions,
+          "root_solve": RootSolveOptions, "storage": StorageOptions}
 
 
 class NonFiniteGradientError(ValueError):
     """A gradient holds NaN or Inf and ``nonfinite_grads="raise"``."""
-
-
-def _real(value, name, low=None, high=None, *, low_open=False, high_open=False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    value = float(value)
-    if low is not None and (value < low or (low_open and value == low)):
-        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
-    if high is not None and (value > high or (high_open and value == high)):
-        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
-    return value
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _one_of(value, name, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not one of " + ", ".join(map(repr, allowed)))
 
 
 @dataclass(frozen=True)
@@ -114,9 +100,10 @@ class ShampooConfig:
         ("evd", "newton_db", "coupled_newton", "chebyshev", "minimax").
     matrix_eps : float
         Ridge of the factors: roots of ``L + matrix_eps·I``.
-    root_options : dict, optional
+    root_options : RootOptions or dict, optional
         Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``,
-        ``scaling``, ``matmul_dtype``, ``compute_dtype``).
+        ``scaling``, ``matmul_dtype``, ``compute_dtype``), checked now and kept as a
+        :class:`~matroot.optim.RootOptions`.
     root_storage_dtype : {None, "float32", "bfloat16", "float16"}
         dtype the inverse roots are kept in between refreshes (None: the factors'
         dtype). Factors and all arithmetic stay float32 (float64 for float64
@@ -186,7 +173,7 @@ class ShampooConfig:
     start_preconditioning_step: int | None = None
     root_method: str = "auto"
     matrix_eps: float = 1e-8
-    root_options: dict = field(default_factory=dict)
+    root_options: RootOptions = field(default_factory=RootOptions)
     root_storage_dtype: str | None = None
     symmetric_packing: bool = False
     keep_roots: bool | None = None
@@ -197,63 +184,61 @@ class ShampooConfig:
     stacked: bool = True
     nonfinite_grads: str = "raise"
 
+    grafting_options: GraftingOptions = field(init=False, repr=False, compare=False)
+    blocking: BlockingOptions = field(init=False, repr=False, compare=False)
+    root_solve: RootSolveOptions = field(init=False, repr=False, compare=False)
+    storage: StorageOptions = field(init=False, repr=False, compare=False)
+
     def __post_init__(self):
-        _real(self.lr, "lr", 0.0)
+        check_real(self.lr, "lr", 0.0)
         betas = tuple(self.betas)
         if len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
-        _real(betas[0], "betas[0]", 0.0, 1.0, high_open=True)
-        _real(betas[1], "betas[1]", 0.0, 1.0)
+        check_real(betas[0], "betas[0]", 0.0, 1.0, high_open=True)
+        check_real(betas[1], "betas[1]", 0.0, 1.0)
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        _real(self.eps, "eps", 0.0)
-        _real(self.weight_decay, "weight_decay", 0.0)
-        _one_of(self.weight_decay_type, "weight_decay_type", WEIGHT_DECAY_TYPES)
-        _one_of(self.grafting, "grafting", GRAFTING)
-        if self.grafting_beta2 is not None:
-            _real(self.grafting_beta2, "grafting_beta2", 0.0, 1.0)
-        _real(self.momentum, "momentum", 0.0, 1.0, high_open=True)
-        check_block_size(self.block_size)
-        _positive_int(self.precondition_frequency, "precondition_frequency")
-        start = self.start_preconditioning_step
-        if start is not None and (isinstance(start, bool) or not isinstance(start, numbers.Integral)
-                                  or start < 1):
-            raise ValueError("start_preconditioning_step must be a positive integer or None, "
-                             f"got {start!r}")
-        check_method(self.root_method, "root_method")
-        _real(self.matrix_eps, "matrix_eps", 0.0)
-        options = dict(self.root_options or {})
-        unknown = sorted(set(options) - set(ROOT_OPTIONS))
-        if unknown:
-            raise ValueError(f"root_options keys {unknown} are not inv_root options; allowed: "
-                             + ", ".join(ROOT_OPTIONS))
-        object.__setattr__(self, "root_options", options)
-        _one_of(self.root_storage_dtype, "root_storage_dtype", ROOT_STORAGE_DTYPES)
-        if self.keep_roots is not None and not isinstance(self.keep_roots, bool):
-            raise ValueError(f"keep_roots must be True, False or None (automatic), "
-                             f"got {self.keep_roots!r}")
-        if self.keep_roots is False:
-            if self.precondition_frequency != 1:
-                raise ValueError("keep_roots=False solves the inverse roots at every step: "
-                                 "it needs precondition_frequency=1, got "
-                                 f"{self.precondition_frequency}")
-            if self.root_storage_dtype is not None:
-                raise ValueError("root_storage_dtype sets how kept roots are stored; with "
-                                 "keep_roots=False no root is stored, so leave it None")
-        if self.max_preconditioned_dim != math.inf:
-            _positive_int(self.max_preconditioned_dim, "max_preconditioned_dim")
-        skip = tuple(self.skip_dims)
-        if not set(skip) <= {0, 1}:
-            raise ValueError(f"skip_dims must hold matrix-view dimensions 0 and/or 1, "
-                             f"got {self.skip_dims!r}")
-        object.__setattr__(self, "skip_dims", skip)
-        _one_of(self.nonfinite_grads, "nonfinite_grads", NONFINITE_POLICIES)
+        check_real(self.weight_decay, "weight_decay", 0.0)
+        check_one_of(self.weight_decay_type, "weight_decay_type", WEIGHT_DECAY_TYPES)
+        check_real(self.momentum, "momentum", 0.0, 1.0, high_open=True)
+        check_one_of(self.nonfinite_grads, "nonfinite_grads", NONFINITE_POLICIES)
+        for name, group_type in GROUPS.items():
+            group = group_type(**{f: getattr(self, f) for f in group_fields(group_type)})
+            object.__setattr__(self, name, group)
+            for f in group_fields(group_type):    # as the group normalised them
+                object.__setattr__(self, f, getattr(group, f))
+        if self.keep_roots is False and self.precondition_frequency != 1:
+            raise ValueError("keep_roots=False solves the inverse roots at every step: "
+                             f"it needs precondition_frequency=1, got "
+                             f"{self.precondition_frequency}")
+
+    @classmethod
+    def from_groups(cls, *groups, **hyperparameters) -> ShampooConfig:
+        """A config from option groups and further flat hyperparameters.
+
+        Examples
+        --------
+        >>> from matroot.optim.option_groups import GraftingOptions, StorageOptions
+        >>> config = ShampooConfig.from_groups(GraftingOptions(grafting="sgd"),
+        ...                                    StorageOptions(symmetric_packing=True), lr=0.1)
+        >>> config.grafting, config.symmetric_packing, config.lr
+        ('sgd', True, 0.1)
+        """
+        merged: dict = {}
+        for group in groups:
+            if type(group) not in GROUPS.values():
+                names = ", ".join(t.__name__ for t in GROUPS.values())
+                raise TypeError(f"from_groups takes option groups ({names}), "
+                                f"got {type(group).__name__}")
+            merged.update({f: getattr(group, f) for f in group_fields(type(group))})
+        clash = sorted(set(merged) & set(hyperparameters))
+        if clash:
+            raise ValueError(f"{clash} given both in a group and as keywords; give each once")
+        return cls(**merged, **hyperparameters)
 
     @property
     def first_preconditioned_step(self) -> int:
         """The step at which Shampoo directions (and root refreshes) start."""
-        if self.start_preconditioning_step is None:
-            return self.precondition_frequency
-        return int(self.start_preconditioning_step)
+        return self.root_solve.first_preconditioned_step
 
     @property
     def keeps_roots(self) -> bool:
@@ -266,26 +251,17 @@ class ShampooConfig:
         >>> ShampooConfig().keeps_roots, ShampooConfig(precondition_frequency=1).keeps_roots
         (True, False)
         """
-        if self.keep_roots is not None:
-            return self.keep_roots
-        return self.precondition_frequency != 1 or self.root_storage_dtype is not None
+        return self.storage.keeps_roots(self.precondition_frequency)
 
     @property
     def second_moment_beta(self) -> float | None:
         """``β₂'`` of the grafting second moment (1: running sum; None: none kept)."""
-        if self.grafting == "sgd":
-            return None
-        if self.grafting == "adagrad":
-            return 1.0
-        return self.betas[1] if self.grafting_beta2 is None else float(self.grafting_beta2)
+        return self.grafting_options.second_moment_beta(self.betas[1])
 
     @property
     def factor_policy(self) -> FactorPolicy:
         """Which dimensions of a parameter get factors, from the per-dimension fields."""
-        return FactorPolicy(precondition=bool(self.precondition),
-                            precondition_1d=bool(self.precondition_1d),
-                            max_preconditioned_dim=self.max_preconditioned_dim,
-                            skip_dims=self.skip_dims)
+        return self.blocking.factor_policy
 
     def schedule_at(self, step) -> tuple:
         """``(refresh, started)`` at (1-based) ``step``: whether the inverse roots are
@@ -307,7 +283,4 @@ class ShampooConfig:
     def refreshes_roots_at(self, step):
         """Whether the inverse roots are recomputed at (1-based) ``step`` (an int, or
         a 0-d integer array giving a boolean array)."""
-        start = self.first_preconditioned_step
-        if isinstance(step, numbers.Integral):
-            return bool(step >= start and (step - start) % self.precondition_frequency == 0)
-        return (step >= start) & ((step - start) % self.precondition_frequency == 0)
+        return self.root_solve.refreshes_roots_at(step)

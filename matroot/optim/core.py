@@ -1,6 +1,8 @@
 """Stacked-block Shampoo as a pair of functions, ``init`` and ``update``, on any array API.
 
-The update of one step, for every parameter with a gradient ``g``:
+The update of one step, for every parameter with a gradient ``g`` (each item is a
+phase function of :mod:`matroot.optim.phases`; :func:`update` validates, runs them
+in order and assembles the new :class:`~matroot.optim.state.ShampooState`):
 
 1. Elementwise (:mod:`matroot.optim.grafting`): the effective gradient (sign for
    ``maximize``, L2 weight decay), the moments and the grafting direction ``a``
@@ -33,32 +35,34 @@ step needs every array to exist).
 
 from __future__ import annotations
 
-import functools
-import math
 import numbers
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .. import _xp
-from .blocking import ELEMENTWISE, BlockPlan, plan_blocks, subgroup
+from .blocking import BlockPlan, plan_blocks
 from .config import (
     NONFINITE_POLICIES,
     ROOT_OPTIONS,
     NonFiniteGradientError,
     ShampooConfig,
 )
-from .grafting import effective_gradient, final_update, grafting_direction
-from .preconditioner import (
-    empty_stack,
-    gather_blocks,
-    graft,
-    identity_roots,
-    init_stacks,
-    precondition_blocks,
-    refresh_inverse_roots,
-    scatter_blocks,
-    update_factors,
+from .factor_bounds import unknown_bounds
+from .phases import (
+    Schedule,
+    StepContext,
+    accumulate_factors,
+    accumulate_moments,
+    compute_dtype,
+    compute_dtype_name,
+    final_updates,
+    precondition,
+    refresh_roots,
+    root_dtype,
 )
+from .gradients import all_finite, check_gradients, nonfinite_flags
+from .preconditioner import FactorStacks, init_stacks
+from .state import ShampooState, copy_state, state_bytes
 
 __all__ = [
     "ShampooConfig",
@@ -80,70 +84,11 @@ __all__ = [
 ]
 
 
-class ShampooState(NamedTuple):
-    """Optimizer state: arrays plus integer counters and the static block plan.
-
-    Attributes
-    ----------
-    step : int or 0-d integer array
-        Steps taken (skipped steps not counted); drives the root schedule unless
-        :func:`update` is given one.
-    param_steps : tuple of int or of 0-d arrays
-        Steps in which each parameter had a gradient; drives bias correction.
-    exp_avg, exp_avg_sq : list of arrays or None
-        First and second moments, parameter-shaped, in the compute dtype
-        (float32 for 16-bit parameters); None before a parameter's first
-        gradient in a lazy state, and ``exp_avg_sq`` always for SGD grafting.
-    factors, roots : list of arrays or None
-        One ``(count, n, n)`` stack per ``plan.stacks`` entry (None until first
-        needed in a lazy state); factors ``(count, n(n+1)/2)`` with ``symmetric_packing``,
-        roots in ``root_storage_dtype``.
-    root_failures : list of int32 arrays or None
-        Per factor, the refreshes whose root was rejected.
-    root_refreshes : int or 0-d integer array
-        Refresh rounds run.
-    skipped_steps : int or 0-d integer array
-        Steps skipped for non-finite gradients.
-    plan : BlockPlan
-    momentum_buffer : list of arrays or None
-        Per parameter, the momentum of the final update (None without momentum).
-    """
-
-    step: Any
-    param_steps: tuple
-    exp_avg: list
-    exp_avg_sq: list
-    factors: list
-    roots: list
-    root_failures: list
-    root_refreshes: Any
-    skipped_steps: Any
-    plan: BlockPlan
-    momentum_buffer: list | None = None
-
-
 class GradientTransformation(NamedTuple):
     """An optax-style ``(init, update)`` pair."""
 
     init: Callable
     update: Callable
-
-
-def compute_dtype_name(xp, dtype) -> str:
-    """The dtype moments and factors are kept in: float64 for float64, else float32.
-
-    Raises
-    ------
-    TypeError
-        For non-floating dtypes.
-    """
-    if not xp.isdtype(dtype, "real floating"):
-        raise TypeError(f"Shampoo optimizes real floating parameters, got dtype {dtype}")
-    return "float64" if dtype == xp.float64 else "float32"
-
-
-def _compute_dtype(xp, array):
-    return getattr(xp, compute_dtype_name(xp, array.dtype))
 
 
 def _namespace(arrays, what):
@@ -166,17 +111,6 @@ def make_plan(params, config: ShampooConfig, *, policies=None) -> BlockPlan:
                        block_size=config.block_size,
                        policy=config.factor_policy if policies is None else policies,
                        stacked=config.stacked)
-
-
-def _root_dtype(xp, config: ShampooConfig, spec):
-    name = config.root_storage_dtype or spec.dtype
-    dtype = getattr(xp, name, None)
-    if dtype is None:
-        raise ValueError(
-            f"root_storage_dtype={name!r} is not a dtype of the parameters' array library "
-            f"({getattr(xp, '__name__', xp)}); bfloat16 exists in PyTorch and JAX: use "
-            "root_storage_dtype='float16' or None here")
-    return dtype
 
 
 def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
@@ -214,7 +148,7 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
     device = _xp.device_of(params[0])
     plan = make_plan(params, config) if plan is None else plan
     stacks = init_stacks(plan, xp, device, lazy=lazy, packed=config.symmetric_packing,
-                         root_dtypes=[_root_dtype(xp, config, s) for s in plan.stacks],
+                         root_dtypes=[root_dtype(xp, config, s) for s in plan.stacks],
                          keep_roots=config.keeps_roots)
     count = len(params)
     moments = [None] * count if lazy else [
@@ -236,6 +170,7 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
         skipped_steps=0,
         plan=plan,
         momentum_buffer=zeros_like_moments(bool(config.momentum)),
+        factor_bounds=stacks.bounds,
     )
 
 
@@ -250,59 +185,12 @@ def _per_param(value, default, count, name):
     return values
 
 
-def nonfinite_flags(grads) -> list:
-    """Per gradient, whether it holds NaN/Inf (False for None); one host sync if all are finite.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> nonfinite_flags([np.ones(2), None, np.array([1.0, np.nan])])
-    [False, False, True]
-    """
-    present = [g for g in grads if g is not None]
-    if not present:
-        return [False] * len(grads)
-    xp = _xp.array_namespace(*present)
-    if bool(xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))):
-        return [False] * len(grads)
-    return [g is not None and not bool(xp.all(xp.isfinite(g))) for g in grads]
-
-
-def all_finite(grads):
-    """Whether every gradient is finite, as a 0-d boolean array on their device (no
-    host read; None entries are skipped), for :func:`update`'s ``finite``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> bool(all_finite([np.ones(2), None, np.array([1.0, np.inf])]))
-    False
-    """
-    present = [g for g in grads if g is not None]
-    xp = _namespace(present, "grads")
-    return xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))
-
-
 def _advance(xp, count, by):
     """``count + 1``, or ``count + by`` for a 0-d boolean array ``by`` (a device-side
     step count that stands still where ``by`` is False)."""
     if by is None:
         return count + 1
     return count + xp.astype(by, count.dtype if hasattr(count, "dtype") else xp.int64)
-
-
-def _present_runs(group, present):
-    """Sub-groups of consecutive blocks whose parameter has a gradient this step."""
-    runs, start = [], None
-    for j, block in enumerate(group.blocks):
-        if present[block.param] and start is None:
-            start = j
-        elif not present[block.param] and start is not None:
-            runs.append(subgroup(group, start, j))
-            start = None
-    if start is not None:
-        runs.append(group if start == 0 else subgroup(group, start, len(group.blocks)))
-    return runs
 
 
 def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None,
@@ -369,15 +257,9 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     >>> state.step, state.root_refreshes, w.shape
     (1, 1, (3, 2))
     """
-    grads = list(grads)
+    grads = check_gradients(grads, state.plan)
     plan = state.plan
     count = len(plan.params)
-    if len(grads) != count:
-        raise ValueError(f"got {len(grads)} gradients for {count} parameters")
-    for i, (g, layout) in enumerate(zip(grads, plan.params)):
-        if g is not None and tuple(g.shape) != layout.shape:
-            raise ValueError(f"gradient {i} has shape {tuple(g.shape)}, parameter has "
-                             f"{layout.shape}")
     xp = _namespace(grads + list(params or []), "grads")
     lrs = _per_param(lr, config.lr, count, "lr")
     decays = _per_param(weight_decay, config.weight_decay, count, "weight_decay")
@@ -394,7 +276,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
                     f"gradients of parameters {bad} contain NaN or Inf; pass "
                     "nonfinite_grads='skip' to skip such steps instead")
             updates = [None if g is None else
-                       xp.zeros(g.shape, dtype=_compute_dtype(xp, g), device=_xp.device_of(g))
+                       xp.zeros(g.shape, dtype=compute_dtype(xp, g), device=_xp.device_of(g))
                        for g in grads]
             return updates, state._replace(skipped_steps=state.skipped_steps + 1)
 
@@ -406,159 +288,43 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     step = _advance(xp, state.step, keep)
     param_steps = tuple(_advance(xp, s, keep) if p else s
                         for s, p in zip(state.param_steps, present))
-    due, started = config.schedule_at(step) if schedule is None else schedule
-    exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
-    momentum = list(state.momentum_buffer or [None] * count)
-
-    # 1. Moments and grafting directions, elementwise. A sharded rank keeps no moments
-    # of parameters whose blocks all belong to other ranks: their updates arrive by the
-    # all-gather, so here they are zeros.
-    remote = plan.remote_params
-    g_work, m_hat, adam = [None] * count, [None] * count, [None] * count
-    for i, g in enumerate(grads):
-        if g is None or i in remote:
-            continue
-        g = xp.astype(g, _compute_dtype(xp, g), copy=False)
-        if exp_avg[i] is None:
-            exp_avg[i] = xp.zeros_like(g)
-            if config.second_moment_beta is not None:
-                exp_avg_sq[i] = xp.zeros_like(g)
-        g_work[i] = effective_gradient(xp, g, params[i], decays[i], config)
-        exp_avg[i], exp_avg_sq[i], m_hat[i], adam[i] = grafting_direction(
-            xp, g_work[i], exp_avg[i], exp_avg_sq[i], param_steps[i], config,
-            in_place=in_place, keep=keep)
+    ctx = StepContext(xp, plan, config, Schedule(*(config.schedule_at(step) if schedule is None
+                                                   else schedule)), in_place, keep)
+    moments = accumulate_moments(ctx, grads, params, decays, state.exp_avg, state.exp_avg_sq,
+                                 param_steps)
     phase("moments")
-
-    # 2. Factors, one batched product per group of equal-shape blocks.
-    factors, roots, failures = (list(state.factors), list(state.roots),
-                                list(state.root_failures))
-    views = [None if g is None else xp.reshape(g, layout.view)
-             for g, layout in zip(g_work, plan.params)]
-    runs = [run for group in plan.groups for run in _present_runs(group, present)]
-    for run in runs:
-        for stack, _ in run.factor_slots:
-            spec = plan.stacks[stack]
-            device = _xp.device_of(g_work[run.blocks[0].param])
-            if factors[stack] is None:
-                factors[stack], roots[stack], failures[stack] = empty_stack(
-                    spec, xp, device, root_dtype=_root_dtype(xp, config, spec),
-                    packed=config.symmetric_packing, keep_roots=config.keeps_roots)
-            elif roots[stack] is None and config.keeps_roots:  # from a keep_roots=False state
-                roots[stack] = identity_roots(spec, xp, device, _root_dtype(xp, config, spec),
-                                              packed=config.symmetric_packing)
-        factors = update_factors(run, gather_blocks(run, views, xp), factors,
-                                 config.betas[1], in_place=in_place, keep=keep)
+    stacks, runs = accumulate_factors(ctx, moments.effective, _stacks_of(xp, state))
     phase("factors")
-
-    # 3. Inverse roots, one solver call per stack that has factors. The solvers' convergence
-    # checks read the host by design: under torch.compile they run outside the graph.
-    def solve(s, roots, failures):
-        return refresh_inverse_roots(plan.stacks[s], factors[s], roots, failures,
-                                     method=config.root_method, eps=config.matrix_eps,
-                                     options=config.root_options)[:2]
-
-    def refresh(roots, failures):
-        roots, failures = list(roots), list(failures)
-        for s in range(len(plan.stacks)):
-            if factors[s] is not None:
-                roots[s], failures[s] = solve(s, roots[s], failures[s])
-        return roots, failures
-
-    refreshes = state.root_refreshes
-    if plan.stacks:
-        if not config.keeps_roots:
-            roots = [None] * len(plan.stacks)   # solved in step 4, stack by stack
-        elif isinstance(due, bool):
-            if due:
-                roots, failures = _xp.outside_torch_compile(refresh, roots, failures)
-                phase("roots")
-        else:  # counters on the device (jax.jit): a device-side branch
-            roots, failures = _xp.cond(due, refresh, lambda r, f: (list(r), list(f)),
-                                       roots, failures)
-        if isinstance(due, bool):
-            refreshes = refreshes + int(due)
-        else:
-            refreshes = refreshes + xp.astype(due, xp.int32)
-
-    def transient_roots(j, run, live, last_use):
-        """keep_roots=False: solve the stacks the ``j``-th run needs that are not live
-        yet, and drop those no later run needs, so a step holds only the roots in use."""
-        for side in (run.left, run.right):
-            if side is None or side[0] in live:
-                continue
-            s = side[0]
-            if isinstance(due, bool):
-                live[s], failures[s] = _xp.outside_torch_compile(solve, s, None, failures[s])
-            else:
-                live[s], failures[s] = _xp.cond(
-                    started, functools.partial(solve, s, None),
-                    lambda f, s=s: (identity_roots(plan.stacks[s], xp, _xp.device_of(f),
-                                                   factors[s].dtype), f),
-                    failures[s])
-        in_use = [live.get(s) for s in range(len(plan.stacks))]
-        for s in [s for s in live if last_use[s] == j]:
-            del live[s]
-        return in_use
-
-    # 4. Directions: grafted Shampoo blocks once preconditioning has started.
-    directions = list(adam)
-    if not isinstance(started, bool) or (started and runs):
-        m_views = [None if m is None else xp.reshape(m, layout.view)
-                   for m, layout in zip(m_hat, plan.params)]
-        a_views = [None if a is None else xp.reshape(a, layout.view)
-                   for a, layout in zip(adam, plan.params)]
-        out_views = [None if (a is None or layout.kind == ELEMENTWISE)
-                     else xp.zeros(layout.view, dtype=a.dtype, device=_xp.device_of(a))
-                     for a, layout in zip(adam, plan.params)]
-        def sides(run):
-            return [side for side in (run.left, run.right) if side is not None]
-
-        if not config.keeps_roots:
-            # The runs that need the largest stack go first, then the next largest: each
-            # big stack is solved when its first user comes and freed before the next.
-            runs = sorted(runs, key=lambda run: -max(
-                (plan.stacks[s].size for s, _ in sides(run)), default=0))
-        last_use = {side[0]: j for j, run in enumerate(runs) for side in sides(run)}
-        live: dict = {}
-        for j, run in enumerate(runs):
-            in_use = roots if config.keeps_roots else transient_roots(j, run, live, last_use)
-            shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), in_use)
-            out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
-                                       out_views)
-        for i, (out, layout) in enumerate(zip(out_views, plan.params)):
-            if out is not None:
-                shaped = xp.reshape(out, layout.shape)
-                # Counters on the device: select instead of branching on the host.
-                directions[i] = shaped if isinstance(started, bool) else xp.where(
-                    started, shaped, adam[i])
+    stacks, refreshes = refresh_roots(ctx, stacks, state.root_refreshes)
+    if ctx.schedule.on_host and ctx.schedule.refresh and config.keeps_roots and plan.stacks:
+        phase("roots")
+    directions, stacks = precondition(ctx, runs, moments, stacks)
     phase("precondition")
-
-    # 5. Updates: momentum, then decoupled weight decay.
-    updates = [None] * count
-    for i in remote:
-        if grads[i] is not None:
-            updates[i] = xp.zeros(grads[i].shape, dtype=_compute_dtype(xp, grads[i]),
-                                  device=_xp.device_of(grads[i]))
-    for i, d in enumerate(directions):
-        if d is None:
-            continue
-        if config.momentum and momentum[i] is None:
-            momentum[i] = xp.zeros_like(d)
-        updates[i], momentum[i] = final_update(xp, d, momentum[i], params[i], lrs[i],
-                                               decays[i], config, in_place=in_place, keep=keep)
-        if keep is not None:
-            updates[i] = xp.where(keep, updates[i], xp.zeros_like(updates[i]))
+    updates, momentum = final_updates(ctx, grads, directions,
+                                      state.momentum_buffer or [None] * count, params, lrs,
+                                      decays)
     phase("updates")
 
     skipped = state.skipped_steps
     if keep is not None:
         skipped = _advance(xp, skipped, ~keep)
     new_state = state._replace(
-        step=step, param_steps=param_steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
-        factors=factors, roots=roots, root_failures=failures, root_refreshes=refreshes,
-        skipped_steps=skipped,
-        momentum_buffer=momentum if config.momentum else state.momentum_buffer)
+        step=step, param_steps=param_steps, exp_avg=moments.exp_avg,
+        exp_avg_sq=moments.exp_avg_sq, factors=stacks.factors, roots=stacks.roots,
+        root_failures=stacks.failures, root_refreshes=refreshes, skipped_steps=skipped,
+        momentum_buffer=momentum if config.momentum else state.momentum_buffer,
+        factor_bounds=stacks.bounds)
     return updates, new_state
+
+
+def _stacks_of(xp, state: ShampooState) -> FactorStacks:
+    """The state's per-stack arrays; a state saved before bounds were carried has none,
+    so the next refresh finds them."""
+    bounds = [b if b is not None or f is None else
+              unknown_bounds(f.shape[0], xp, f.dtype, _xp.device_of(f))
+              for f, b in zip(state.factors, state.factor_bounds or [None] * len(state.factors))]
+    return FactorStacks(list(state.factors), list(state.roots), list(state.root_failures),
+                        bounds)
 
 
 def apply_updates(params, updates):
@@ -574,52 +340,6 @@ def apply_updates(params, updates):
         xp = _xp.array_namespace(p, u)
         out.append(xp.astype(xp.astype(p, u.dtype, copy=False) + u, p.dtype, copy=False))
     return out
-
-
-def copy_state(state: ShampooState) -> ShampooState:
-    """A copy of ``state`` whose arrays share no memory with it."""
-    def copies(arrays):
-        if arrays is None:
-            return None
-        return [None if a is None else _xp.array_namespace(a).asarray(a, copy=True)
-                for a in arrays]
-
-    return state._replace(exp_avg=copies(state.exp_avg), exp_avg_sq=copies(state.exp_avg_sq),
-                          factors=copies(state.factors), roots=copies(state.roots),
-                          root_failures=copies(state.root_failures),
-                          momentum_buffer=copies(state.momentum_buffer))
-
-
-def _nbytes(arrays) -> int:
-    total = 0
-    for a in arrays or ():
-        if a is None:
-            continue
-        xp = _xp.array_namespace(a)
-        info = xp.finfo if xp.isdtype(a.dtype, "real floating") else xp.iinfo
-        total += math.prod(a.shape) * info(a.dtype).bits // 8
-    return total
-
-
-def state_bytes(state: ShampooState) -> dict:
-    """Bytes held by the state, by kind, and per optimized parameter element.
-
-    Returns
-    -------
-    dict
-        ``moments`` (both moments and the momentum buffer), ``factors``, ``roots``,
-        ``counters``, ``total`` (bytes) and ``per_parameter`` (total bytes / number of
-        parameter elements).
-    """
-    moments = _nbytes(state.exp_avg) + _nbytes(state.exp_avg_sq) + \
-        _nbytes(state.momentum_buffer)
-    factors = _nbytes(state.factors)
-    roots = _nbytes(state.roots)
-    counters = _nbytes(state.root_failures)
-    total = moments + factors + roots + counters
-    elements = sum(math.prod(p.shape) for p in state.plan.params)
-    return {"moments": moments, "factors": factors, "roots": roots, "counters": counters,
-            "total": total, "per_parameter": total / elements if elements else 0.0}
 
 
 def shampoo(**hyperparameters) -> GradientTransformation:

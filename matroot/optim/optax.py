@@ -12,35 +12,23 @@ or any optax schedule works.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import jax
 import jax.numpy as jnp
 import optax
 
+from .. import _xp
 from . import core
 from .muon_optax import MuonOptaxState, muon, scale_by_muon  # noqa: F401  (re-export)
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
 
 
-class ShampooOptaxState(NamedTuple):
-    """The core's :class:`~matroot.optim.ShampooState` as arrays (a pytree).
-
-    ``count`` and ``param_counts`` are int32 step counters (all steps, and per
-    leaf); the lists follow the pytree's leaves and the plan's stacks (entries
-    are None where a setting keeps no array, e.g. ``momentum`` without momentum).
-    """
-
-    count: Any
-    param_counts: Any
-    exp_avg: list
-    exp_avg_sq: list
-    factors: list
-    roots: list
-    root_failures: list
-    root_refreshes: Any
-    momentum: list
+#: The optax state is the core's own :class:`~matroot.optim.state.ShampooState`, a JAX
+#: pytree here (its block plan static): counters ``step``, ``param_steps``,
+#: ``root_refreshes`` and ``skipped_steps`` are int32 arrays, the lists follow the
+#: pytree's leaves and the plan's stacks (None where a setting keeps no array).
+ShampooOptaxState = core.ShampooState
+_xp.register_jax_pytree(core.ShampooState, ("plan",))
 
 
 def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
@@ -71,12 +59,9 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
 
     def build_state(leaves):
         state = core.init(leaves, config, plan=plan_of(leaves))
-        return ShampooOptaxState(
-            count=jnp.zeros((), jnp.int32),
-            param_counts=jnp.zeros((len(leaves),), jnp.int32),
-            exp_avg=state.exp_avg, exp_avg_sq=state.exp_avg_sq, factors=state.factors,
-            roots=state.roots, root_failures=state.root_failures,
-            root_refreshes=jnp.zeros((), jnp.int32), momentum=state.momentum_buffer)
+        counter = jnp.zeros((), jnp.int32)
+        return state._replace(step=counter, param_steps=(counter,) * len(leaves),
+                              root_refreshes=counter, skipped_steps=counter)
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
@@ -93,21 +78,10 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
         param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
-        core_state = core.ShampooState(
-            step=state.count, param_steps=tuple(state.param_counts[i] for i in range(len(leaves))),
-            exp_avg=state.exp_avg, exp_avg_sq=state.exp_avg_sq, factors=state.factors,
-            roots=state.roots, root_failures=state.root_failures,
-            root_refreshes=state.root_refreshes, skipped_steps=0,
-            plan=plan_of(leaves), momentum_buffer=state.momentum)
         # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
-        directions, new = core.update(leaves, core_state, param_leaves, config,
-                                      check_grads=False)
-        new_state = ShampooOptaxState(
-            count=new.step, param_counts=jnp.stack(new.param_steps),
-            exp_avg=new.exp_avg, exp_avg_sq=new.exp_avg_sq, factors=new.factors,
-            roots=new.roots, root_failures=new.root_failures,
-            root_refreshes=new.root_refreshes, momentum=new.momentum_buffer)
-        return treedef.unflatten([-d for d in directions]), new_state
+        directions, state = core.update(leaves, state, param_leaves, config,
+                                        check_grads=False)
+        return treedef.unflatten([-d for d in directions]), state
 
     return optax.GradientTransformation(init_fn, update_fn)
 

@@ -7,9 +7,11 @@ them for the groups and stacks a rank owns:
 
 1. :func:`update_factors` — ``L ← β₂L + (1−β₂)GGᵀ``, ``R ← β₂R + (1−β₂)GᵀG`` for
    all blocks of a group with two batched matmuls, written into the group's
-   slots of the stacks.
+   slots of the stacks, and the factors' carried λmax bounds
+   (:mod:`matroot.optim.factor_bounds`) advanced with them.
 2. :func:`refresh_inverse_roots` — one :func:`matroot.inv_root_info` call per
-   stack; matrices whose root failed keep their previous root.
+   stack, given the carried bounds where they are tight; matrices whose root
+   failed keep their previous root.
 3. :func:`precondition_blocks` — ``L^(-1/4) M R^(-1/4)`` (``L^(-1/2) m`` for
    vector blocks) for all blocks of a group, then :func:`graft` rescales each
    block to the norm of its Adam direction.
@@ -17,17 +19,26 @@ them for the groups and stacks a rank owns:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import array_api_extra as xpx
-import numpy as np
 
 from .. import _xp
-from ..roots import inv_root_info, usable_roots
+from ..roots import InvRootResult, inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, StackSpec
+from .packing import diagonals, pack, unpack
+from .factor_bounds import (
+    advanced_bounds,
+    bounds_after_refresh,
+    carried_lambda_max,
+    rounding_margin,
+    zero_bounds,
+)
 
 __all__ = [
     "FactorStacks",
+    "FactorUpdate",
+    "RootRefresh",
     "factor_shape",
     "empty_stack",
     "identity_roots",
@@ -50,12 +61,32 @@ class FactorStacks(NamedTuple):
     """Per-stack arrays, indexed like ``BlockPlan.stacks``.
 
     ``factors[i]`` and ``roots[i]`` have shape ``(count, n, n)``;
-    ``failures[i]`` counts, per matrix, the root refreshes that failed.
+    ``failures[i]`` counts, per matrix, the root refreshes that failed;
+    ``bounds[i]``, shape ``(count, 2)``, carries each factor's λmax bound
+    (:mod:`matroot.optim.factor_bounds`).
     """
 
     factors: list
     roots: list
     failures: list
+    bounds: list
+
+
+class FactorUpdate(NamedTuple):
+    """The factor stacks and their carried λmax bounds after :func:`update_factors`."""
+
+    factors: list
+    bounds: list
+
+
+class RootRefresh(NamedTuple):
+    """One stack after :func:`refresh_inverse_roots`: its roots, failure counts and
+    carried bounds, and the solver's diagnostics (for logging)."""
+
+    roots: Any
+    failures: Any
+    bounds: Any
+    result: InvRootResult
 
 
 def factor_shape(spec: StackSpec, packed: bool) -> tuple[int, ...]:
@@ -76,20 +107,22 @@ def identity_roots(spec: StackSpec, xp, device, dtype=None, *, packed=False):
 def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None, packed=False,
                 keep_roots=True) -> tuple:
     """Zero factors, identity roots (in ``root_dtype``, default the factors'; None
-    unless ``keep_roots``) and zero failure counts for one stack; factors and roots
-    as packed upper triangles when ``packed``."""
-    factors = xp.zeros(factor_shape(spec, packed), dtype=getattr(xp, spec.dtype), device=device)
+    unless ``keep_roots``), zero failure counts and zero λmax bounds for one stack;
+    factors and roots as packed upper triangles when ``packed``."""
+    dtype = getattr(xp, spec.dtype)
+    factors = xp.zeros(factor_shape(spec, packed), dtype=dtype, device=device)
     roots = identity_roots(spec, xp, device, root_dtype, packed=packed) if keep_roots else None
-    return factors, roots, xp.zeros((spec.count,), dtype=xp.int32, device=device)
+    return (factors, roots, xp.zeros((spec.count,), dtype=xp.int32, device=device),
+            zero_bounds(spec.count, xp, dtype, device))
 
 
 def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
                 root_dtypes=None, packed: bool = False, keep_roots: bool = True) -> FactorStacks:
     """Every stack of ``plan`` from :func:`empty_stack`, or None for each when ``lazy``."""
-    stacks = FactorStacks([], [], [])
+    stacks = FactorStacks([], [], [], [])
     root_dtypes = root_dtypes or [None] * len(plan.stacks)
     for spec, root_dtype in zip(plan.stacks, root_dtypes):
-        arrays = (None, None, None) if lazy else empty_stack(spec, xp, device,
+        arrays = (None,) * len(stacks) if lazy else empty_stack(spec, xp, device,
                                                               root_dtype=root_dtype,
                                                               packed=packed,
                                                               keep_roots=keep_roots)
@@ -142,120 +175,81 @@ def scatter_blocks(group: BlockGroup, blocks, outputs, *, in_place: bool = True)
     return outputs
 
 
-_INDEX_CACHE: dict = {}
+def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
+                in_place: bool, keep):
+    """One side's factors and bounds after folding in ``statistic`` (a product over
+    ``inner`` terms per entry), in the group's slots.
 
-
-def _packing_index(xp, n: int, device, unpack: bool):
-    """Flat indices that pack an ``n×n`` matrix's upper triangle (row by row) or unpack it.
-
-    Made once per size and device, so no index is copied to the device per step.
+    Only the group's own slots are rewritten: no copy of the whole stack. A packed
+    stack takes the statistic's upper triangle: the same arithmetic per entry.
     """
-    key = (xp.__name__, n, str(device), unpack)
-    if key not in _INDEX_CACHE:
-        rows, cols = np.triu_indices(n)
-        if unpack:
-            position = np.empty((n, n), dtype=np.int64)
-            position[rows, cols] = np.arange(rows.size)
-            position[cols, rows] = np.arange(rows.size)
-            index = position.reshape(-1)
-        else:
-            index = rows * n + cols
-        _INDEX_CACHE[key] = xp.asarray(index, device=device)
-    return _INDEX_CACHE[key]
-
-
-def pack(matrices):
-    """The upper triangles of a ``(k, n, n)`` stack as ``(k, n(n+1)/2)``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> pack(np.arange(4.0).reshape(1, 2, 2))
-    array([[0., 1., 3.]])
-    """
-    xp = _xp.array_namespace(matrices)
-    k, n = matrices.shape[0], matrices.shape[-1]
-    index = _packing_index(xp, n, _xp.device_of(matrices), unpack=False)
-    return xp.take(xp.reshape(matrices, (k, n * n)), index, axis=1)
-
-
-def unpack(packed, n: int):
-    """The symmetric ``(k, n, n)`` stack whose upper triangles :func:`pack` gave.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> unpack(np.array([[0.0, 1.0, 3.0]]), 2)[0]
-    array([[0., 1.],
-           [1., 3.]])
-    """
-    xp = _xp.array_namespace(packed)
-    index = _packing_index(xp, n, _xp.device_of(packed), unpack=True)
-    return xp.reshape(xp.take(packed, index, axis=1), (packed.shape[0], n, n))
-
-
-def _accumulate(stack, first: int, statistic, beta2: float, in_place: bool, keep):
-    # Only the group's own slots are rewritten: no copy of the whole stack. A packed
-    # stack takes the statistic's upper triangle: the same arithmetic per entry.
-    if stack.ndim == 2:
-        statistic = pack(statistic)
-    slots = (slice(first, first + statistic.shape[0]), ...)
+    xp = _xp.array_namespace(statistic)
+    k, n = statistic.shape[0], statistic.shape[-1]
+    slots = (slice(first, first + k), ...)
+    entries = pack(statistic) if stack.ndim == 2 else statistic
     if beta2 == 1.0:
-        return assign(stack, slots, stack[slots] + statistic, in_place=in_place, keep=keep)
-    return assign(stack, slots, beta2 * stack[slots] + (1.0 - beta2) * statistic,
-                  in_place=in_place, keep=keep)
-
-
-def update_factors(group: BlockGroup, grad_blocks, factors, beta2: float, *,
-                   in_place: bool = True, keep=None) -> list:
-    """Fold one step's gradients into the group's factors.
+        updated = stack[slots] + entries
+    else:
+        updated = beta2 * stack[slots] + (1.0 - beta2) * entries
+    stack = assign(stack, slots, updated, in_place=in_place, keep=keep)
+    margin = rounding_margin(xp, statistic.dtype, inner, n)
+    new_bounds = advanced_bounds(bounds[slots], statistic, diagonals(updated, n), beta2,
+                                 margin)
+    return stack, assign(bounds, slots, new_bounds, in_place=in_place, keep=keep)
+def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float, *,
+                   in_place: bool = True, keep=None) -> FactorUpdate:
+    """Fold one step's gradients into the group's factors and their λmax bounds.
 
     ``L ← β₂L + (1−β₂)GGᵀ`` and ``R ← β₂R + (1−β₂)GᵀG`` (for vector blocks
-    ``L ← β₂L + (1−β₂)ggᵀ``); with ``β₂ = 1`` the factors are running sums.
+    ``L ← β₂L + (1−β₂)ggᵀ``); with ``β₂ = 1`` the factors are running sums. Each
+    factor's bound moves by the trace of its statistic, ``‖G‖²_F``
+    (:func:`~matroot.optim.factor_bounds.advanced_bounds`).
 
     Parameters
     ----------
     group : BlockGroup
     grad_blocks : array, shape (k, *group.shape)
         From :func:`gather_blocks`, in the stacks' dtype.
-    factors : list of arrays
-        The factor stacks.
+    factors, bounds : list of arrays
+        The factor stacks and their ``(count, 2)`` bound stacks.
     beta2 : float
     in_place : bool
-        Overwrite the group's slots of ``factors`` (not possible on JAX) or
-        leave ``factors`` untouched.
+        Overwrite the group's slots of ``factors`` and ``bounds`` (not possible on
+        JAX) or leave them untouched.
     keep : 0-d boolean array, optional
         Where False the factors keep their values (see :func:`assign`).
 
     Returns
     -------
-    list of arrays
-        The factor stacks after the update.
+    FactorUpdate
+        The factor and bound stacks after the update.
     """
     xp = _xp.array_namespace(grad_blocks)
-    factors = list(factors)
+    factors, bounds = list(factors), list(bounds)
     if grad_blocks.ndim == 2:
-        stack, first = group.factor_slots[0]
-        factors[stack] = _accumulate(factors[stack], first,
-                                     grad_blocks[:, :, None] * grad_blocks[:, None, :],
-                                     beta2, in_place, keep)
-        return factors
-    transposed = xp.matrix_transpose(grad_blocks)
-    for side, statistic in ((group.left, grad_blocks @ transposed),
-                            (group.right, transposed @ grad_blocks)):
-        if side is not None:
-            factors[side[0]] = _accumulate(factors[side[0]], side[1], statistic, beta2,
-                                           in_place, keep)
-    return factors
+        sides = [(group.factor_slots[0], grad_blocks[:, :, None] * grad_blocks[:, None, :], 1)]
+    else:
+        transposed = xp.matrix_transpose(grad_blocks)
+        sides = [(side, statistic, inner) for side, statistic, inner in (
+            (group.left, grad_blocks @ transposed, grad_blocks.shape[-1]),
+            (group.right, transposed @ grad_blocks, grad_blocks.shape[-2])) if side is not None]
+    for (stack, first), statistic, inner in sides:
+        factors[stack], bounds[stack] = _accumulate(factors[stack], bounds[stack], first,
+                                                    statistic, inner, beta2, in_place, keep)
+    return FactorUpdate(factors, bounds)
 
 
-def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: str,
-                          eps: float, options):
+def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
+                          method: str, eps: float, options) -> RootRefresh:
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
-    Matrices whose new root is non-finite (in the roots' storage dtype too) or did
-    not converge keep their previous root (identity before the first success, or
-    when ``roots`` is None) and have their failure count raised by one.
+    The stack's carried λmax bounds are passed as ``lambda_max_upper`` where they
+    are tight (:func:`~matroot.optim.factor_bounds.carried_lambda_max`), so the
+    solver spends nothing to find its own; otherwise the solver finds them, and
+    they restart the carried ones. Matrices whose new root is non-finite (in the
+    roots' storage dtype too) or did not converge keep their previous root
+    (identity before the first success, or when ``roots`` is None) and have their
+    failure count raised by one.
 
     Parameters
     ----------
@@ -265,26 +259,39 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
         ``roots`` None: none kept (``keep_roots=False``); the result is then an
         unpacked stack in the factors' dtype.
     failures : array of int32, shape (count,)
+    bounds : array, shape (count, 2)
+        The factors' carried λmax bounds.
     method : str
         Any :func:`matroot.inv_root` method.
     eps : float
         Ridge: the roots are of ``factor + eps·I``.
-    options : mapping
+    options : RootOptions
         Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``, ...).
 
     Returns
     -------
-    roots : array, shape (count, n, n)
-    failures : array of int32, shape (count,)
-    result : InvRootResult
-        The solver's diagnostics, for logging.
+    RootRefresh
     """
     xp = _xp.array_namespace(factors)
     if factors.ndim == 2:
         factors = unpack(factors, spec.size)
-    result = inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
-                           **options)
-    ok = usable_roots(result, options.get("tol"))
+
+    def solve(upper=None):
+        return inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
+                             lambda_max_upper=upper, **options.keywords())
+
+    tight, upper = carried_lambda_max(bounds, eps)
+    if _xp.is_traced(tight):
+        carried = tight
+        result = _xp.cond(tight, solve, lambda _: solve(), upper)
+    else:
+        carried = bool(tight)
+        result = solve(upper if carried else None)
+    ok = usable_roots(result, options.tol)
+    margin = rounding_margin(xp, factors.dtype, spec.size, spec.size)
+    new_bounds = bounds_after_refresh(
+        bounds, result, ok, eps=eps, carried=carried,
+        margin_traces=margin * xp.sum(xp.linalg.diagonal(factors), axis=-1))
     if roots is None:
         roots = identity_roots(spec, xp, _xp.device_of(factors), factors.dtype)
     root = xp.astype(result.root, roots.dtype, copy=False)
@@ -296,7 +303,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, *, method: 
         new_roots = xp.where(ok[:, None], pack(root), roots)
     else:
         new_roots = _xp.batched_where(ok, root, roots)
-    return new_roots, failures + xp.astype(~ok, xp.int32), result
+    return RootRefresh(new_roots, failures + xp.astype(~ok, xp.int32), new_bounds, result)
 
 
 def precondition_blocks(group: BlockGroup, blocks, roots):

@@ -63,7 +63,8 @@ def block_cost(shape) -> int:
 
 def factor_bytes(group: BlockGroup, *, packed: bool = False, root_dtype: str | None = None,
                  keep_roots: bool = True) -> int:
-    """State bytes of one block's factors: factor, inverse root and failure counter each.
+    """State bytes of one block's factors: factor, inverse root, failure counter and
+    carried λmax bound (two numbers, :mod:`matroot.optim.factor_bounds`) each.
 
     ``packed``, ``root_dtype`` and ``keep_roots`` are the optimizer's
     ``symmetric_packing``, ``root_storage_dtype`` and ``keep_roots``.
@@ -73,12 +74,13 @@ def factor_bytes(group: BlockGroup, *, packed: bool = False, root_dtype: str | N
     >>> from matroot.optim.blocking import plan_blocks
     >>> group, = plan_blocks([(8, 4)], ["float32"], block_size=8).groups
     >>> factor_bytes(group), factor_bytes(group, packed=True, keep_roots=False)
-    (648, 192)
+    (664, 208)
     """
     sizes = [n for n, side in zip(group.shape, (group.left, group.right)) if side is not None]
     per_entry = DTYPE_BYTES[group.dtype] + (DTYPE_BYTES[root_dtype or group.dtype]
                                             if keep_roots else 0)
-    return sum((n * (n + 1) // 2 if packed else n * n) * per_entry + 4 for n in sizes)
+    return sum((n * (n + 1) // 2 if packed else n * n) * per_entry + 4
+               + 2 * DTYPE_BYTES[group.dtype] for n in sizes)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,26 @@ from .torch_state import STEP_DTYPE, ShampooStateDict, _Family
 
 __all__ = ["Shampoo"]
 
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig))
+#: The config's keywords (its option groups are built from them, not passed).
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(core.ShampooConfig) if f.init)
+
+
+def _hashable(value):
+    """A group's hyperparameter values as a dict key (options dicts and lists as tuples;
+    a tensor by identity, as torch compares them)."""
+    if isinstance(value, dict):
+        return ("dict",) + tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple(_hashable(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), value._version)
+    return value
+
+
 _DEFAULTS = core.ShampooConfig()
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
+
+
 class _Job(NamedTuple):
     """What one family's step needs from the host: config, per-parameter ``lr`` and
     ``weight_decay``, and ``(refresh, started)``."""
@@ -114,6 +131,9 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                  **hyperparameters: Any) -> None:
         config = core.ShampooConfig(**hyperparameters)
         defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
+        # Plain values in the groups: state dicts hold them, and DCP loads with
+        # weights_only=True, which unpickles no matroot class.
+        defaults["root_options"] = config.root_options.keywords()
         self._families: list[_Family] = []
         self._process_group = resolve_process_group(distributed)
         self._graft_only = graft_only
@@ -128,9 +148,21 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 raise TypeError(f"Shampoo optimizes floating parameters, got dtype {p.dtype}")
         self._group_config(group)
 
-    @staticmethod
-    def _group_config(group) -> core.ShampooConfig:
-        return core.ShampooConfig(**{name: group[name] for name in _CONFIG_FIELDS})
+    def _group_configs(self, group) -> tuple[core.ShampooConfig, core.ShampooConfig]:
+        """The group's validated config and its :meth:`_shared` part, built when the
+        group is added and again only after its values change (a scheduler's lr), not
+        at every step. One entry per group: changing values replace it."""
+        values = tuple(group[name] for name in _CONFIG_FIELDS)
+        key = _hashable(values)
+        cache = self.__dict__.setdefault("_configs", {})
+        entry = cache.get(id(group))
+        if entry is None or entry[0] != key:
+            config = core.ShampooConfig(**dict(zip(_CONFIG_FIELDS, values)))
+            entry = cache[id(group)] = (key, config, self._shared(config))
+        return entry[1], entry[2]
+
+    def _group_config(self, group) -> core.ShampooConfig:
+        return self._group_configs(group)[0]
 
     @staticmethod
     def _shared(config: core.ShampooConfig) -> core.ShampooConfig:
@@ -145,15 +177,15 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
 
     def _family_config(self, family, group_of) -> core.ShampooConfig:
         groups = {id(group_of[id(p)]): group_of[id(p)] for p in family.params}
-        configs = [self._group_config(g) for g in groups.values()]
-        shared = self._shared(configs[0])
-        for config in configs[1:]:
-            if self._shared(config) != shared:
+        configs = [self._group_configs(g) for g in groups.values()]
+        shared = configs[0][1]
+        for config, config_shared in configs[1:]:
+            if config_shared != shared:
                 raise ValueError(
                     "parameter groups that share Shampoo factor stacks must keep equal "
                     f"hyperparameters other than {', '.join(PER_PARAMETER)}; changed after "
                     f"the first step: {shared} vs {config}")
-        return configs[0]
+        return configs[0][0]
 
     def _policy(self, p, group):
         policy = self._group_config(group).factor_policy
@@ -170,7 +202,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         owned = {id(p) for f in self._families for p in f.params}
         pending: list[tuple[core.ShampooConfig, torch.device, list, list]] = []
         for group in self.param_groups:
-            shared = self._shared(self._group_config(group))
+            shared = self._group_configs(group)[1]
             for p in group["params"]:
                 if id(p) in owned or not p.requires_grad:
                     continue

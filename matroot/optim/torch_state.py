@@ -72,8 +72,7 @@ class ShampooStateDict:
 
         def _group_of(self) -> dict: ...
 
-        @staticmethod
-        def _group_config(group) -> core.ShampooConfig: ...
+        def _group_config(self, group) -> core.ShampooConfig: ...
 
         def _sync_family_state(self, family) -> None: ...
 
@@ -92,7 +91,9 @@ class ShampooStateDict:
                       "block_size": plan.block_size, "stacked": self._stacked(f),
                       "layout": plan_layout(plan, numbers),
                       "factors": list(f.state.factors), "roots": list(f.state.roots),
-                      "root_failures": list(f.state.root_failures)}
+                      "root_failures": list(f.state.root_failures),
+                      "factor_bounds": list(f.state.factor_bounds or
+                                            [None] * len(plan.stacks))}
             if f.sharding is not None:
                 record["shard"] = f.sharding.record()
             records.append(record)
@@ -225,7 +226,10 @@ class ShampooStateDict:
             exp_avg_sq=[], factors=restore("factors", stacks), roots=restore("roots", stacks),
             root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
             root_refreshes=int(record["root_refreshes"]),
-            skipped_steps=int(record["skipped_steps"]), plan=plan)
+            skipped_steps=int(record["skipped_steps"]), plan=plan,
+            # Saved before bounds were carried: unknown, found by the next refresh.
+            factor_bounds=restore("factor_bounds", [(s.count, 2) for s in plan.stacks])
+            if "factor_bounds" in record else None)
         family = _Family(members, state, sharding,
                          schedule_step=record.get("schedule_step", record["step"]))
         self._sync_family_state(family)

@@ -1,0 +1,76 @@
+"""Checks of one step's gradients: their shapes against the block plan, and finiteness.
+
+:func:`nonfinite_flags` reads the host (once when every gradient is finite), for
+``nonfinite_grads="raise"``; :func:`all_finite` stays on the device, for a step
+that is skipped there (``update(..., finite=...)``, the torch optimizer).
+"""
+
+from __future__ import annotations
+
+from .. import _xp
+from .blocking import BlockPlan
+
+__all__ = ["check_gradients", "nonfinite_flags", "all_finite"]
+
+
+def check_gradients(grads, plan: BlockPlan) -> list:
+    """``grads`` as a list, one per planned parameter (None or of its shape).
+
+    Raises
+    ------
+    ValueError
+        Naming the parameter whose gradient does not fit, or the counts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.optim.blocking import plan_blocks
+    >>> check_gradients([np.zeros((2, 3))], plan_blocks([(3, 2)], ["float32"]))
+    Traceback (most recent call last):
+    ...
+    ValueError: gradient 0 has shape (2, 3), parameter has (3, 2)
+    """
+    grads = list(grads)
+    count = len(plan.params)
+    if len(grads) != count:
+        raise ValueError(f"got {len(grads)} gradients for {count} parameters")
+    for i, (g, layout) in enumerate(zip(grads, plan.params)):
+        if g is not None and tuple(g.shape) != layout.shape:
+            raise ValueError(f"gradient {i} has shape {tuple(g.shape)}, parameter has "
+                             f"{layout.shape}")
+    return grads
+
+
+def nonfinite_flags(grads) -> list:
+    """Per gradient, whether it holds NaN/Inf (False for None); one host sync if all are finite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> nonfinite_flags([np.ones(2), None, np.array([1.0, np.nan])])
+    [False, False, True]
+    """
+    present = [g for g in grads if g is not None]
+    if not present:
+        return [False] * len(grads)
+    xp = _xp.array_namespace(*present)
+    if bool(xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))):
+        return [False] * len(grads)
+    return [g is not None and not bool(xp.all(xp.isfinite(g))) for g in grads]
+
+
+def all_finite(grads):
+    """Whether every gradient is finite, as a 0-d boolean array on their device (no
+    host read; None entries are skipped), for :func:`update`'s ``finite``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> bool(all_finite([np.ones(2), None, np.array([1.0, np.inf])]))
+    False
+    """
+    present = [g for g in grads if g is not None]
+    if not present:
+        raise ValueError("grads is empty")
+    xp = _xp.array_namespace(*present)
+    return xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))

@@ -1,0 +1,88 @@
+"""Symmetric matrices stored as their upper triangles, row by row: ``n(n+1)/2`` numbers.
+
+Distributed Shampoo's ``use_symmetric_packing``: a ``(k, n, n)`` stack of factors or
+roots is kept as ``(k, n(n+1)/2)``. The index arrays that pack, unpack and read the
+diagonal are made once per size and device, so no index is copied to the device per
+step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _xp
+
+__all__ = ["pack", "unpack", "diagonals"]
+
+
+_INDEX_CACHE: dict = {}
+
+
+def _packing_index(xp, n: int, device, unpack: bool):
+    """Flat indices that pack an ``n×n`` matrix's upper triangle (row by row) or unpack it.
+
+    Made once per size and device, so no index is copied to the device per step.
+    """
+    key = (xp.__name__, n, str(device), unpack)
+    if key not in _INDEX_CACHE:
+        rows, cols = np.triu_indices(n)
+        if unpack:
+            position = np.empty((n, n), dtype=np.int64)
+            position[rows, cols] = np.arange(rows.size)
+            position[cols, rows] = np.arange(rows.size)
+            index = position.reshape(-1)
+        else:
+            index = rows * n + cols
+        _INDEX_CACHE[key] = xp.asarray(index, device=device)
+    return _INDEX_CACHE[key]
+
+
+def pack(matrices):
+    """The upper triangles of a ``(k, n, n)`` stack as ``(k, n(n+1)/2)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> pack(np.arange(4.0).reshape(1, 2, 2))
+    array([[0., 1., 3.]])
+    """
+    xp = _xp.array_namespace(matrices)
+    k, n = matrices.shape[0], matrices.shape[-1]
+    index = _packing_index(xp, n, _xp.device_of(matrices), unpack=False)
+    return xp.take(xp.reshape(matrices, (k, n * n)), index, axis=1)
+
+
+def unpack(packed, n: int):
+    """The symmetric ``(k, n, n)`` stack whose upper triangles :func:`pack` gave.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> unpack(np.array([[0.0, 1.0, 3.0]]), 2)[0]
+    array([[0., 1.],
+           [1., 3.]])
+    """
+    xp = _xp.array_namespace(packed)
+    index = _packing_index(xp, n, _xp.device_of(packed), unpack=True)
+    return xp.reshape(xp.take(packed, index, axis=1), (packed.shape[0], n, n))
+
+
+def diagonals(matrices, n: int):
+    """The diagonals, shape ``(k, n)``, of a ``(k, n, n)`` stack or of a packed one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> diagonals(np.array([[0.0, 1.0, 3.0]]), 2)
+    array([[0., 3.]])
+    """
+    xp = _xp.array_namespace(matrices)
+    if matrices.ndim == 3:
+        return xp.linalg.diagonal(matrices)
+    key = (xp.__name__, n, str(_xp.device_of(matrices)), "diagonal")
+    if key not in _INDEX_CACHE:
+        rows = np.arange(n)
+        # Row i of the packed upper triangle starts after i rows of n, n−1, … entries.
+        _INDEX_CACHE[key] = xp.asarray(rows * n - rows * (rows - 1) // 2,
+                                       device=_xp.device_of(matrices))
+    return xp.take(matrices, _INDEX_CACHE[key], axis=1)

@@ -1,0 +1,327 @@
+"""The phases of one Shampoo step, in the order :func:`matroot.optim.update` runs them.
+
+1. :func:`accumulate_moments` — effective gradients, moments, grafting directions.
+2. :func:`accumulate_factors` — the factors (and their carried λmax bounds) of the
+   blocks that have a gradient, one batched product per run of equal-shape blocks.
+3. :func:`refresh_roots` — one inverse-root solve per stack, when the schedule says so.
+4. :func:`precondition` — grafted Shampoo directions once preconditioning has started
+   (and, with ``keep_roots=False``, the roots solved just in time).
+5. :func:`final_updates` — momentum and weight decay.
+
+Each phase reads a :class:`StepContext`: what the step knows before it starts. Its
+:class:`Schedule` holds the one host/device duality of a step: a schedule decided on
+the host (Python bools) branches on the host, one kept on the device (0-d boolean
+arrays under ``jax.jit``) branches and selects there.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+from .. import _xp
+from .blocking import ELEMENTWISE, BlockPlan, subgroup
+from .config import ShampooConfig
+from .grafting import effective_gradient, final_update, grafting_direction
+from .preconditioner import (
+    FactorStacks,
+    empty_stack,
+    gather_blocks,
+    graft,
+    identity_roots,
+    precondition_blocks,
+    refresh_inverse_roots,
+    scatter_blocks,
+    update_factors,
+)
+
+__all__ = ["Schedule", "StepContext", "Moments", "accumulate_moments", "accumulate_factors",
+           "refresh_roots", "precondition", "final_updates", "compute_dtype_name",
+           "root_dtype"]
+
+
+class Schedule(NamedTuple):
+    """Whether this step refreshes the inverse roots, and whether Shampoo directions
+    have started: Python bools decided on the host, or 0-d boolean arrays on the
+    device (counters kept as arrays, as under ``jax.jit``)."""
+
+    refresh: Any
+    started: Any
+
+    @property
+    def on_host(self) -> bool:
+        return isinstance(self.refresh, bool)
+
+    def branch(self, flag, if_true, if_false, *operands):
+        """``if_true(*operands)`` where ``flag`` holds, else ``if_false(*operands)``.
+
+        On the host ``if_true`` runs eagerly outside a ``torch.compile`` graph (the
+        solvers' convergence checks read the host by design); on the device both
+        are traced and one runs (``lax.cond``).
+        """
+        if self.on_host:
+            return _xp.outside_torch_compile(if_true, *operands) if flag \
+                else if_false(*operands)
+        return _xp.cond(flag, if_true, if_false, *operands)
+
+    def select(self, xp, flag, if_true, if_false):
+        """``if_true`` where ``flag`` holds, else ``if_false`` (an elementwise select on
+        the device)."""
+        if self.on_host:
+            return if_true if flag else if_false
+        return xp.where(flag, if_true, if_false)
+
+    def counted(self, xp, counter, flag):
+        """``counter`` plus one where ``flag`` holds."""
+        return counter + (int(flag) if self.on_host else xp.astype(flag, xp.int32))
+
+
+class StepContext(NamedTuple):
+    """What every phase of one step reads.
+
+    ``keep``: a 0-d boolean array, False where the step is skipped on the device
+    (non-finite gradients), or None; ``in_place``: overwrite the state's arrays.
+    """
+
+    xp: Any
+    plan: BlockPlan
+    config: ShampooConfig
+    schedule: Schedule
+    in_place: bool
+    keep: Any
+
+
+class Moments(NamedTuple):
+    """Per parameter (None where it has no gradient, or on a rank that keeps none):
+    the moments after this step, the effective gradient, the bias-corrected first
+    moment and the grafting direction."""
+
+    exp_avg: list
+    exp_avg_sq: list
+    effective: list
+    m_hat: list
+    adam: list
+
+
+def compute_dtype_name(xp, dtype) -> str:
+    """The dtype moments and factors are kept in: float64 for float64, else float32.
+
+    Raises
+    ------
+    TypeError
+        For non-floating dtypes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> compute_dtype_name(np, np.dtype("float16"))
+    'float32'
+    """
+    if not xp.isdtype(dtype, "real floating"):
+        raise TypeError(f"Shampoo optimizes real floating parameters, got dtype {dtype}")
+    return "float64" if dtype == xp.float64 else "float32"
+
+
+def compute_dtype(xp, array):
+    return getattr(xp, compute_dtype_name(xp, array.dtype))
+
+
+def root_dtype(xp, config: ShampooConfig, spec):
+    """The dtype a stack's inverse roots are stored in."""
+    name = config.root_storage_dtype or spec.dtype
+    dtype = getattr(xp, name, None)
+    if dtype is None:
+        raise ValueError(
+            f"root_storage_dtype={name!r} is not a dtype of the parameters' array library "
+            f"({getattr(xp, '__name__', xp)}); bfloat16 exists in PyTorch and JAX: use "
+            "root_storage_dtype='float16' or None here")
+    return dtype
+
+
+def accumulate_moments(ctx: StepContext, grads, params, decays, exp_avg, exp_avg_sq,
+                       param_steps) -> Moments:
+    """Phase 1, elementwise. A sharded rank keeps no moments of parameters whose blocks
+    all belong to other ranks: their updates arrive by the all-gather."""
+    xp, config = ctx.xp, ctx.config
+    count = len(grads)
+    exp_avg, exp_avg_sq = list(exp_avg), list(exp_avg_sq)
+    effective, m_hat, adam = [None] * count, [None] * count, [None] * count
+    for i, g in enumerate(grads):
+        if g is None or i in ctx.plan.remote_params:
+            continue
+        g = xp.astype(g, compute_dtype(xp, g), copy=False)
+        if exp_avg[i] is None:
+            exp_avg[i] = xp.zeros_like(g)
+            if config.second_moment_beta is not None:
+                exp_avg_sq[i] = xp.zeros_like(g)
+        effective[i] = effective_gradient(xp, g, params[i], decays[i], config)
+        exp_avg[i], exp_avg_sq[i], m_hat[i], adam[i] = grafting_direction(
+            xp, effective[i], exp_avg[i], exp_avg_sq[i], param_steps[i], config,
+            in_place=ctx.in_place, keep=ctx.keep)
+    return Moments(exp_avg, exp_avg_sq, effective, m_hat, adam)
+
+
+def _present_runs(group, present):
+    """Sub-groups of consecutive blocks whose parameter has a gradient this step."""
+    runs, start = [], None
+    for j, block in enumerate(group.blocks):
+        if present[block.param] and start is None:
+            start = j
+        elif not present[block.param] and start is not None:
+            runs.append(subgroup(group, start, j))
+            start = None
+    if start is not None:
+        runs.append(group if start == 0 else subgroup(group, start, len(group.blocks)))
+    return runs
+
+
+def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tuple:
+    """Phase 2: the factors and bounds of every block with a gradient, and those runs
+    of blocks (stacks first made here for a lazy state)."""
+    xp, plan, config = ctx.xp, ctx.plan, ctx.config
+    factors, roots, failures, bounds = (list(a) for a in stacks)
+    views = [None if g is None else xp.reshape(g, layout.view)
+             for g, layout in zip(effective, plan.params)]
+    present = [g is not None for g in effective]
+    runs = [run for group in plan.groups for run in _present_runs(group, present)]
+    for run in runs:
+        device = _xp.device_of(effective[run.blocks[0].param])
+        for stack, _ in run.factor_slots:
+            spec = plan.stacks[stack]
+            if factors[stack] is None:
+                factors[stack], roots[stack], failures[stack], bounds[stack] = empty_stack(
+                    spec, xp, device, root_dtype=root_dtype(xp, config, spec),
+                    packed=config.symmetric_packing, keep_roots=config.keeps_roots)
+            elif roots[stack] is None and config.keeps_roots:  # from a keep_roots=False state
+                roots[stack] = identity_roots(spec, xp, device, root_dtype(xp, config, spec),
+                                              packed=config.symmetric_packing)
+        factors, bounds = update_factors(run, gather_blocks(run, views, xp), factors, bounds,
+                                         config.betas[1], in_place=ctx.in_place, keep=ctx.keep)
+    return FactorStacks(factors, roots, failures, bounds), runs
+
+
+def _solve(ctx: StepContext, stacks: FactorStacks, s: int, roots, failures, bounds):
+    """Stack ``s``'s roots, failure counts and bounds after one solve."""
+    config = ctx.config
+    return refresh_inverse_roots(ctx.plan.stacks[s], stacks.factors[s], roots, failures,
+                                 bounds, method=config.root_method, eps=config.matrix_eps,
+                                 options=config.root_options)[:3]
+
+
+def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:
+    """Phase 3: every stack's inverse roots where the schedule says so (with
+    ``keep_roots=False`` no root is kept: :func:`precondition` solves them). Returns
+    the stacks and the refresh count."""
+    if not ctx.plan.stacks:
+        return stacks, refreshes
+    if not ctx.config.keeps_roots:
+        return (stacks._replace(roots=[None] * len(ctx.plan.stacks)),
+                ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh))
+
+    def refresh(roots, failures, bounds):
+        roots, failures, bounds = list(roots), list(failures), list(bounds)
+        for s, factors in enumerate(stacks.factors):
+            if factors is not None:
+                roots[s], failures[s], bounds[s] = _solve(ctx, stacks, s, roots[s],
+                                                          failures[s], bounds[s])
+        return roots, failures, bounds
+
+    roots, failures, bounds = ctx.schedule.branch(
+        ctx.schedule.refresh, refresh, lambda r, f, b: (list(r), list(f), list(b)),
+        stacks.roots, stacks.failures, stacks.bounds)
+    return (FactorStacks(stacks.factors, roots, failures, bounds),
+            ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh))
+
+
+def _sides(run):
+    return [side for side in (run.left, run.right) if side is not None]
+
+
+class _JustInTimeRoots:
+    """keep_roots=False: the roots a run needs, solved when its first user comes and
+    dropped after its last, so a step holds only the roots in use."""
+
+    def __init__(self, ctx: StepContext, stacks: FactorStacks, runs):
+        self.ctx, self.stacks = ctx, stacks
+        self.failures, self.bounds = list(stacks.failures), list(stacks.bounds)
+        self.last_use = {side[0]: j for j, run in enumerate(runs) for side in _sides(run)}
+        self.live: dict = {}
+
+    def for_run(self, j: int, run) -> list:
+        ctx, stacks = self.ctx, self.stacks
+        for s, _ in _sides(run):
+            if s in self.live:
+                continue
+
+            def unstarted(failures, bounds, s=s):
+                return (identity_roots(ctx.plan.stacks[s], ctx.xp, _xp.device_of(failures),
+                                       stacks.factors[s].dtype), failures, bounds)
+
+            self.live[s], self.failures[s], self.bounds[s] = ctx.schedule.branch(
+                ctx.schedule.started, functools.partial(_solve, ctx, stacks, s, None),
+                unstarted, self.failures[s], self.bounds[s])
+        in_use = [self.live.get(s) for s in range(len(ctx.plan.stacks))]
+        for s in [s for s in self.live if self.last_use[s] == j]:
+            del self.live[s]
+        return in_use
+
+
+def precondition(ctx: StepContext, runs, moments: Moments, stacks: FactorStacks) -> tuple:
+    """Phase 4: per parameter, the grafted Shampoo direction once preconditioning has
+    started, the grafting direction otherwise. Returns the directions and the stacks
+    (failure counts and bounds change where roots are solved just in time)."""
+    xp, plan, schedule = ctx.xp, ctx.plan, ctx.schedule
+    directions = list(moments.adam)
+    if schedule.on_host and not (schedule.started and runs):
+        return directions, stacks
+    m_views = [None if m is None else xp.reshape(m, layout.view)
+               for m, layout in zip(moments.m_hat, plan.params)]
+    a_views = [None if a is None else xp.reshape(a, layout.view)
+               for a, layout in zip(moments.adam, plan.params)]
+    out_views = [None if (a is None or layout.kind == ELEMENTWISE)
+                 else xp.zeros(layout.view, dtype=a.dtype, device=_xp.device_of(a))
+                 for a, layout in zip(moments.adam, plan.params)]
+    just_in_time = None
+    if not ctx.config.keeps_roots:
+        # The runs that need the largest stack go first, then the next largest: each
+        # big stack is solved when its first user comes and freed before the next.
+        runs = sorted(runs, key=lambda run: -max(
+            (plan.stacks[s].size for s, _ in _sides(run)), default=0))
+        just_in_time = _JustInTimeRoots(ctx, stacks, runs)
+    for j, run in enumerate(runs):
+        roots = stacks.roots if just_in_time is None else just_in_time.for_run(j, run)
+        shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), roots)
+        out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
+                                   out_views)
+    for i, (out, layout) in enumerate(zip(out_views, plan.params)):
+        if out is not None:
+            directions[i] = schedule.select(xp, schedule.started,
+                                            xp.reshape(out, layout.shape), moments.adam[i])
+    if just_in_time is not None:
+        stacks = stacks._replace(failures=just_in_time.failures, bounds=just_in_time.bounds)
+    return directions, stacks
+
+
+def final_updates(ctx: StepContext, grads, directions, momentum, params, lrs,
+                  decays) -> tuple:
+    """Phase 5: ``−lr·(direction + weight_decay·param)`` (momentum on the direction
+    first), zeros for the parameters a sharded rank leaves to others and for a step
+    skipped on the device. Returns the updates and the momentum buffers."""
+    xp, config, keep = ctx.xp, ctx.config, ctx.keep
+    updates = [None] * len(grads)
+    momentum = list(momentum)
+    for i in ctx.plan.remote_params:
+        if grads[i] is not None:
+            updates[i] = xp.zeros(grads[i].shape, dtype=compute_dtype(xp, grads[i]),
+                                  device=_xp.device_of(grads[i]))
+    for i, d in enumerate(directions):
+        if d is None:
+            continue
+        if config.momentum and momentum[i] is None:
+            momentum[i] = xp.zeros_like(d)
+        updates[i], momentum[i] = final_update(xp, d, momentum[i], params[i], lrs[i],
+                                               decays[i], config, in_place=ctx.in_place,
+                                               keep=keep)
+        if keep is not None:
+            updates[i] = xp.where(keep, updates[i], xp.zeros_like(updates[i]))
+    return updates, momentum
