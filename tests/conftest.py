@@ -1,6 +1,6 @@
 """Backends for the test suite: every test taking ``backend`` runs on each of them.
 
-They come from matroot's one backend registry (``matroot.bench.backends``), as the
+They come from matroot's one backend registry (``matroot.testing.backends``), as the
 CLI's and the benchmarks' do: numpy, torch, array_api_strict, jax (eager, float64
 enabled), and torch-cuda and cupy where a GPU is present; a backend not installed
 here is skipped with the reason.
@@ -29,7 +29,7 @@ settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile("ci")
 
 
-from matroot.bench.backends import candidate_targets  # noqa: E402
+from matroot.testing.backends import candidate_targets  # noqa: E402
 
 #: Every backend the suite knows (matroot's one backend registry), each skipped with
 #: the reason when it is not installed or has no device here: torch is optional.
@@ -48,7 +48,7 @@ for _target, _missing in candidate_targets():
 
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request):
-    """A :class:`matroot.bench.backends.Target`: ``.xp``, ``.xp_device`` (for ``device=``),
+    """A :class:`matroot.testing.backends.Target`: ``.xp``, ``.xp_device`` (for ``device=``),
     ``.asarray(host, dtype)``, ``.name``."""
     return request.param
 
