@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
 def _free_compiled_programs():
     """Drop the module's compiled programs when it ends: JAX keeps every executable of
     every jitted function (matroot's eager JAX calls compile one per method, p, dtype and
-    shape) and dynamo every graph, which took the suite past 12 GB."""
+    shape) and dynamo every graph for the life of the process."""
     yield
     if "jax" in sys.modules:
         sys.modules["jax"].clear_caches()
