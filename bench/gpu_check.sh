@@ -17,7 +17,8 @@
 # Environment: PYTHON (default python), GPU_CHECK_BUDGET_S (total seconds, default
 # 440), GPU_CHECK_CAP_SCALE (multiplies every step's time cap, default 1: a busy
 # machine's dry run can raise it), GPU_CHECK_SOLVERS_ARGS / GPU_CHECK_OPTIM_ARGS
-# (override the benchmark options).
+# (override the benchmark options), GPU_CHECK_INFO_ARGS / GPU_CHECK_DEMO_ARGS (added
+# to `matroot info` and `matroot demo`, e.g. --backend numpy).
 
 set -u
 
@@ -112,10 +113,12 @@ if [ "$dry_run" = 1 ]; then
   solvers_args="${GPU_CHECK_SOLVERS_ARGS:---smoke --out $out/bench-solvers}"
   optim_args="${GPU_CHECK_OPTIM_ARGS:---quick --steps 1 --warmup 1 --out $out/bench-optim/optim.json}"
   step environment 30 bash -c "uname -a; $PYTHON --version; nproc; nvidia-smi || true"
-  step info 60 "$PYTHON" -m matroot info --save "$out/info.json"
+  # shellcheck disable=SC2086
+  step info 60 "$PYTHON" -m matroot info --save "$out/info.json" ${GPU_CHECK_INFO_ARGS:-}
   step tests 120 "$PYTHON" -m pytest --collect-only -q -p no:cacheprovider
+  # shellcheck disable=SC2086
   step demo 90 "$PYTHON" -m matroot demo --quick --out "$out/demo.png" \
-    --json "$out/demo.json"
+    --json "$out/demo.json" ${GPU_CHECK_DEMO_ARGS:-}
   # shellcheck disable=SC2086  # the options are a word list on purpose
   step bench-solvers 120 "$PYTHON" -m matroot bench solvers $solvers_args
   # shellcheck disable=SC2086
@@ -124,10 +127,14 @@ else
   solvers_args="${GPU_CHECK_SOLVERS_ARGS:---quick --out $out/bench-solvers}"
   optim_args="${GPU_CHECK_OPTIM_ARGS:---backend torch-cuda --out $out/bench-optim/optim.json}"
   step environment 20 bash -c "uname -a; $PYTHON --version; nproc; nvidia-smi"
-  step info 30 "$PYTHON" -m matroot info --save "$out/info.json"
-  step tests 170 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
+  # shellcheck disable=SC2086
+  step info 30 "$PYTHON" -m matroot info --save "$out/info.json" ${GPU_CHECK_INFO_ARGS:-}
+  # The quick tier (the full suite takes far longer than the budget allows).
+  step tests 170 "$PYTHON" -m pytest -q -rs -m "not slow" -p no:cacheprovider \
     --junitxml="$out/pytest.xml"
-  step demo 60 "$PYTHON" -m matroot demo --out "$out/demo.png" --json "$out/demo.json"
+  # shellcheck disable=SC2086
+  step demo 60 "$PYTHON" -m matroot demo --out "$out/demo.png" --json "$out/demo.json" \
+    ${GPU_CHECK_DEMO_ARGS:-}
   # shellcheck disable=SC2086
   step bench-solvers 110 "$PYTHON" -m matroot bench solvers $solvers_args
   # shellcheck disable=SC2086

@@ -1,14 +1,23 @@
-"""Backends for the test suite: every test taking ``backend`` runs on each of them.
+"""The test suite's setup: backends, thread policy, the two tiers, and what is freed.
 
-They come from matroot's one backend registry (``matroot.bench.backends``), as the
-CLI's and the benchmarks' do: numpy, torch, array_api_strict, jax (eager, float64
-enabled), and torch-cuda and cupy where a GPU is present; a backend not installed
-here is skipped with the reason.
+Backends: every test taking ``backend`` runs on each of them. They come from matroot's
+one backend registry (``matroot.testing.backends``), as the CLI's and the benchmarks'
+do: numpy, torch, array_api_strict, jax (eager, float64 enabled), and torch-cuda and
+cupy where a GPU is present; a backend not installed here is skipped with the reason.
+
+Tiers: ``python -m pytest`` runs everything (what CI runs); ``python -m pytest -m "not
+slow"`` is the quick tier to run before a commit. Which tests are slow is decided in one
+table, ``tests/tiers.py``, one line per rule with its reason, so no test file needs editing.
+
+Memory: compiled programs (JAX's executables, torch.compile's graphs) live as long as
+the process unless freed; they are dropped after each test module, which needs none of
+another module's.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 # One BLAS/OpenMP thread per process unless MATROOT_TEST_THREADS says otherwise: on a
 # shared 2-core machine multi-threaded BLAS oversubscribes and runs 10-40x slower.
@@ -16,6 +25,13 @@ import os
 TEST_THREADS = int(os.environ.get("MATROOT_TEST_THREADS", "1"))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, str(TEST_THREADS))
+# XLA's backend optimisation level 0: each eager JAX solve compiles a program of its own
+# (one per method, p, dtype and shape), and at level 0 a compile takes about a quarter
+# less CPU. The tests' matrices are small, so the slower generated loops cost nothing;
+# matmuls and LAPACK calls are library kernels either way, so results round the same.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
 
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
@@ -23,13 +39,14 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 threadpool_limits(TEST_THREADS)
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
+from tiers import slow_reason  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile("ci")
 
 
-from matroot.bench.backends import candidate_targets  # noqa: E402
+from matroot.testing.backends import candidate_targets  # noqa: E402
 
 #: Every backend the suite knows (matroot's one backend registry), each skipped with
 #: the reason when it is not installed or has no device here: torch is optional.
@@ -46,9 +63,29 @@ for _target, _missing in candidate_targets():
         _ = _target.xp
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests :data:`tiers.SLOW_TESTS` names ``slow`` (``-m "not slow"`` skips them)."""
+    for item in items:
+        if item.get_closest_marker("slow") is None and slow_reason(
+                item.nodeid, {mark.name for mark in item.iter_markers()}) is not None:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Drop the module's compiled programs when it ends: JAX keeps every executable of
+    every jitted function (matroot's eager JAX calls compile one per method, p, dtype and
+    shape) and dynamo every graph for the life of the process."""
+    yield
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()
+
+
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request):
-    """A :class:`matroot.bench.backends.Target`: ``.xp``, ``.xp_device`` (for ``device=``),
+    """A :class:`matroot.testing.backends.Target`: ``.xp``, ``.xp_device`` (for ``device=``),
     ``.asarray(host, dtype)``, ``.name``."""
     return request.param
 

@@ -1,14 +1,40 @@
-"""Smoke tests of the overhead and DASH benchmarks (tiny sizes; ratios are not asserted)."""
+"""Smoke tests of the overhead and DASH experiments, scripts in the repository's bench/
+(tiny sizes; ratios are not asserted)."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 pytest.importorskip("torch")
 
-from matroot.bench import dash_reference, overheads
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _script(name: str):
+    """The experiment script ``bench/<name>.py``, imported as a module."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+overheads = _script("overheads")
+dash_reference = _script("dash_reference")
+
+
+@pytest.mark.parametrize("name", ["overheads", "dash_reference"])
+def test_scripts_run_from_any_folder_and_write_beside_themselves(name, tmp_path):
+    run = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert run.returncode == 0, run.stderr
+    assert f"python bench/{name}.py" in run.stdout
+    assert _script(name).RESULTS == BENCH / "results"
 
 
 def test_floor_and_evd_rows(tmp_path):

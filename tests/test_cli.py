@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 from hang_guard import HANG_GUARD_S
 
-from matroot.bench.backends import (
+from matroot.bench.problems import shampoo_factors
+from matroot.cli import main
+from matroot.solvers import SOLVERS
+from matroot.testing import SPDCase
+from matroot.testing.backends import (
     UnavailableError,
     discover,
     normalize_backend,
     select_targets,
 )
-from matroot.bench.problems import Oracle, shampoo_factors
-from matroot.cli import main
-from matroot.solvers import SOLVERS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 AVAILABLE = {info.name: info for info in discover() if info.available}
@@ -54,7 +55,7 @@ def test_shampoo_factors_are_psd_gram_sums_with_log_spaced_energy():
 
 def test_problem_oracle_is_the_inverse_root():
     factors = shampoo_factors(3, 12, seed=1)
-    oracle = Oracle.of(factors, 1e-3)
+    oracle = SPDCase(factors, 1e-3, "shampoo_factors")  # the demo's oracle
     a = factors + 1e-3 * np.eye(12)
     x = oracle.inv_root(4)
     # X^4 (A + eps I) = I for the exact inverse 4th root.

@@ -97,6 +97,23 @@ def test_getting_started_examples_run():
     assert result.failed == 0
 
 
+def test_jax_examples_run_and_converge():
+    """docs/jax.rst's examples, as a new user runs them: a fresh process (x64 off, no
+    compiled functions from other tests), under the suite's hang guard (issue 26)."""
+    for module in ("jax", "optax", "torch"):
+        pytest.importorskip(module)
+    script = ("import doctest, sys\n"
+              "r = doctest.testfile(sys.argv[1], module_relative=False,\n"
+              "                     optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)\n"
+              "print(r.attempted, r.failed)\n")
+    run = subprocess.run([sys.executable, "-c", script, str(DOCS / "jax.rst")],
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert run.returncode == 0, run.stderr[-3000:]
+    attempted, failed = map(int, run.stdout.split()[-2:])
+    assert failed == 0, run.stdout[-3000:]
+    assert attempted >= 20
+
+
 #: info's probe statuses, mapped to what the support page claims.
 _PAGE_STATUS = {"yes": {"yes", "emulated"}, "not converged": {"yes", "emulated"},
                 "inaccurate": {"yes", "emulated"}, "no effect": {"ignored"},

@@ -37,9 +37,11 @@ def run_script(*args, **env):
 
 def test_dry_run_records_every_step(tmp_path):
     # The benchmarks' own CPU sizes belong to their tests; here --help checks that
-    # the script reaches them through `matroot bench`.
+    # the script reaches them through `matroot bench`. info's probe of every backend is
+    # test_docs's, the demo's test_cli's: here NumPy shows the steps run.
     proc = run_script("--dry-run", str(tmp_path), GPU_CHECK_SOLVERS_ARGS="--help",
-                      GPU_CHECK_OPTIM_ARGS="--help", **UNHURRIED)
+                      GPU_CHECK_OPTIM_ARGS="--help", GPU_CHECK_INFO_ARGS="--backend numpy",
+                      GPU_CHECK_DEMO_ARGS="--backend numpy", **UNHURRIED)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["dry_run"] is True
     steps = {s["step"]: s for s in summary["steps"]}

@@ -1,10 +1,12 @@
-"""Issue 26: jitted solves must not hang (jaxlib deadlocks on concurrent Choleskys).
+"""Issue 26: jitted solves and the optax Shampoo step must not hang (jaxlib deadlocks
+on concurrent Choleskys), and the step compiles once.
 
 jaxlib 0.10 can deadlock when independent batched LAPACK custom calls (Cholesky)
 of one program run at once on a 2-core CPU; matroot's traced certificate ran
 several. They are now chained by data dependencies
-(:func:`matroot._xp.lapack_in_order`). The solves run in a subprocess under a
-watchdog, so a hang fails the test instead of stalling the suite.
+(:func:`matroot._xp.lapack_in_order`). The solves and the training steps run in a
+subprocess (both cores, a fresh JAX) under a watchdog, so a hang fails the test
+instead of stalling the suite; the watchdog is a hang guard, never a speed limit.
 """
 
 from __future__ import annotations
@@ -41,15 +43,66 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_jitted_solves_finish_under_a_watchdog():
+#: 20 steps of the optax Shampoo step on a small MLP, roots refreshed every 5 steps;
+#: prints how many programs XLA compiled while the 20 steps ran.
+OPTAX_SCRIPT = textwrap.dedent("""
+    import jax, jax.monitoring, jax.numpy as jnp, optax
+    from matroot.optim.optax import shampoo
+
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = {"w1": jax.random.normal(k1, (16, 32)) / 4, "b1": jnp.zeros(32),
+              "w2": jax.random.normal(k2, (32, 1)) / 6}
+    x = jax.random.normal(k3, (64, 16))
+    batch = (x, jnp.sin(x[:, :1]))
+
+    def loss_fn(params, batch):
+        hidden = jnp.tanh(batch[0] @ params["w1"] + params["b1"])
+        return jnp.mean((hidden @ params["w2"] - batch[1]) ** 2)
+
+    opt = shampoo(1e-2, precondition_frequency=5, root_method="newton_db")
+    state = jax.block_until_ready(opt.init(params))
+
+    @jax.jit
+    def train_step(params, state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    compiles = []
+    def count(event, _seconds, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    for _ in range(20):
+        params, state, loss = train_step(params, state, batch)
+    jax.block_until_ready((params, state))
+    jax.monitoring.unregister_event_duration_listener(count)
+    assert bool(jnp.isfinite(loss)), loss
+    print("compiles", len(compiles))
+""")
+
+
+def _run_under_watchdog(script: str, what: str) -> str:
+    """``script``'s stdout; the test fails if it hangs past the watchdog or errs."""
     try:
-        run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                              timeout=WATCHDOG_SECONDS)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"jitted solves hung for {WATCHDOG_SECONDS} s (issue 26: concurrent "
+        pytest.fail(f"{what} hung for {WATCHDOG_SECONDS} s (issue 26: concurrent "
                     "LAPACK calls in jaxlib)")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip().endswith("done")
+    return run.stdout.strip()
+
+
+def test_jitted_solves_finish_under_a_watchdog():
+    assert _run_under_watchdog(SCRIPT, "jitted solves").endswith("done")
+
+
+def test_twenty_optax_steps_finish_and_the_step_compiles_once():
+    pytest.importorskip("optax")
+    out = _run_under_watchdog(OPTAX_SCRIPT, "20 optax Shampoo steps")
+    assert out.splitlines()[-1] == "compiles 1", out
 
 
 def test_lapack_calls_are_chained_under_jit():

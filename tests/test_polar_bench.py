@@ -7,7 +7,7 @@ import json
 import pytest
 
 from matroot.bench import polar as bench_polar
-from matroot.bench.backends import select_targets
+from matroot.testing.backends import select_targets
 
 TINY = dict(shapes=((2, 12, 8),), kappas=(10.0,), width=8, layers=1, repeats=1,
             budget_s=0.01)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.bench.backends import Target
+from matroot.testing.backends import Target
 from matroot.cli.info import collect, format_info
 from matroot.solvers import SOLVERS, SolverOutput
 from matroot.solvers.auto import accelerator_candidates

@@ -1,6 +1,8 @@
-"""Measuring matroot: the tools' backend registry and thread policy, test problems and the
-float64 oracle, timing, the solver and optimizer benchmarks, and the demo built from them.
+"""Measuring matroot: what the ``matroot demo`` and ``matroot bench`` verbs run.
 
-Run through the command line (``matroot demo``, ``matroot bench ...``);
+Thread policy, the benchmark's problems, timing, the solver, optimizer and polar
+benchmarks with their reports and plots, and the demo built from them. The backend
+registry and the float64 oracle are matroot.testing's; one-off experiments
+(overheads, the DASH reference) are scripts in the repository's ``bench/`` folder.
 docs/architecture.rst says what each module holds.
 """

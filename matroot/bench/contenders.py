@@ -11,8 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 import matroot
-
-from .problems import relative_errors
+from matroot.testing import relative_error
 
 __all__ = ["BASELINES", "eigh_root_batched", "eigh_root_loop", "contender", "summarise"]
 
@@ -66,7 +65,7 @@ def summarise(target, result, exact) -> dict:
     a maximum or median is None (JSON null) when any matrix came back NaN/Inf.
     """
     if isinstance(result, matroot.InvRootResult):
-        errors = relative_errors(target.to_host(result.root), exact)
+        errors = relative_error(target.to_host(result.root), exact)
         matmuls = target.to_host(result.matmuls).astype(float)
         residual = target.to_host(result.residual).astype(float)
         converged = target.to_host(result.converged)
@@ -77,9 +76,9 @@ def summarise(target, result, exact) -> dict:
             iterations=int(iterations.max()), iterations_min=int(iterations.min()),
             residual=finite_max(residual), converged=float(converged.mean()),
             converged_count=int(converged.sum()), resolved_method=result.method)
-    roots = [target.to_host(x) for x in result] if isinstance(result, list) else \
-        target.to_host(result)
-    errors = relative_errors(roots, exact)
+    roots = np.stack([target.to_host(x) for x in result]) if isinstance(result, list) \
+        else target.to_host(result)
+    errors = relative_error(roots, exact)
     finite = np.isfinite(errors)
     return dict(err_max=finite_max(errors), err_median=finite_median(errors),
                 matmuls=0, matmuls_mean=0.0, iterations=0, iterations_min=0, residual=None,

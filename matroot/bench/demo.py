@@ -2,7 +2,7 @@
 
 Built from the benchmark's parts: the problem is
 :func:`~matroot.bench.problems.shampoo_factors` (fixed seed, no downloads), the
-oracle :class:`~matroot.bench.problems.Oracle` (float64 eigh of the same
+oracle :class:`matroot.testing.SPDCase` (float64 eigh of the same
 rounded input), the contenders and their numbers
 :mod:`~matroot.bench.contenders` (the eigh baseline a user would write without
 matroot, and every method through ``inv_root_info``), and the timing
@@ -21,11 +21,12 @@ from collections.abc import Callable, Hashable
 import numpy as np
 
 import matroot
+from matroot.testing import SPDCase
+from matroot.testing.backends import Target
 
-from .backends import Target
 from .config import all_methods
 from .contenders import contender, summarise
-from .problems import ENERGY_RANGE, GRADIENT_RANKS, SHAMPOO_STEPS, Oracle, shampoo_factors
+from .problems import ENERGY_RANGE, GRADIENT_RANKS, SHAMPOO_STEPS, shampoo_factors
 from .threads import describe_threads
 from .timing import interleaved_times, timed_call
 
@@ -100,7 +101,7 @@ def run_demo(targets, *, methods=None, p=4.0, batch=16, size=128, eps=1e-5,
     """
     methods = all_methods() if methods is None else list(methods)
     factors = shampoo_factors(batch, size, seed=seed).astype(dtype)
-    oracle = Oracle.of(factors, eps)
+    oracle = SPDCase(factors, eps, "shampoo_factors")
     exact = oracle.inv_root(p)
     start = time.perf_counter()
     rows = []

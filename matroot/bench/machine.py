@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from .backends import discover
+from matroot.testing.backends import discover
 
 __all__ = ["machine_description"]
 

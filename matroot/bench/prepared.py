@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .problems import Oracle, spd_stack
+from matroot.testing import SPDCase
+
+from .problems import spd_stack
 
 __all__ = ["prepare_problems", "load_problem"]
 
@@ -26,7 +28,7 @@ def prepare_problems(config, folder: Path, stream) -> dict:
     index: dict[str, list] = {"sweep": [], "time_to_accuracy": [], "scaling": []}
 
     def save(name, a, ps, **extra):
-        oracle = Oracle.of(a)
+        oracle = SPDCase(a, 0.0, name)
         path = folder / f"{name}.npz"
         np.savez(path, a=a, **{f"exact_p{p}": oracle.inv_root(p) for p in ps})
         return dict(path=str(path), **extra)

@@ -1,13 +1,18 @@
-"""Test matrices with a known spectral spread, and the float64 eigh oracle they are judged by."""
+"""The benchmark's problems: SPD stacks with a known spectral spread, and Shampoo factors.
+
+They are judged by matroot.testing's float64 oracle (:class:`matroot.testing.SPDCase`,
+:func:`matroot.testing.relative_error`). The stacks here differ from
+:func:`matroot.testing.spd_stack` on purpose: each matrix has its own scale (so the
+λmax estimate has work to do) and a ``"bulk"`` spectrum models a Shampoo factor, and
+the committed results name each stack by the seed that rebuilds it.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import numpy as np
 
-__all__ = ["spd_stack", "spectrum", "SPECTRA", "shampoo_factors", "Oracle", "relative_errors"]
+__all__ = ["spd_stack", "spectrum", "SPECTRA", "shampoo_factors"]
 
 
 SPECTRA = ("geometric", "bulk")
@@ -108,58 +113,3 @@ def shampoo_factors(batch: int, n: int, *, seed: int = 0) -> np.ndarray:
             total += g @ g.T
         factors[i] = (total + total.T) / 2
     return factors
-
-
-@dataclass
-class Oracle:
-    """Float64 eigendecomposition of the stack exactly as the solvers receive it.
-
-    The input is the (float32-rounded) stack, promoted to float64, so the oracle
-    answers the rounded problem; at κ = 1e6 rounding alone moves the smallest
-    eigenvalues by several percent, so an oracle of the unrounded matrices would
-    charge that to the solvers.
-    """
-
-    eigenvalues: np.ndarray
-    eigenvectors: np.ndarray
-
-    @classmethod
-    def of(cls, a: np.ndarray, eps: float = 0.0) -> Oracle:
-        wide = np.asarray(a, dtype=np.float64)
-        wide = (wide + np.swapaxes(wide, -1, -2)) / 2
-        lam, q = np.linalg.eigh(wide)
-        return cls(lam + eps, q)
-
-    def inv_root(self, p: float) -> np.ndarray:
-        """``(A + eps·I)^(-1/p)`` in float64 for every matrix."""
-        lam = self.eigenvalues
-        if np.any(lam <= 0):
-            raise ValueError("the oracle's stack is not positive definite")
-        return (self.eigenvectors * lam[:, None, :] ** (-1.0 / p)) @ np.swapaxes(
-            self.eigenvectors, -1, -2)
-
-    @property
-    def kappa(self) -> np.ndarray:
-        return self.eigenvalues[:, -1] / self.eigenvalues[:, 0]
-
-
-def relative_errors(roots, exact: np.ndarray) -> np.ndarray:
-    """Per-matrix ``‖X − X*‖_F / ‖X*‖_F`` in float64 (NaN results give NaN).
-
-    ``roots`` is a ``(b, n, n)`` host array or a sequence of ``(n, n)`` ones.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from matroot.bench.problems import relative_errors
-    >>> exact = np.stack([np.eye(2), 2 * np.eye(2)])
-    >>> relative_errors(exact * 1.01, exact).round(6).tolist()
-    [0.01, 0.01]
-    """
-    out = np.empty(exact.shape[0])
-    for i, x in enumerate(roots):
-        diff = np.asarray(x, dtype=np.float64) - exact[i]
-        # Sums rather than np.linalg.norm: no BLAS call, so no BLAS thread pool
-        # wakes up and spins against the backend being timed next.
-        out[i] = np.sqrt(np.sum(diff * diff) / np.sum(exact[i] * exact[i]))
-    return out

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import matroot
 
-from .backends import select_targets, target_named
+from matroot.testing.backends import select_targets, target_named
 from .config import Config, all_methods, baselines_for, config_to_json, methods_for
 from .contenders import BASELINES
 from .machine import machine_description

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends import target_named
+from matroot.testing.backends import target_named
 from .config import config_from_json
 from .progress import Progress
 from .scaling_iterations import scaling_iterations

@@ -116,7 +116,7 @@ def solvers_config(args):
 
 
 def _run_solvers(args) -> int:
-    from matroot.bench.backends import UnavailableError
+    from matroot.testing.backends import UnavailableError
     from matroot.bench.solvers import benchmark_targets, run
 
     config = solvers_config(args)
@@ -182,7 +182,7 @@ def _configure_optim(parser) -> None:
 
 
 def _run_optim(args) -> int:
-    from matroot.bench.backends import UnavailableError, discover, select_targets
+    from matroot.testing.backends import UnavailableError, discover, select_targets
     from matroot.bench.config import all_methods
     from matroot.bench.optim import DEFAULTS
 
@@ -241,7 +241,7 @@ def _configure_polar(parser) -> None:
 
 
 def _run_polar(args) -> int:
-    from matroot.bench.backends import UnavailableError, select_targets
+    from matroot.testing.backends import UnavailableError, select_targets
     from matroot.bench.polar import format_table, run
     from matroot.bench.threads import thread_policy
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import matroot
-from matroot.bench.backends import UnavailableError, select_targets
+from matroot.testing.backends import UnavailableError, select_targets
 from matroot.bench.threads import DEFAULT_THREADS
 
 __all__ = ["UsageError", "OneLineParser", "add_target_options", "add_thread_option",

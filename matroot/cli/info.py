@@ -17,7 +17,7 @@ import array_api_compat
 import numpy as np
 
 import matroot
-from matroot.bench.backends import Target, discover
+from matroot.testing.backends import Target, discover
 from matroot.bench.config import all_methods, method_supports
 from matroot.bench.progress import Progress
 from matroot.bench.threads import describe_threads, thread_policy

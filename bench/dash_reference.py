@@ -13,8 +13,8 @@ goal on every matrix* (against the float64 oracle) is timed, side by side
 DASH Newton-DB and coupled Newton with the fewest ``newton_steps`` that reach it;
 matroot's solvers with ``tol`` equal to the goal or at its default (evd then
 keeps its float32 eigh wherever that meets the goal). Run
-``python -m matroot.bench.dash_reference``; results go to
-``bench/results/dash_reference.{json,md}``.
+``python bench/dash_reference.py [--quick]`` from anywhere; results go to
+``bench/results/dash_reference.{json,md}`` beside this script (``--out`` to change).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 
 import matroot
+from matroot.bench.problems import spd_stack
+from matroot.bench.timing import interleaved_times, timed_call
+from matroot.testing import SPDCase, relative_error
 
-from .problems import Oracle, relative_errors, spd_stack
-from .timing import interleaved_times, timed_call
-
-RESULTS = Path("bench/results")
+RESULTS = Path(__file__).resolve().parent / "results"
 #: DASH step counts tried, smallest first.
 DASH_STEPS = (4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24)
 _PACKAGE = "ista_daslab_optimizers"
@@ -87,7 +87,7 @@ def _dash_call(dash, name, a, p, eps, steps):
 def _fastest_config(candidates, exact, goal):
     """The first candidate (cheapest first) whose roots all meet ``goal``."""
     for label, call in candidates:
-        if np.all(relative_errors(call(), exact) <= goal):
+        if np.all(relative_error(call(), exact) <= goal):
             return label, call
     return None
 
@@ -107,7 +107,7 @@ def compare(kappas, orders, goals, *, n=384, batch=8, repeats=3, budget_s=20.0):
         host = spd_stack(n, batch, kappa, seed=1).astype(np.float32)
         a = torch.asarray(host)
         eps = 0.0
-        oracle = Oracle.of(host.astype(np.float64), eps)
+        oracle = SPDCase(host.astype(np.float64), eps, "geometric")
         for p in orders:
             exact = oracle.inv_root(p)
             for goal in goals:
@@ -161,16 +161,8 @@ def _markdown(rows, what):
 
 
 def main(argv=None) -> int:
-    """Run the comparison and write ``bench/results/dash_reference.{json,md}``.
-
-    Examples
-    --------
-    >>> from matroot.bench.dash_reference import main
-    >>> main(["--help"])  # doctest: +ELLIPSIS
-    usage: ...
-    0
-    """
-    parser = argparse.ArgumentParser(prog="python -m matroot.bench.dash_reference",
+    """Run the comparison and write ``bench/results/dash_reference.{json,md}``."""
+    parser = argparse.ArgumentParser(prog="python bench/dash_reference.py",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 128, κ = 1e2 only")
     parser.add_argument("--out", type=Path, default=RESULTS)

@@ -1,9 +1,11 @@
-"""The one backend registry of matroot's tools: which array libraries and devices exist here.
+"""The one backend registry of matroot's tools and tests: which array libraries and
+devices exist here.
 
 The library never imports a backend (``matroot._xp`` recognises one from its
-arrays). Tools have to create arrays, so ``matroot info``, the demo, the
-benchmarks and the test suite all find libraries and devices here, lazily and
-without failing when one is missing or has no driver. A :class:`Target` is one
+arrays). Tools and tests have to create arrays, so ``matroot info``, the demo, the
+benchmarks, matroot's test suite (its ``backend`` fixture) and a solver author's
+tests all find libraries and devices here, lazily and without failing when one is
+missing or has no driver. A :class:`Target` is one
 backend on one device; its :attr:`~Target.name` (``"numpy"``, ``"torch"``,
 ``"torch-cuda"``, ``"array_api_strict"``, ``"jax"``, ``"cupy"``) is what every tool prints
 and accepts.
@@ -63,7 +65,7 @@ class Target:
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.bench.backends import Target
+    >>> from matroot.testing.backends import Target
     >>> target = Target("numpy", "cpu")
     >>> target.name, Target("torch", "cuda:0").name
     ('numpy', 'torch-cuda')
@@ -176,7 +178,7 @@ def target_named(name: str) -> Target:
 
     Examples
     --------
-    >>> from matroot.bench.backends import target_named
+    >>> from matroot.testing.backends import target_named
     >>> target_named("torch-cuda"), target_named("cupy").device
     (Target(backend='torch', device='cuda:0'), 'cuda:0')
     """
@@ -289,7 +291,7 @@ def select_targets(backends=None, device=None) -> list[Target]:
 
     Examples
     --------
-    >>> from matroot.bench.backends import select_targets
+    >>> from matroot.testing.backends import select_targets
     >>> [t.name for t in select_targets(["numpy"])]
     ['numpy']
     """

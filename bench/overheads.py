@@ -12,8 +12,8 @@ absolute times:
   large matrices; on well-conditioned stacks (float32 meets the accuracy table)
   and at κ = 1e4 (evd then solves in float64, as the table needs).
 
-Run ``python -m matroot.bench.overheads [--quick]``; results go to
-``bench/results/overheads.{json,md}``.
+Run ``python bench/overheads.py [--quick]`` from anywhere; results go to
+``bench/results/overheads.{json,md}`` beside this script (``--out`` to change).
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from pathlib import Path
 import numpy as np
 
 import matroot
+from matroot.bench.problems import spd_stack
+from matroot.bench.timing import interleaved_times, timed_call
 from matroot.solvers import SOLVERS
 
-from .problems import spd_stack
-from .timing import interleaved_times, timed_call
-
-RESULTS = Path("bench/results")
+RESULTS = Path(__file__).resolve().parent / "results"
 #: (batch, n) of the evd comparison: the issue's small-batch shapes and one large one.
 EVD_SHAPES = [(10000, 4), (4096, 8), (256, 32), (16, 256)]
 
@@ -139,16 +138,8 @@ def _markdown(result):
 
 
 def main(argv=None) -> int:
-    """Run both comparisons and write ``bench/results/overheads.{json,md}``.
-
-    Examples
-    --------
-    >>> from matroot.bench.overheads import main
-    >>> main(["--help"])  # doctest: +ELLIPSIS
-    usage: ...
-    0
-    """
-    parser = argparse.ArgumentParser(prog="python -m matroot.bench.overheads",
+    """Run both comparisons and write ``bench/results/overheads.{json,md}``."""
+    parser = argparse.ArgumentParser(prog="python bench/overheads.py",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 256 only, fewer repeats")
     parser.add_argument("--out", type=Path, default=RESULTS)
