@@ -132,8 +132,8 @@ def measure_methods() -> dict:
         exact = oracle(factors.astype(np.float32).astype(np.float64), eps, P)
         a = torch.from_numpy(factors.astype(np.float32))
         for method, label, matmul_dtype, extra in runs:
-            if not SOLVERS[method].forms_matmuls and matmul_dtype is not None:
-                continue  # the setting has no effect
+            if matmul_dtype not in SOLVERS[method].matmul_dtypes:
+                continue  # the method has no such setting
             res = matroot.inv_root_info(a, P, method=method, eps=eps,
                                         matmul_dtype=matmul_dtype, **extra)
             errors = relative_errors(res.root, exact)
