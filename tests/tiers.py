@@ -46,8 +46,6 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
     *((f"tests/test_matmul_targets.py::test_matmul_target[*-kappa{kappa}-*",
        "repeats κ = 1e2's check at a larger κ") for kappa in ("1e+04", "1e+06")),
     ("tests/test_converged_means_right.py::test_isolated_top_at_n1024[*", "n = 1024 solves"),
-    ("tests/test_optim_options.py::test_one_sided_embedding_state_is_within_1_2x_of_adamw",
-     "steps a large embedding"),
     ("tests/test_optim_options.py::test_a_dtensor_parameter_in_a_world_of_one*",
      "starts a process group"),
     ("tests/test_optim_bench.py::test_digits_example_quick_run_writes_its_results",

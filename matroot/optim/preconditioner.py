@@ -229,10 +229,14 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     if grad_blocks.ndim == 2:
         sides = [(group.factor_slots[0], grad_blocks[:, :, None] * grad_blocks[:, None, :], 1)]
     else:
+        # Form a side's statistic only when that side is preconditioned: the other
+        # side of a long one-sided block (an embedding's 50000 rows) would be huge.
         transposed = xp.matrix_transpose(grad_blocks)
-        sides = [(side, statistic, inner) for side, statistic, inner in (
-            (group.left, grad_blocks @ transposed, grad_blocks.shape[-1]),
-            (group.right, transposed @ grad_blocks, grad_blocks.shape[-2])) if side is not None]
+        sides = []
+        if group.left is not None:
+            sides.append((group.left, grad_blocks @ transposed, grad_blocks.shape[-1]))
+        if group.right is not None:
+            sides.append((group.right, transposed @ grad_blocks, grad_blocks.shape[-2]))
     for (stack, first), statistic, inner in sides:
         factors[stack], bounds[stack] = _accumulate(factors[stack], bounds[stack], first,
                                                     statistic, inner, beta2, in_place, keep)
