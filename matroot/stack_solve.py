@@ -183,9 +183,8 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
 
 def _per_matrix(xp, value, b, dtype, device):
     """A caller's scalar or batch-shaped bound as a flat ``(b,)`` array."""
-    return xp.reshape(xp.broadcast_to(xp.asarray(value, dtype=dtype, device=device),
-                                      (b,) if xp.asarray(value).ndim == 0 else
-                                      xp.asarray(value).shape), (b,))
+    value = xp.asarray(value, dtype=dtype, device=device)
+    return xp.reshape(xp.broadcast_to(value, (b,) if value.ndim == 0 else value.shape), (b,))
 
 
 def _cast_back_error(returned, root, computed):
