@@ -117,3 +117,36 @@ def test_testing_is_never_imported_by_the_library():
         if module.startswith(("matroot.testing", "matroot.cli", "matroot.bench")):
             continue
         assert not {d for d in deps if d.startswith("matroot.testing")}, module
+
+
+#: The modules of the matroot._xp package, bottom first: each imports only modules
+#: listed before it (and never the package itself, whose __init__ re-exports them).
+XP_MODULES = ("namespace", "transfer", "precision", "tracing", "linalg", "matmul")
+
+
+def test_xp_modules_import_only_earlier_ones():
+    graph = import_graph()
+    assert {m for m in graph if m.startswith("matroot._xp.")} == {
+        f"matroot._xp.{name}" for name in XP_MODULES}
+    for index, name in enumerate(XP_MODULES):
+        allowed = {f"matroot._xp.{earlier}" for earlier in XP_MODULES[:index]}
+        extra = graph[f"matroot._xp.{name}"] - allowed
+        assert not extra, f"matroot._xp.{name} imports {sorted(extra)}"
+
+
+def test_the_library_reaches_xp_through_the_package_only():
+    """Every helper is re-exported by matroot._xp, so one can move between its
+    modules without touching an importer."""
+    import importlib
+
+    import matroot._xp as xp_package
+
+    for name in XP_MODULES:
+        module = importlib.import_module(f"matroot._xp.{name}")
+        missing = set(module.__all__) - set(xp_package.__all__)
+        assert not missing, f"matroot._xp does not re-export {sorted(missing)} of {name}"
+        assert len((PACKAGE / "_xp" / f"{name}.py").read_text().splitlines()) < 300, name
+    for module, deps in import_graph().items():
+        if not module.startswith("matroot._xp"):
+            inner = {d for d in deps if d.startswith("matroot._xp.")}
+            assert not inner, f"{module} imports {sorted(inner)}: import matroot._xp"
