@@ -12,7 +12,8 @@ Times are only compared with times measured in the same run on the same
 device; the reported numbers are ratios. Each backend is timed in a worker
 process of its own (:mod:`matroot.bench.workers`) under the run's thread
 policy (:mod:`matroot.bench.threads`). Every record carries the ``seed`` of its
-stack: ``problems.spd_stack(n, batch, kappa, seed=seed)`` rebuilds it.
+stack: :func:`matroot.testing.scaled_spd_stack` ``(batch, n, kappa, seed=seed)``
+rebuilds it.
 """
 
 from __future__ import annotations

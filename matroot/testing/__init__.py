@@ -27,6 +27,7 @@ from .oracle import (
     relative_error,
     spd_stack,
 )
+from .seeded import scaled_spd_stack, shampoo_factors
 from .polar_oracle import PolarCase, oracle_polar, polar_case, polar_relative_error
 from .spectra import ADVERSARIAL_FAMILIES, FAMILIES
 from .tolerances import ACCURACY_TABLE, KAPPA_BUCKETS, accuracy_tolerance, assert_inv_root_close
@@ -43,6 +44,8 @@ __all__ = [
     "polar_case",
     "polar_relative_error",
     "rectangular_stacks",
+    "scaled_spd_stack",
+    "shampoo_factors",
     "SPDCase",
     "accuracy_tolerance",
     "assert_inv_root_close",
