@@ -48,17 +48,17 @@ def prepare_problems(config, folder: Path, stream) -> dict:
                                                   n=config.tta_n, batch=config.tta_batch,
                                                   kappa=kappa, seed=seed))
     if "scaling" in config.experiments:
-        for kind in config.scaling_spectra:
+        for spread in config.scaling_spectra:
             for i, kappa in enumerate(config.scaling_kappas):
                 seed = config.seed + 211
                 a = scaled_spd_stack(config.scaling_batch, config.scaling_n, kappa,
-                                     seed=seed, dtype=dtype, spread=kind)
+                                     seed=seed, dtype=dtype, spread=spread)
                 wide = a.astype(np.float64)
                 top = np.linalg.eigvalsh(wide)[:, -1]
                 ratio = float(np.max(np.sqrt(np.sum(wide * wide, axis=(-2, -1))) / top))
                 index["scaling"].append(save(
-                    f"scaling_{kind}_{i}", a, config.ps, n=config.scaling_n,
-                    batch=config.scaling_batch, kappa=kappa, spectrum=kind, seed=seed,
+                    f"scaling_{spread}_{i}", a, config.ps, n=config.scaling_n,
+                    batch=config.scaling_batch, kappa=kappa, spectrum=spread, seed=seed,
                     frobenius_over_lambda_max=ratio))
     return index
 
