@@ -1,7 +1,9 @@
 """Test tools for anyone who writes an inverse-root solver: hard SPD stacks with a known
 answer, the README's accuracy table, and a conformance check that shrinks failures.
+The benchmarks draw their stacks here too (:func:`scaled_spd_stack`,
+:func:`shampoo_factors`: rebuilt from a seed).
 
-The oracles and the table need only NumPy; :func:`spd_stacks` and
+The oracles, the seeded stacks and the table need only NumPy; :func:`spd_stacks` and
 :func:`check_inv_root_solver` need hypothesis (``pip install "matroot[testing]"``) and
 import it only when first used, so ``import matroot`` never does.
 
