@@ -1,8 +1,8 @@
 """Which array library and device an array belongs to, and whether its values can be read.
 
 The names array-api-compat already provides (``array_namespace``, ``device_of``,
-the ``is_*_namespace`` tests) are re-exported here, so the rest of matroot asks
-this one module.
+the ``is_*_namespace`` tests) are re-exported here, so the rest of matroot finds
+them in :mod:`matroot._xp` with the helpers built on them.
 """
 
 from __future__ import annotations

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import array_api_compat
 
-from .namespace import array_namespace, backend_name, is_jax_namespace, is_numpy_namespace, \
-    is_torch_namespace
+from .namespace import (
+    array_namespace,
+    backend_name,
+    is_jax_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+)
 
 __all__ = [
     "has_float64",
