@@ -173,6 +173,17 @@ def test_default_lower_bounds_are_what_the_table_claims():
         assert kappa * DEFAULT_LOWER[dtype] <= 1.0
 
 
+def test_matroot_polar_is_the_function_not_a_module():
+    """The implementation lives in matroot.polar_factor; nothing named matroot.polar
+    shadows or is shadowed by the function."""
+    import importlib
+
+    assert callable(matroot.polar) and matroot.polar.__module__ == "matroot.polar_factor"
+    assert importlib.import_module("matroot.polar_factor").polar_info is matroot.polar_info
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("matroot.polar")
+
+
 def test_oracle_agrees_with_the_constructed_factor():
     case = polar_case(np.random.default_rng(13), (2,), 7, 4, 1e3)
     np.testing.assert_allclose(oracle_polar(case.g), case.polar, atol=1e-11)

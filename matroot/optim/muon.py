@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import _xp
-from ..polar import polar_info
+from ..polar_factor import polar_info
 
 __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
            "matrix_stack_shape", "shape_scale", "default_use_muon"]
