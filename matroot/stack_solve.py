@@ -14,10 +14,12 @@ from . import _xp
 from ._typing import Array
 from .accuracy import is_converged, unit_roundoff
 from .call import RootCall
-from .probes import FAILURE_PROBABILITY
+from .lambda_max_bounds import FAILURE_PROBABILITY as BOUND_FAILURE_PROBABILITY
+from .lambda_max_bounds import randomized_margin
+from .probes import FAILURE_PROBABILITY as CHECK_FAILURE_PROBABILITY
 from .result import InvRootResult
 from .scaling import (RitzValues, certified_lambda_max, lambda_max_bound_core,
-                      lambda_min_estimate_core, ritz_values)
+                      lambda_min_estimate_core, randomized_lambda_max, ritz_values)
 from .verify import check_root
 
 __all__ = ["NONFINITE_INPUT", "solve_stack"]
@@ -37,13 +39,16 @@ class _Regularised(NamedTuple):
 
 
 class _Scaled(NamedTuple):
-    """The stack divided by its λmax bound ``scale`` (1 for a direct method)."""
+    """The stack divided by its λmax bound ``scale`` (1 for a direct method);
+    ``failure_probability``: per matrix, that the bound is below λmax (a
+    randomized bound; 0 for a proven or guaranteed one)."""
 
     stack: Array
     scale: Array
     lambda_max: Array | None
     certify_cost: Array | None
     ritz: RitzValues | None
+    failure_probability: float = 0.0
 
 
 def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
@@ -81,6 +86,10 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         sc.stack, out.root, p, unit_roundoff=call.unit_roundoff(xp), ritz=ritz,
         certificate=call.certificate)
     probed = out.check is None and isinstance(p, int) and call.certificate == "randomized"
+    # Union bound: the check's estimate and the reported λmax bound each fail with
+    # their own probability (a short λmax bound alone never makes a wrong root
+    # converged: the check judges the root whatever scaled it).
+    failure_probability = (CHECK_FAILURE_PROBABILITY if probed else 0.0) + sc.failure_probability
     usable = reg.finite & (lam_max > 0)
     # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
     factor = _xp.inverse_root_entries(reg.magnitude, p)
@@ -114,7 +123,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         error_estimate=xp.where(usable, error_estimate, nan_b),
         repaired=xp.zeros_like(converged),
         check_matmuls=certify_cost + check.matmul_equivalents,
-        failure_probability=FAILURE_PROBABILITY if probed else 0.0,
+        failure_probability=failure_probability,
     )
     overflow = usable & check.positive & ~(fits & cast_ok)
     return result, usable, xp.any(overflow)
@@ -158,6 +167,7 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
         return _Scaled(stack, xp.ones(stack.shape[:1], dtype=stack.dtype, device=dev),
                        None, None, None)
     ritz = None
+    failure = 0.0
     if lambda_max_upper is not None:
         # The caller's bound is used as given: nothing is spent to find one. A bound
         # below λmax leaves the basin, which the check of the root catches.
@@ -166,19 +176,24 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
                               dev) / reg.magnitude
         certify_cost = xp.zeros_like(lam_max)
     elif call.scaling == "power":
-        # One Lanczos run serves the λmax candidate, the λmin estimate and the
-        # check's κ (Ritz values scale with the matrix).
+        # One Lanczos run serves the λmax bound, the λmin estimate and the check's κ
+        # (Ritz values scale with the matrix).
         ritz = ritz_values(stack)
-        top = ritz.high if _xp.is_traced(stack) else _xp.from_numpy(
-            xp, ritz.high, dtype=stack.dtype, device=dev)
-        certified = certified_lambda_max(stack, estimate=top)
+        if call.bound_certificate == "randomized":
+            certified = randomized_lambda_max(stack, ritz=ritz)
+            if randomized_margin(stack.shape[-1], ritz.steps) > 0:
+                failure = BOUND_FAILURE_PROBABILITY
+        else:
+            top = ritz.high if _xp.is_traced(stack) else _xp.from_numpy(
+                xp, ritz.high, dtype=stack.dtype, device=dev)
+            certified = certified_lambda_max(stack, estimate=top)
         lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     else:
         lam_max = lambda_max_bound_core(stack, scaling=call.scaling)
         certify_cost = xp.zeros_like(lam_max)
     scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
     return _Scaled(stack / scale[:, None, None], scale, lam_max, certify_cost,
-                   None if ritz is None else ritz.divided(scale))
+                   None if ritz is None else ritz.divided(scale), failure)
 
 
 def _per_matrix(xp, value, b, dtype, device):
