@@ -247,9 +247,13 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     lambda_max_upper : float or array of shape ``a.shape[:-2]``, optional
         A certified upper bound on λmax(A + eps·I) that you already know (e.g.
         carried from a previous refresh: λmax(β·L + (1−β)·GGᵀ) ≤ β·λmax(L) +
-        (1−β)·‖G‖²_F). Then no bound is computed (no Cholesky test). A wrong
-        (too small) bound is caught by the check of the root: the matrix is
-        ``converged=False``, never a wrong root reported converged.
+        (1−β)·‖G‖²_F). Then no bound is computed, and no Lanczos run is made
+        where no λmin estimate is needed (``lambda_min_lower`` given, or a method
+        that takes no λmin or takes the ridge eps as one): the check's κ is then
+        the smaller of the bounds' ratio and a power estimate from the root
+        (:func:`matroot.verify.kappa_from_root`, 40 matrix-vector products). A
+        wrong (too small) bound is caught by the check of the root: the matrix
+        is ``converged=False``, never a wrong root reported converged.
     certificate : {"deterministic", "randomized"}
         How the returned root is checked (:func:`matroot.verify.check_root`):
         with every product of its residual formed, or with products of the

@@ -71,20 +71,28 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         # float64 eigh of a float32 stack gets the ridge in float64).
         solver_kwargs["ridge"] = reg.ridge
     ritz = sc.ritz
+    floor = reg.ridge if lambda_min_lower is None else xp.maximum(
+        reg.ridge, _per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
+                               _xp.device_of(a)) / reg.magnitude)
     if spec.needs_lower_bound:
-        floor = reg.ridge if lambda_min_lower is None else xp.maximum(
-            reg.ridge, _per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
-                                   _xp.device_of(a)) / reg.magnitude)
         solver_kwargs["lower"], ritz = _lower_bound(
             sc.stack, floor / sc.scale, ritz, has_ridge=call.eps > 0 or lambda_min_lower
-            is not None, from_spectrum=spec.lower_from_spectrum)
+            is not None, from_spectrum=spec.lower_from_spectrum and (
+                ritz is not None or lambda_min_lower is None))
     out = spec.solve(sc.stack, p, **solver_kwargs)
     lam_max = out.lambda_max if sc.lambda_max is None else sc.lambda_max
     certify_cost = xp.zeros_like(lam_max) if sc.certify_cost is None else sc.certify_cost
 
+    # Without a Lanczos run (the caller gave the bounds) the check's κ comes from
+    # them and from the root (matroot.verify.kappa_from_root).
+    kappa_bound = None
+    if ritz is None and spec.needs_scaling:
+        positive_floor = floor > 0
+        kappa_bound = xp.where(positive_floor, sc.scale / xp.where(
+            positive_floor, floor, xp.ones_like(floor)), xp.full_like(floor, float("inf")))
     check = out.check if out.check is not None else check_root(
         sc.stack, out.root, p, unit_roundoff=call.unit_roundoff(xp), ritz=ritz,
-        certificate=call.certificate)
+        kappa_bound=kappa_bound, certificate=call.certificate)
     probed = out.check is None and isinstance(p, int) and call.certificate == "randomized"
     # Union bound: the check's estimate and the reported λmax bound each fail with
     # their own probability (a short λmax bound alone never makes a wrong root
@@ -169,9 +177,9 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
     ritz = None
     failure = 0.0
     if lambda_max_upper is not None:
-        # The caller's bound is used as given: nothing is spent to find one. A bound
-        # below λmax leaves the basin, which the check of the root catches.
-        ritz = ritz_values(stack)
+        # The caller's bound is used as given: nothing is spent to find one (no
+        # Lanczos run unless the λmin estimate needs one). A bound below λmax
+        # leaves the basin, which the check of the root catches.
         lam_max = _per_matrix(xp, lambda_max_upper, stack.shape[0], stack.dtype,
                               dev) / reg.magnitude
         certify_cost = xp.zeros_like(lam_max)
@@ -219,13 +227,15 @@ def _cast_back_error(returned, root, computed):
 
 
 def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bool):
-    """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
-    else the Lanczos estimate (its Ritz value errs high, hence its safety factor).
+    """A lower bound on the scaled spectrum: the ridge or the caller's bound when
+    there is one (a guarantee), else the Lanczos estimate (its Ritz value errs
+    high, hence its safety factor).
 
     ``from_spectrum``: the Lanczos estimate, never below the ridge, even with one
     (chebyshev's degree grows with the interval, and a ridge far below the
     spectrum would push it to its cap; a bound that is too high is caught by the
-    a-posteriori check). Under jax.jit / torch.compile the estimate is formed on
+    a-posteriori check). The stack solve passes False when the caller gave both
+    bounds: then nothing is spent on a run. Under jax.jit / torch.compile the estimate is formed on
     the device, with no host read.
 
     ``ritz``: the call's :class:`~matroot.scaling.RitzValues` of ``scaled``, or
