@@ -60,7 +60,10 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     spec, p = call.spec, call.p
     reg = _regularised(a, call, check_finite)
     b = reg.stack.shape[0]
-    sc = _scaled(reg, call, lambda_max_upper)
+    # A Lanczos run is needed only where a λmin estimate comes from the spectrum.
+    needs_ritz = spec.needs_lower_bound and (spec.lower_from_spectrum or (
+        call.eps == 0 and lambda_min_lower is None))
+    sc = _scaled(reg, call, lambda_max_upper, needs_ritz)
     solver_kwargs: dict = dict(
         tol=call.tol, max_iter=call.max_iter, scaling=call.scaling,
         check_every=4 if _xp.is_accelerator(xp, a) else 1,
@@ -166,7 +169,7 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     return _Regularised(stack, finite, magnitude, ridge)
 
 
-def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
+def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper, needs_ritz: bool) -> _Scaled:
     stack = reg.stack
     xp = _xp.array_namespace(stack)
     dev = _xp.device_of(stack)
@@ -183,6 +186,11 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
         lam_max = _per_matrix(xp, lambda_max_upper, stack.shape[0], stack.dtype,
                               dev) / reg.magnitude
         certify_cost = xp.zeros_like(lam_max)
+    elif call.scaling == "power" and call.bound_certificate == "cholesky" and not needs_ritz:
+        # Nothing else needs a Lanczos run (no λmin estimate; the check's κ comes
+        # from the root): a block power estimate, proven by the Cholesky test.
+        certified = certified_lambda_max(stack)
+        lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     elif call.scaling == "power":
         # One Lanczos run serves the λmax bound, the λmin estimate and the check's κ
         # (Ritz values scale with the matrix).
