@@ -1,5 +1,6 @@
 """Smoke tests of the optimizer-step benchmark and the digits example (tiny settings)."""
 
+import importlib.util
 import json
 import pathlib
 import sys
@@ -34,6 +35,14 @@ def test_benchmark_reports_both_layouts_and_their_ratio(tmp_path, monkeypatch, c
     assert "speedup" in printed and "threads: 1 thread per library" in printed
     assert report["threads"]["threads"] == 1
     assert out.with_suffix(".md").exists()
+    if importlib.util.find_spec("distributed_shampoo") is not None:
+        # Side by side with Distributed Shampoo, at both root schedules.
+        for key, frequency in (("distributed_shampoo", 1),
+                               ("distributed_shampoo_rare_roots", bench.RARE_FREQUENCY)):
+            versus = report[key]
+            assert versus["precondition_frequency"] == frequency
+            assert versus["steps"] % frequency == 0
+            assert f"{versus['matroot_over_distributed_shampoo']:.2f}x" in printed
 
 
 def test_benchmark_times_the_compiled_step_against_eager(tmp_path, monkeypatch, capsys):
