@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("matroot.call",),
     ("matroot.stack_solve",),
     ("matroot.roots",),
-    ("matroot.polar", "matroot.polar_accuracy", "matroot.polar_coefficients",
+    ("matroot.polar_factor", "matroot.polar_accuracy", "matroot.polar_coefficients",
      "matroot.polar_solvers"),
     ("matroot",),
     ("matroot.optim",),
