@@ -26,8 +26,8 @@ UNIT_ROUNDOFF = MappingProxyType({"float64": 2.0 ** -53, "float32": 2.0 ** -24,
 #: dtype, or the matmul operand dtype where one is given.
 DEFAULT_RTOL = MappingProxyType({"float64": 1e-10, "float32": 1e-5,
                                  "float16": 5e-3, "bfloat16": 3e-2})
-#: Default lower bound on σmin/σ_bound the polynomial schedules are built for:
-#: the κ up to which the default call converges is about ``1/lower``.
+#: Default lower bound on σmin/σmax the polynomial schedules are built for (divided
+#: by the σmax bound's looseness): the default call converges up to κ ≈ ``1/lower``.
 DEFAULT_LOWER = MappingProxyType({"float64": 1e-7, "float32": 1e-5,
                                   "float16": 1e-3, "bfloat16": 1e-3})
 #: Rounding term per unit of κ in the relative error of a converged factor (about

@@ -3,7 +3,7 @@
 The call is resolved once on the host (method, precision, tolerance and the
 polynomial steps, which depend only on those), then one pass runs without a
 data-dependent loop: validate → transpose wide matrices (the iteration works on
-the smaller Gram side) → scale by a certified bound on σmax → iterate → check
+the smaller Gram side) → scale by a proven bound on σmax → iterate → check
 the returned factor's orthogonality defect. Its only host reads are the
 certified bound's (eagerly, outside the iteration); under ``jax.jit`` and
 ``torch.compile`` there are none.
@@ -22,12 +22,39 @@ from . import _xp
 from ._checks import check_choice, check_matmul_dtype, check_max_iter, check_nonnegative
 from ._typing import Array
 from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
-from .polar_coefficients import default_margin
+from .polar_coefficients import band_lower, default_margin
 from .polar_solvers import get_polar_method, polar_method_names
 from .roots import ConvergenceWarning
 from .scaling import certified_lambda_max
 
-__all__ = ["polar", "polar_info", "PolarResult"]
+__all__ = ["polar", "polar_info", "PolarResult", "SIGMA_BOUNDS", "GRAM_NORM_MAX_N",
+           "sigma_bound_looseness"]
+
+#: ``sigma_bound`` choices: ``"auto"`` is ``"gram_norm"`` up to
+#: :data:`GRAM_NORM_MAX_N` on the smaller side, ``"cholesky"`` above.
+SIGMA_BOUNDS = ("auto", "gram_norm", "cholesky")
+#: Largest smaller side for which ``"auto"`` takes the product-free ``"gram_norm"``
+#: bound: below it the Cholesky certificate's kernels and host reads cost more time
+#: than the step the looser bound may add (docs/polar.rst, measured).
+GRAM_NORM_MAX_N = 128
+
+
+def sigma_bound_looseness(n: int, sigma_bound: str | None) -> float:
+    """The most a bound ``s`` may exceed σmax, as ``s ≤ ρ·σmax``, for n×n Gram matrices.
+
+    The schedule is built for ``lower/ρ``: with ``σmax ≤ s ≤ ρ·σmax`` every σ/s
+    lies in ``[σmin/(ρ·σmax), 1] ⊇ [lower/ρ, 1]`` whenever ``σmin/σmax ≥ lower``,
+    so ``lower`` keeps its meaning (a bound on σmin/σmax) whatever the bound.
+    ``"gram_norm"``: ``ρ = n^(1/8)`` (all σ equal to σmax but one); ``"cholesky"``:
+    1 (its 5 % safety on σmax² is inside the schedule's cushion, as before).
+
+    Examples
+    --------
+    >>> from matroot.polar_factor import sigma_bound_looseness
+    >>> sigma_bound_looseness(256, "gram_norm"), sigma_bound_looseness(256, "cholesky")
+    (2.0, 1.0)
+    """
+    return float(n) ** 0.125 if sigma_bound == "gram_norm" else 1.0
 
 
 class PolarResult(NamedTuple):
@@ -83,24 +110,44 @@ def _check_matrices(g):
     return xp
 
 
-def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower):
-    """The call's static decisions: method, compute dtype, rtol and the step rows."""
+def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
+    """The call's static decisions: method, compute dtype, rtol, σmax bound and the
+    step rows."""
     if method == "auto":
         method = "polar_express"
-    spec = get_polar_method(method)
+    polar_method = get_polar_method(method)
     work_name = "float64" if g.dtype == xp.float64 else "float32"
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
-    precision = matmul_dtype if matmul_dtype is not None and spec.forms_products else work_name
+    precision = (matmul_dtype if matmul_dtype is not None and polar_method.forms_products
+                 else work_name)
     rtol = DEFAULT_RTOL[precision] if rtol is None else check_nonnegative(rtol, "rtol")
     if lower is None:
         lower = DEFAULT_LOWER[precision]
     elif not 0.0 < check_nonnegative(lower, "lower") < 1.0:
         raise ValueError(f"lower must lie in (0, 1) (a bound on σmin/σmax), got {lower!r}")
+    n = min(g.shape[-2:])
+    if polar_method.scaling != "certified":
+        sigma_bound = None
+    elif sigma_bound == "auto":
+        sigma_bound = "gram_norm" if n <= GRAM_NORM_MAX_N else "cholesky"
     unit = UNIT_ROUNDOFF[precision]
+    max_iter = check_max_iter(max_iter)
     # The schedule aims below rtol, leaving the rest of it to rounding.
-    rows = _step_rows(method, float(lower), max(rtol / 4, unit), default_margin(unit),
-                      check_max_iter(max_iter))
-    return method, work_name, rtol, rows
+    rows = _step_rows(method, _schedule_lower(float(lower), n, sigma_bound, max_iter),
+                      max(rtol / 4, unit), default_margin(unit), max_iter)
+    return method, work_name, rtol, sigma_bound, rows
+
+
+def _schedule_lower(lower: float, n: int, sigma_bound: str | None,
+                    max_iter: int | None) -> float:
+    """The ℓ of the schedule: ``lower/ρ`` (:func:`sigma_bound_looseness`), but under a
+    step cap k never below ``min(lower, band_lower(k))``: k steps bring nothing below
+    ``band_lower(k)`` within ``MUON_BAND`` of 1, and building for less only widens
+    the band of every σ above it (measured: 0.53 against 0.28 at n = 64, κ = 10)."""
+    looser = lower / sigma_bound_looseness(n, sigma_bound)
+    if max_iter is None or looser == lower:
+        return looser
+    return max(looser, min(lower, band_lower(max_iter)))
 
 
 @_xp.host_constant
@@ -112,7 +159,8 @@ def _step_rows(method, lower, target, margin, max_iter):
 
 def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
                max_iter: int | None = None, matmul_dtype: str | None = None,
-               check_finite: bool = True, lower: float | None = None) -> PolarResult:
+               check_finite: bool = True, lower: float | None = None,
+               sigma_bound: str = "auto") -> PolarResult:
     """:func:`polar` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`polar`.
@@ -133,13 +181,14 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     """
     xp = _check_matrices(g)
     check_choice(method, "method", polar_method_names())
-    method, work_name, rtol, rows = _resolve(xp, g, method, rtol, max_iter, matmul_dtype,
-                                             lower)
+    check_choice(sigma_bound, "sigma_bound", SIGMA_BOUNDS)
+    method, work_name, rtol, sigma_bound, rows = _resolve(
+        xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound)
     batch = tuple(g.shape[:-2])
     if math.prod(batch) == 0 or min(g.shape[-2:]) == 0:
         return _empty_result(xp, g, batch, method)
     static = dict(method=method, rows=rows, rtol=rtol, matmul_dtype=matmul_dtype,
-                  work_name=work_name)
+                  work_name=work_name, sigma_bound=sigma_bound)
     traced = _xp.is_traced(g)
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(PolarResult, ("method",))
@@ -152,24 +201,34 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     return _polar_stack(g, **static)
 
 
-def _scaled(x, gram, scaling: str):
-    """``x`` and its Gram matrix divided so that every σ ≤ 1 (``"certified"``) or
+def _scaled(x, gram, scaling: str, sigma_bound: str | None, matmul):
+    """``x``, its Gram matrix and (for ``"gram_norm"``) the Gram matrix's square,
+    divided so that every σ ≤ 1 (``"certified"``, by ``sigma_bound``) or
     ``‖x‖_F = 1`` (``"frobenius"``); a zero matrix keeps scale 1."""
     xp = _xp.array_namespace(x)
-    if scaling == "certified":
-        square = certified_lambda_max(_xp.symmetric_part(gram)).bound
-    elif scaling == "frobenius":
+    gram_squared = None
+    if scaling == "frobenius":
         square = _xp.frobenius_norm(x) ** 2
+    elif sigma_bound == "cholesky":
+        square = certified_lambda_max(_xp.symmetric_part(gram)).bound
+    elif sigma_bound == "gram_norm":
+        # The product the first step needs anyway: σmax⁴ ≤ ‖A²‖_F (module docstring);
+        # the margin covers the rounding of the sum of squares.
+        gram_squared = matmul(gram, gram)
+        unit = float(xp.finfo(x.dtype).eps) / 2
+        square = xp.sqrt(_xp.frobenius_norm(gram_squared) * (1 + 2 * (x.shape[-1] + 2) * unit))
     else:
-        return x, gram
+        return x, gram, None
     square = xp.where(square > 0, square, xp.ones_like(square))
-    return x / xp.sqrt(square)[:, None, None], gram / square[:, None, None]
+    if gram_squared is not None:
+        gram_squared = gram_squared / (square ** 2)[:, None, None]
+    return x / xp.sqrt(square)[:, None, None], gram / square[:, None, None], gram_squared
 
 
-def _polar_stack(g, *, method, rows, rtol, matmul_dtype, work_name):
+def _polar_stack(g, *, method, rows, rtol, matmul_dtype, work_name, sigma_bound):
     """The resolved call on a non-empty stack (pure: traceable by jax.jit)."""
     xp = _xp.array_namespace(g)
-    spec = get_polar_method(method)
+    polar_method = get_polar_method(method)
     batch, (m, n) = tuple(g.shape[:-2]), g.shape[-2:]
     b = math.prod(batch)
     work = getattr(xp, work_name)
@@ -182,21 +241,26 @@ def _polar_stack(g, *, method, rows, rtol, matmul_dtype, work_name):
     # Entries O(1) before any product: ‖G‖² overflows float32 from entries of 1e19 on.
     entry = xp.max(xp.abs(stack), axis=(-2, -1))
     x = stack / xp.where(entry > 0, entry, xp.ones_like(entry))[:, None, None]
-    matmul = _xp.Matmul(xp, None if matmul_dtype is None or not spec.forms_products
+    matmul = _xp.Matmul(xp, None if matmul_dtype is None or not polar_method.forms_products
                         else _xp.dtype_from_name(xp, matmul_dtype))
     gram = None
-    if spec.scaling != "none" or spec.forms_products:
+    if polar_method.scaling != "none" or polar_method.forms_products:
         gram = matmul.full(xp.matrix_transpose(x), x)
-    x, gram = _scaled(x, gram, spec.scaling)
-    factor = spec.solve(x, gram, rows, matmul)
+    x, gram, gram_squared = _scaled(x, gram, polar_method.scaling, sigma_bound, matmul)
+    if gram_squared is None:
+        factor = polar_method.solve(x, gram, rows, matmul)
+    else:
+        factor = polar_method.solve(x, gram, rows, matmul, gram_squared=gram_squared)
     returned = xp.astype(factor, g.dtype, copy=False)
     # The defect of what the caller gets, so the cast back is in it.
-    check = xp.astype(returned, work, copy=False)
-    eye = _xp.identity_stack(xp, check.shape[-1], work, _xp.device_of(check))
-    defect = _xp.frobenius_norm(xp.matrix_transpose(check) @ check - eye)
+    returned_in_work = xp.astype(returned, work, copy=False)
+    n_side = returned_in_work.shape[-1]
+    eye = _xp.identity_stack(xp, n_side, work, _xp.device_of(returned_in_work))
+    defect = _xp.frobenius_norm(
+        xp.matrix_transpose(returned_in_work) @ returned_in_work - eye)
     nan = xp.full_like(defect, float("nan"))
     defect = xp.where(finite, defect, nan)
-    error = defect / math.sqrt(check.shape[-1])
+    error = defect / math.sqrt(n_side)
     converged = finite & (error <= rtol)
     returned = _xp.batched_where(finite, returned, xp.full_like(returned, float("nan")))
     if wide:
@@ -252,6 +316,14 @@ def polar(g: Array, /, **options: Any) -> Array:
         The smallest σmin/σmax the polynomial schedules are built for
         (:data:`matroot.polar_accuracy.DEFAULT_LOWER` per precision); smaller
         singular values are not mapped to 1 and leave ``converged`` False.
+        The schedule is built for ``lower/ρ``, ρ the looseness of the σmax bound
+        (:func:`sigma_bound_looseness`).
+    sigma_bound : {"auto", "gram_norm", "cholesky"}
+        The proven σmax bound the polynomial methods scale by (module docstring):
+        ``"gram_norm"`` (no product, at most ``n^(1/8)`` above σmax) or
+        ``"cholesky"`` (within 2.5 %, a power iteration and Cholesky tests);
+        ``"auto"`` takes ``"gram_norm"`` for a smaller side up to
+        :data:`GRAM_NORM_MAX_N`.
 
     Returns
     -------

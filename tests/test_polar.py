@@ -16,7 +16,10 @@ import matroot
 from matroot.polar_accuracy import DEFAULT_LOWER, polar_error_bound
 from matroot.polar_coefficients import (MUON_BAND, MUON_LOWER, MUON_POLAR_STEPS, band_lower,
                                         polar_schedule)
+from matroot.polar_factor import GRAM_NORM_MAX_N
 from matroot.testing import oracle_polar, polar_case, polar_relative_error
+from matroot.testing.polar_oracle import PolarCase
+from matroot.testing.spectra import random_orthogonal
 from conftest import to_numpy
 
 #: (dtype, κ): the default schedule's lower bound covers κ up to about 1/lower.
@@ -38,9 +41,10 @@ def _assert_meets_table(result, case, precision):
 
 @pytest.mark.parametrize("dtype,kappa", ACCURACY_CASES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_polar_express_meets_the_table(backend, dtype, kappa, shape):
+@pytest.mark.parametrize("sigma_bound", ["gram_norm", "cholesky"])
+def test_polar_express_meets_the_table(backend, dtype, kappa, shape, sigma_bound):
     case = polar_case(np.random.default_rng(int(kappa) % 89), (2,), *shape, kappa)
-    result = matroot.polar_info(backend.asarray(case.g, dtype))
+    result = matroot.polar_info(backend.asarray(case.g, dtype), sigma_bound=sigma_bound)
     assert result.method == "polar_express"
     assert result.root.shape == case.g.shape
     assert result.root.dtype == backend.asarray(case.g, dtype).dtype
@@ -105,6 +109,35 @@ def test_muon_default_beats_the_quintic_with_fewer_products(kappa):
     express = matroot.polar_info(g, lower=MUON_LOWER, max_iter=MUON_POLAR_STEPS)
     assert (express.matmuls == 12).all() and (quintic.matmuls == 15).all()
     assert express.error_estimate.max() < quintic.error_estimate.min()
+
+
+def test_gram_norm_bound_covers_its_worst_case_spectrum():
+    """All singular values at σmax but one at σmax/κ, κ just inside 1/lower: the
+    Gram-norm bound is n^(1/8) above σmax, the most it can be, and the schedule built for
+    lower/n^(1/8) still converges (built for lower itself it does not: defect 2.7e-6)."""
+    n, kappa = 64, 0.9 / DEFAULT_LOWER["float64"]
+    rng = np.random.default_rng(5)
+    u, v = random_orthogonal(rng, (2,), n), random_orthogonal(rng, (2,), n)
+    sigma = np.ones(n)
+    sigma[-1] = 1.0 / kappa
+    g = (u * sigma) @ np.swapaxes(v, -1, -2)
+    result = matroot.polar_info(g, sigma_bound="gram_norm")
+    _assert_meets_table(result, PolarCase(g, u @ np.swapaxes(v, -1, -2), kappa), "float64")
+    tight = matroot.polar_info(g, sigma_bound="cholesky")
+    assert (result.matmuls == tight.matmuls).all()
+
+
+def test_auto_takes_the_product_free_bound_on_small_matrices():
+    """Same products either way (the bound reuses the first step's A²); "auto" is the
+    Gram-norm bound up to GRAM_NORM_MAX_N on the smaller side, the Cholesky one above."""
+    g = polar_case(np.random.default_rng(8), (2,), 40, 24, 1e3).g
+    for n_small, expected in ((24, "gram_norm"), (GRAM_NORM_MAX_N + 1, "cholesky")):
+        x = g if n_small == 24 else polar_case(np.random.default_rng(8), (1,), n_small,
+                                               n_small, 1e3).g
+        auto = matroot.polar_info(x, max_iter=2, lower=1e-3)
+        chosen = matroot.polar_info(x, max_iter=2, lower=1e-3, sigma_bound=expected)
+        np.testing.assert_array_equal(auto.root, chosen.root)  # same program, same input
+        assert (auto.matmuls == 6).all()
 
 
 def test_muon_lower_is_the_widest_interval_four_steps_bring_into_the_band():

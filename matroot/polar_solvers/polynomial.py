@@ -12,28 +12,32 @@ from __future__ import annotations
 from .. import _xp
 
 
-def _polynomial_of(gram, row, eye, matmul):
-    """``c1·I + c3·A + c5·A²`` for ``row = (c1, c3, c5)``: one product."""
+def _polynomial_of(gram, row, eye, matmul, gram_squared=None):
+    """``c1·I + c3·A + c5·A²`` for ``row = (c1, c3, c5)``: one product, none when
+    ``A²`` is given."""
     c1, c3, c5 = (float(c) for c in row)
-    return matmul(gram, gram) * c5 + gram * c3 + eye * c1
+    if gram_squared is None:
+        gram_squared = matmul(gram, gram)
+    return gram_squared * c5 + gram * c3 + eye * c1
 
 
-def odd_quintic_steps(x, gram, rows, matmul):
+def odd_quintic_steps(x, gram, rows, matmul, gram_squared=None):
     """Apply the quintics ``rows`` (an iterable of ``(c1, c3, c5)``) in turn.
 
-    ``gram`` is ``XᵀX`` of the incoming ``x`` (formed by the caller's scaling);
-    later Gram matrices are formed here. Returns the last iterate.
+    ``gram`` is ``XᵀX`` of the incoming ``x`` (formed by the caller's scaling),
+    ``gram_squared`` its square where the scaling formed it too; later Gram
+    matrices are formed here. Returns the last iterate.
     """
     xp = _xp.array_namespace(x)
     eye = _xp.identity_stack(xp, x.shape[-1], x.dtype, _xp.device_of(x))
     for k, row in enumerate(rows):
         if k > 0:
-            gram = matmul(xp.matrix_transpose(x), x)
-        x = matmul(x, _polynomial_of(gram, row, eye, matmul))
+            gram, gram_squared = matmul(xp.matrix_transpose(x), x), None
+        x = matmul(x, _polynomial_of(gram, row, eye, matmul, gram_squared))
     return x
 
 
-def gram_side_steps(x, gram, rows, matmul, *, restart_every: int):
+def gram_side_steps(x, gram, rows, matmul, gram_squared=None, *, restart_every: int):
     """The same quintics iterated on the n×n side, for tall ``x`` (m ≫ n).
 
     With ``A₀ = XᵀX`` every iterate is ``X·R`` for an n×n polynomial ``R`` in
@@ -42,7 +46,7 @@ def gram_side_steps(x, gram, rows, matmul, *, restart_every: int):
     and one n×n. Squaring the singular values into ``A`` loses the small ones to
     rounding as the iteration sharpens them, so every ``restart_every`` steps the
     iterate ``X·R`` is formed and its Gram matrix recomputed (the restart of the
-    "Gram Newton–Schulz" scheme).
+    "Gram Newton–Schulz" scheme). ``gram_squared`` as in :func:`odd_quintic_steps`.
     """
     xp = _xp.array_namespace(x)
     eye = _xp.identity_stack(xp, x.shape[-1], x.dtype, _xp.device_of(x))
@@ -52,7 +56,7 @@ def gram_side_steps(x, gram, rows, matmul, *, restart_every: int):
             x = matmul(x, transform)
             gram = matmul(xp.matrix_transpose(x), x)
             transform = None
-        poly = _polynomial_of(gram, row, eye, matmul)
+        poly = _polynomial_of(gram, row, eye, matmul, gram_squared if k == 0 else None)
         transform = poly if transform is None else matmul(transform, poly)
         gram = matmul(poly, matmul(gram, poly))
     return x if transform is None else matmul(x, transform)

@@ -32,9 +32,12 @@ class PolarMethod:
         One line for the docs and ``matroot bench polar``.
     solve : callable
         ``solve(x, gram, rows, matmul)`` on a ``(b, m, n)`` stack (``n ≤ m``) with
-        ``XᵀX = gram``, scaled as ``scaling`` says; returns the polar factor.
+        ``XᵀX = gram``, scaled as ``scaling`` says; returns the polar factor. A
+        ``"certified"`` method also takes ``gram_squared=`` (``gram²``, when the
+        ``"gram_norm"`` σmax bound formed it).
     scaling : str
-        ``"certified"``: divided by a proven upper bound on σmax (so σ ≤ 1);
+        ``"certified"``: divided by a proven upper bound on σmax (so σ ≤ 1; which
+        one is the call's ``sigma_bound``);
         ``"frobenius"``: divided by ‖X‖_F, as Muon does; ``"none"``: entries
         normalised only (a decomposition needs no scale).
     steps : callable
@@ -66,8 +69,9 @@ def _no_steps(lower, target, margin, max_iter):
     return ()
 
 
-def _gram_side(x, gram, rows, matmul):
-    return gram_side_steps(x, gram, rows, matmul, restart_every=GRAM_RESTART_EVERY)
+def _gram_side(x, gram, rows, matmul, gram_squared=None):
+    return gram_side_steps(x, gram, rows, matmul, gram_squared,
+                           restart_every=GRAM_RESTART_EVERY)
 
 
 POLAR_METHODS = MappingProxyType({
