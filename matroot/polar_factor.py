@@ -30,12 +30,14 @@ from .scaling import certified_lambda_max
 __all__ = ["polar", "polar_info", "PolarResult", "SIGMA_BOUNDS", "GRAM_NORM_MAX_N",
            "sigma_bound_looseness"]
 
-#: ``sigma_bound`` choices: ``"auto"`` is ``"gram_norm"`` up to
-#: :data:`GRAM_NORM_MAX_N` on the smaller side, ``"cholesky"`` above.
+#: ``sigma_bound`` choices. ``"auto"`` is ``"gram_norm"`` where it adds no step to
+#: the schedule (always under Muon's step cap) or the smaller side is at most
+#: :data:`GRAM_NORM_MAX_N`, ``"cholesky"`` otherwise.
 SIGMA_BOUNDS = ("auto", "gram_norm", "cholesky")
-#: Largest smaller side for which ``"auto"`` takes the product-free ``"gram_norm"``
-#: bound: below it the Cholesky certificate's kernels and host reads cost more time
-#: than the step the looser bound may add (docs/polar.rst, measured).
+#: Largest smaller side for which ``"auto"`` takes ``"gram_norm"`` even when its
+#: looseness costs a step: measured (torch CPU, float32, docs/polar.rst) the
+#: Cholesky certificate's kernels and host reads cost more time than 3 products up
+#: to n = 128, less from n = 256.
 GRAM_NORM_MAX_N = 128
 
 
@@ -126,16 +128,22 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
     elif not 0.0 < check_nonnegative(lower, "lower") < 1.0:
         raise ValueError(f"lower must lie in (0, 1) (a bound on σmin/σmax), got {lower!r}")
     n = min(g.shape[-2:])
-    if polar_method.scaling != "certified":
-        sigma_bound = None
-    elif sigma_bound == "auto":
-        sigma_bound = "gram_norm" if n <= GRAM_NORM_MAX_N else "cholesky"
     unit = UNIT_ROUNDOFF[precision]
     max_iter = check_max_iter(max_iter)
-    # The schedule aims below rtol, leaving the rest of it to rounding.
-    rows = _step_rows(method, _schedule_lower(float(lower), n, sigma_bound, max_iter),
-                      max(rtol / 4, unit), default_margin(unit), max_iter)
-    return method, work_name, rtol, sigma_bound, rows
+
+    def rows_for(bound):
+        # The schedule aims below rtol, leaving the rest of it to rounding.
+        return _step_rows(method, _schedule_lower(float(lower), n, bound, max_iter),
+                          max(rtol / 4, unit), default_margin(unit), max_iter)
+
+    if polar_method.scaling != "certified":
+        return method, work_name, rtol, None, rows_for(None)
+    if sigma_bound != "auto":
+        return method, work_name, rtol, sigma_bound, rows_for(sigma_bound)
+    rows = rows_for("gram_norm")
+    if n <= GRAM_NORM_MAX_N or len(rows) == len(rows_for("cholesky")):
+        return method, work_name, rtol, "gram_norm", rows
+    return method, work_name, rtol, "cholesky", rows_for("cholesky")
 
 
 def _schedule_lower(lower: float, n: int, sigma_bound: str | None,
@@ -322,8 +330,8 @@ def polar(g: Array, /, **options: Any) -> Array:
         The proven σmax bound the polynomial methods scale by (module docstring):
         ``"gram_norm"`` (no product, at most ``n^(1/8)`` above σmax) or
         ``"cholesky"`` (within 2.5 %, a power iteration and Cholesky tests);
-        ``"auto"`` takes ``"gram_norm"`` for a smaller side up to
-        :data:`GRAM_NORM_MAX_N`.
+        ``"auto"`` takes ``"gram_norm"`` where it adds no step, or for a smaller
+        side up to :data:`GRAM_NORM_MAX_N` (:data:`SIGMA_BOUNDS`).
 
     Returns
     -------

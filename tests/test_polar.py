@@ -127,17 +127,25 @@ def test_gram_norm_bound_covers_its_worst_case_spectrum():
     assert (result.matmuls == tight.matmuls).all()
 
 
-def test_auto_takes_the_product_free_bound_on_small_matrices():
-    """Same products either way (the bound reuses the first step's A²); "auto" is the
-    Gram-norm bound up to GRAM_NORM_MAX_N on the smaller side, the Cholesky one above."""
-    g = polar_case(np.random.default_rng(8), (2,), 40, 24, 1e3).g
-    for n_small, expected in ((24, "gram_norm"), (GRAM_NORM_MAX_N + 1, "cholesky")):
-        x = g if n_small == 24 else polar_case(np.random.default_rng(8), (1,), n_small,
-                                               n_small, 1e3).g
-        auto = matroot.polar_info(x, max_iter=2, lower=1e-3)
-        chosen = matroot.polar_info(x, max_iter=2, lower=1e-3, sigma_bound=expected)
+def test_auto_takes_the_product_free_bound_where_it_costs_no_step_or_n_is_small():
+    """The Gram-norm bound reuses the first step's A²: the same products when its
+    schedule (for lower/n^(1/8)) is no longer; "auto" takes it then, and up to
+    GRAM_NORM_MAX_N on the smaller side even at one step more."""
+    def case(n):
+        return polar_case(np.random.default_rng(8), (1,), n + 8, n, 1e3).g
+    big = GRAM_NORM_MAX_N * 2
+    for g, options, expected in ((case(24), {}, "gram_norm"),
+                                 (case(big), {}, "cholesky"),
+                                 (case(big), dict(max_iter=4, lower=MUON_LOWER), "gram_norm")):
+        auto = matroot.polar_info(g, **options)
+        chosen = matroot.polar_info(g, sigma_bound=expected, **options)
         np.testing.assert_array_equal(auto.root, chosen.root)  # same program, same input
-        assert (auto.matmuls == 6).all()
+        other = "cholesky" if expected == "gram_norm" else "gram_norm"
+        assert not np.array_equal(auto.root, matroot.polar_info(g, sigma_bound=other,
+                                                                **options).root)
+    tight = matroot.polar_info(case(big), sigma_bound="cholesky")
+    loose = matroot.polar_info(case(big), sigma_bound="gram_norm")
+    assert (loose.matmuls == tight.matmuls + 3).all()
 
 
 def test_muon_lower_is_the_widest_interval_four_steps_bring_into_the_band():

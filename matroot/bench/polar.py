@@ -2,12 +2,14 @@
 
 Part one orthogonalizes batched random stacks with singular values log-spaced over
 ``[1/κ, 1]`` by Muon's 5-step quintic, by Polar Express with Muon's default here
-(4 steps for ``[MUON_LOWER, 1]``) and with the paper's Muon setting (``lower=1e-3``,
+(4 steps for ``[MUON_LOWER, 1]``, scaled by the product-free Gram-norm σmax bound
+and by the Cholesky-certified one) and with the paper's Muon setting (``lower=1e-3``,
 5 steps), by Polar Express at the fewest steps that reach the quintic's defect, built
 either for the widest interval those steps bring within ``MUON_BAND`` of 1
 (:func:`~matroot.polar_coefficients.band_lower`) or for the true ``1/κ``, by Polar
-Express and its Gram-side variant run to the float32 default ``rtol``, and by a
-batched SVD.
+Express (with either σmax bound) and its Gram-side variant run to the float32 default
+``rtol``, and by a batched SVD. The 64-wide shapes are the character-level model's
+(``examples/muon_vs_adamw.py``).
 Products of different sizes count alike (an m×n×n and an n×n×n product are one each),
 so compare the Gram-side variant by time. Part two times
 one Muon direction for a model's worth of matrices: stacked (one polar call per
@@ -34,7 +36,8 @@ __all__ = ["DEFAULTS", "run", "format_table"]
 DEFAULTS: dict[str, dict[str, Any]] = {
     "quick": dict(shapes=((16, 128, 128), (8, 512, 128)), kappas=(1e2, 1e4), width=128,
                   layers=4, repeats=3, budget_s=2.0),
-    "full": dict(shapes=((16, 256, 256), (8, 1024, 256), (4, 512, 512), (8, 2048, 128)),
+    "full": dict(shapes=((16, 64, 64), (16, 256, 64), (16, 256, 256), (8, 1024, 256),
+                         (4, 512, 512), (8, 2048, 128)),
                  kappas=(1e1, 1e2, 1e3, 1e4), width=256, layers=8, repeats=5, budget_s=5.0),
 }
 #: The paper's Polar Express setting for Muon: lower bound and steps.
@@ -55,10 +58,13 @@ def _fewest_steps(target, g, lower_for: Callable[[int], float],
 
 def _contenders(target, g, kappa: float, quintic_error: float) -> dict[str, dict]:
     """The options of each contender (module docstring)."""
+    muon_default = f"polar_express, Muon's default ({MUON_POLAR_STEPS} steps, lower {MUON_LOWER:g})"
     options: dict[str, dict] = {
         "quintic (5 steps)": dict(method="quintic"),
-        f"polar_express, Muon's default ({MUON_POLAR_STEPS} steps, lower {MUON_LOWER:g})":
-            dict(lower=MUON_LOWER, max_iter=MUON_POLAR_STEPS),
+        f"{muon_default}, Gram-norm bound":
+            dict(lower=MUON_LOWER, max_iter=MUON_POLAR_STEPS, sigma_bound="gram_norm"),
+        f"{muon_default}, Cholesky bound":
+            dict(lower=MUON_LOWER, max_iter=MUON_POLAR_STEPS, sigma_bound="cholesky"),
         f"polar_express (lower {PAPER_LOWER:g}, {PAPER_STEPS} steps)":
             dict(lower=PAPER_LOWER, max_iter=PAPER_STEPS)}
     for label, lower_for in (("band lower", band_lower),
@@ -66,7 +72,8 @@ def _contenders(target, g, kappa: float, quintic_error: float) -> dict[str, dict
         cut = _fewest_steps(target, g, lower_for, quintic_error)
         if cut is not None:
             options[f"polar_express ({label}) at the quintic's defect"] = cut
-    options["polar_express (float32 rtol)"] = {}
+    for bound in ("gram_norm", "cholesky"):
+        options[f"polar_express (float32 rtol), {bound} bound"] = dict(sigma_bound=bound)
     options["gram_newton_schulz (float32 rtol)"] = dict(method="gram_newton_schulz")
     options["svd"] = dict(method="svd")
     return options
