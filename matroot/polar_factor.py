@@ -35,10 +35,11 @@ __all__ = ["polar", "polar_info", "PolarResult", "SIGMA_BOUNDS", "GRAM_NORM_MAX_
 #: :data:`GRAM_NORM_MAX_N`, ``"cholesky"`` otherwise.
 SIGMA_BOUNDS = ("auto", "gram_norm", "cholesky")
 #: Largest smaller side for which ``"auto"`` takes ``"gram_norm"`` even when its
-#: looseness costs a step: measured (torch CPU, float32, docs/polar.rst) the
-#: Cholesky certificate's kernels and host reads cost more time than 3 products up
-#: to n = 128, less from n = 256.
-GRAM_NORM_MAX_N = 128
+#: looseness costs a step (3 products): measured (``matroot bench polar``, torch CPU,
+#: float32, docs/polar.rst) the Cholesky certificate costs more time than that step
+#: at n = 64 (time ratio 0.83-0.95 at 16×64², 0.95-0.97 at 16×256×64), less from
+#: n = 128 (1.04-1.18 at 8×2048×128).
+GRAM_NORM_MAX_N = 64
 
 
 def sigma_bound_looseness(n: int, sigma_bound: str | None) -> float:
