@@ -33,10 +33,11 @@ pass before anything is near 1), and its first k steps are the best k-step
 composition for ``[ℓ, 1]`` only in the max-norm. With a budget of k steps the
 useful ℓ is the smallest one the k steps bring within a band of 1:
 :func:`band_lower`. Muon's band is :data:`MUON_BAND`; 4 steps (12 products)
-bring σ/σmax ∈ ``[MUON_LOWER, 1]`` into ``[0.8, 1.2]``, where the quintic's 5
-steps (15 products) bring σ/‖G‖_F ∈ ``[1.5e-3, 1]`` into ``[0.68, 1.2]``: a
-narrower band, on a wider interval whenever ``‖G‖_F ≥ 2.3·σmax`` (stable rank
-above about 5).
+bring σ/s ∈ ``[MUON_LOWER, 1]`` (s the σmax bound, within ``n^(1/8)`` of σmax:
+:func:`matroot.polar_factor.sigma_bound_looseness`) into ``[0.8, 1.2]``, where the
+quintic's 5 steps (15 products) bring σ/‖G‖_F ∈ ``[1.5e-3, 1]`` into
+``[0.68, 1.2]``: a narrower band, on a wider interval whenever ``‖G‖_F ≥ 2.3·s``
+(stable rank above about 5).
 """
 
 from __future__ import annotations
