@@ -225,6 +225,7 @@ def test_plain_function_warns_when_not_converged():
     (lambda: matroot.polar(np.eye(3), lower=2.0), ValueError, "lower must lie in"),
     (lambda: matroot.polar(np.eye(3), rtol=-1.0), ValueError, "rtol"),
     (lambda: matroot.polar(np.eye(3), max_iter=0), ValueError, "max_iter"),
+    (lambda: matroot.polar(np.eye(3), sigma_bound="frobenius"), ValueError, "gram_norm"),
     (lambda: matroot.polar(np.eye(3, dtype=np.float32), matmul_dtype="bfloat16"),
      ValueError, "bfloat16"),
 ])
