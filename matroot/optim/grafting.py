@@ -10,16 +10,22 @@ definitions (``t`` is the parameter's step, ``m``/``v`` its moments):
   ``v̂ = v/(1−β₂'ᵗ)`` (adam), ``m̂/(√v + eps)`` with ``v ← v + g²`` (adagrad) or the EMA
   without bias correction (rmsprop), or ``m̂`` itself (sgd);
 - final update: ``u ← μu + d`` when ``momentum = μ > 0``, then ``−lr·(d + wd·param)``
-  (decoupled weight decay) or ``−lr·d`` (L2).
+  (decoupled weight decay) or ``−lr·d`` (L2);
+- grafting (:func:`graft`): each block's Shampoo direction rescaled to the Frobenius
+  norm (:func:`block_norms`) of its grafting direction.
 """
 
 from __future__ import annotations
+
+import contextlib
+
+import numpy as np
 
 from .. import _xp
 from .config import ShampooConfig
 from .preconditioner import assign
 
-__all__ = ["effective_gradient", "grafting_direction", "final_update"]
+__all__ = ["effective_gradient", "grafting_direction", "final_update", "block_norms", "graft"]
 
 
 def effective_gradient(xp, grad, param, weight_decay: float, config: ShampooConfig):
@@ -103,3 +109,68 @@ def final_update(xp, direction, momentum_buffer, param, lr: float, weight_decay:
     if config.weight_decay_type == "decoupled" and weight_decay:
         update = update - (lr * weight_decay) * xp.astype(param, direction.dtype, copy=False)
     return update, momentum_buffer
+
+
+#: A block norm at least this large, and finite, lost nothing to the squares' underflow
+#: (float32: the terms that vanish are below 2^-149 each, 2^-25 of this squared even
+#: for 2^24 of them) and did not overflow.
+_SAFE_NORM = 2.0 ** -50
+#: The powers of two a block whose plain norm was not safe is scaled by: a tiny block
+#: up (entries below 2^-50 stay below 2^50), an overflowing one down (below 2^28).
+_UP, _DOWN = 2.0 ** 100, 2.0 ** -100
+
+
+def block_norms(blocks):
+    """Frobenius norm of each block of a ``(k, ...)`` array, without overflow in the squares.
+
+    The plain norm (one fused pass) is kept where it is finite and not tiny; elsewhere
+    the norm is taken again of the block scaled by a power of two (exactly), so huge
+    entries do not overflow and tiny ones do not vanish in their squares.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> block_norms(np.array([[3e30, 4e30], [3e-30, 4e-30]], dtype=np.float32))
+    array([5.e+30, 5.e-30], dtype=float32)
+    """
+    xp = _xp.array_namespace(blocks)
+    axes = tuple(range(1, blocks.ndim))
+    # The plain pass may overflow or underflow by design (NumPy would warn): such
+    # blocks are taken again below.
+    quiet = np.errstate(over="ignore", under="ignore") if _xp.backend_name(xp) == "numpy" \
+        else contextlib.nullcontext()
+    with quiet:
+        plain = xp.linalg.vector_norm(blocks, axis=axes)
+    safe = (plain >= _SAFE_NORM) & (plain < xp.inf)
+    one = xp.ones_like(plain)
+    scale = xp.where(safe, one, xp.where(plain < _SAFE_NORM, _UP * one, _DOWN * one))
+    expand = (slice(None),) + (None,) * (blocks.ndim - 1)
+    rescaled = xp.linalg.vector_norm(blocks * scale[expand], axis=axes) / scale
+    return xp.where(safe, plain, rescaled)
+
+
+def graft(directions, adam_directions):
+    """Rescale each block's Shampoo direction to the norm of its Adam direction.
+
+    A zero Shampoo direction stays zero (its Adam direction is zero too, since
+    both come from the same first moment); a block whose Shampoo direction is
+    not finite takes its Adam direction instead.
+
+    Parameters
+    ----------
+    directions, adam_directions : array, shape (k, ...)
+
+    Returns
+    -------
+    array, shape (k, ...)
+    """
+    xp = _xp.array_namespace(directions)
+    norms = block_norms(directions)
+    finite = xp.isfinite(norms)
+    usable = finite & (norms > 0)
+    scale = xp.where(usable, block_norms(adam_directions) / xp.where(usable, norms,
+                                                                    xp.ones_like(norms)),
+                     xp.zeros_like(norms))
+    expand = (slice(None),) + (None,) * (directions.ndim - 1)
+    grafted = directions * scale[expand]
+    return xp.where(finite[expand], grafted, adam_directions)

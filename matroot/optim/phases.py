@@ -22,12 +22,11 @@ from typing import Any, NamedTuple
 from .. import _xp
 from .blocking import ELEMENTWISE, BlockPlan, subgroup
 from .config import ShampooConfig
-from .grafting import effective_gradient, final_update, grafting_direction
+from .grafting import effective_gradient, final_update, graft, grafting_direction
 from .preconditioner import (
     FactorStacks,
     empty_stack,
     gather_blocks,
-    graft,
     identity_roots,
     precondition_blocks,
     refresh_inverse_roots,

@@ -13,8 +13,8 @@ them for the groups and stacks a rank owns:
    stack, given the carried bounds where they are tight; matrices whose root
    failed keep their previous root.
 3. :func:`precondition_blocks` — ``L^(-1/4) M R^(-1/4)`` (``L^(-1/2) m`` for
-   vector blocks) for all blocks of a group, then :func:`graft` rescales each
-   block to the norm of its Adam direction.
+   vector blocks) for all blocks of a group; :func:`matroot.optim.grafting.graft`
+   then rescales each block to the norm of its Adam direction.
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ __all__ = [
     "refresh_inverse_roots",
     "usable_roots",
     "precondition_blocks",
-    "block_norms",
-    "graft",
 ]
 
 
@@ -347,57 +345,3 @@ def precondition_blocks(group: BlockGroup, blocks, roots):
     if group.right is not None:
         blocks = blocks @ root_slots(group.right)
     return blocks
-
-
-#: Largest power of two :func:`block_norms` scales by: 2^±120 stays normal in float32.
-_SCALE_EXPONENT = 120.0
-
-
-def block_norms(blocks):
-    """Frobenius norm of each block of a ``(k, ...)`` array, without overflow in the squares.
-
-    Each block is scaled by the power of two that brings its largest entry near 1
-    (two passes and one temporary: the largest magnitude, then the norm of the scaled
-    block), so neither huge nor tiny entries overflow or vanish in their squares.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> block_norms(np.array([[3e30, 4e30], [3e-30, 4e-30]], dtype=np.float32))
-    array([5.e+30, 5.e-30], dtype=float32)
-    """
-    xp = _xp.array_namespace(blocks)
-    axes = tuple(range(1, blocks.ndim))
-    peak = xp.linalg.vector_norm(blocks, axis=axes, ord=xp.inf)
-    nonzero = xp.where(peak > 0, peak, xp.ones_like(peak))       # log2(0) would warn
-    exponent = xp.clip(xp.floor(xp.log2(nonzero)), min=-_SCALE_EXPONENT, max=_SCALE_EXPONENT)
-    scale = xp.pow(xp.asarray(2.0, dtype=blocks.dtype, device=_xp.device_of(blocks)), -exponent)
-    expand = (slice(None),) + (None,) * (blocks.ndim - 1)
-    return xp.linalg.vector_norm(blocks * scale[expand], axis=axes) / scale
-
-
-def graft(directions, adam_directions):
-    """Rescale each block's Shampoo direction to the norm of its Adam direction.
-
-    A zero Shampoo direction stays zero (its Adam direction is zero too, since
-    both come from the same first moment); a block whose Shampoo direction is
-    not finite takes its Adam direction instead.
-
-    Parameters
-    ----------
-    directions, adam_directions : array, shape (k, ...)
-
-    Returns
-    -------
-    array, shape (k, ...)
-    """
-    xp = _xp.array_namespace(directions)
-    norms = block_norms(directions)
-    finite = xp.isfinite(norms)
-    usable = finite & (norms > 0)
-    scale = xp.where(usable, block_norms(adam_directions) / xp.where(usable, norms,
-                                                                    xp.ones_like(norms)),
-                     xp.zeros_like(norms))
-    expand = (slice(None),) + (None,) * (directions.ndim - 1)
-    grafted = directions * scale[expand]
-    return xp.where(finite[expand], grafted, adam_directions)
