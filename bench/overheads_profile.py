@@ -7,12 +7,10 @@ For each method, on one 8×384² float32 torch stack (by default):
 - a profile of the call by phase: the Lanczos run, the λmax bound, the solver
   loop, the a-posteriori check, and the rest (validation, casts, scaling, small
   per-call operations). The phases are timed by wrapping the functions
-  :mod:`matroot.roots` calls (the wrappers only time; they do not change them);
-- the same call with the λmax bound made by the randomized Lanczos bound
-  (:func:`matroot.lambda_max_bounds.randomized_lambda_max`, from the call's own
-  Lanczos run) in place of the Cholesky-certified one: what the one-line change
-  in ``roots.py`` (``certified_lambda_max(stack, estimate=top)`` →
-  ``randomized_lambda_max(stack, ritz=ritz)``) would save.
+  :mod:`matroot.stack_solve` calls (the wrappers only time; they do not change them);
+- the call with each λmax bound, ``bound_certificate="cholesky"`` (a Lanczos
+  estimate proven by Cholesky tests) and ``"randomized"`` (the same run's Ritz
+  value with Kuczyński and Woźniakowski's margin), interleaved.
 
 With ``--evd``, evd against a plain float32 eigh root (``Q·diag(λ^(-1/p))·Qᵀ``)
 on well-conditioned (κ = 10), moderate (κ = 1e2) and κ = 1e4 stacks, interleaved
@@ -71,21 +69,17 @@ class _PhaseClock:
         self._undo.clear()
 
 
-def _profiled_once(call, randomized: bool) -> dict[str, float]:
-    """Phase times (seconds) of one inv_root_info call."""
-    import matroot.roots as roots
-    from matroot.lambda_max_bounds import randomized_lambda_max
+def _profiled_once(call, bound: str) -> dict[str, float]:
+    """Phase times (seconds) of one inv_root_info call with ``bound_certificate=bound``."""
+    import matroot.stack_solve as stack_solve
     from matroot.solvers import registry
 
     clock = _PhaseClock()
-    clock.wrap(roots, "ritz_values", "lanczos", keep_ritz=True)
-    if randomized:
-        def bound(stack, estimate=None, **_):
-            return randomized_lambda_max(stack, ritz=clock.last_ritz)
-        roots.certified_lambda_max = bound
-    clock.wrap(roots, "certified_lambda_max", "lambda_max bound")
-    clock.wrap(roots, "lambda_min_estimate_core", "lambda_min estimate")
-    clock.wrap(roots, "check_root", "root check")
+    clock.wrap(stack_solve, "ritz_values", "lanczos")
+    clock.wrap(stack_solve, "certified_lambda_max", "lambda_max bound")
+    clock.wrap(stack_solve, "randomized_lambda_max", "lambda_max bound")
+    clock.wrap(stack_solve, "lambda_min_estimate_core", "lambda_min estimate")
+    clock.wrap(stack_solve, "check_root", "root check")
     spec = registry.get_solver(call.method)
     original_solve = spec.solve
 
@@ -98,12 +92,11 @@ def _profiled_once(call, randomized: bool) -> dict[str, float]:
     object.__setattr__(spec, "solve", solve)
     try:
         start = time.perf_counter()
-        call()
+        call(bound)
         total = time.perf_counter() - start
     finally:
         object.__setattr__(spec, "solve", original_solve)
         clock.restore()
-        roots.certified_lambda_max = _CERTIFIED
     phases = dict(clock.spent)
     phases["rest (validation, casts, scaling, small ops)"] = total - sum(phases.values())
     phases["total"] = total
@@ -116,7 +109,7 @@ def _profile_variants(call, repeats: int) -> dict[str, dict[str, float]]:
     runs: dict[str, list[dict[str, float]]] = {"cholesky": [], "randomized": []}
     for round_ in range(repeats + 1):
         for variant, kept in runs.items():
-            phases = _profiled_once(call, variant == "randomized")
+            phases = _profiled_once(call, variant)
             if round_:
                 kept.append(phases)
     return {variant: min(kept, key=lambda phases: phases["total"])
@@ -127,12 +120,10 @@ class _Call:
     def __init__(self, x, p, method):
         self.x, self.p, self.method = x, p, method
 
-    def __call__(self):
+    def __call__(self, bound="cholesky"):
         import matroot
-        return matroot.inv_root_info(self.x, self.p, method=self.method)
-
-
-_CERTIFIED = None
+        return matroot.inv_root_info(self.x, self.p, method=self.method,
+                                     bound_certificate=bound)
 
 
 def _evd_ratios(batch: int, n: int, p: int, repeats: int) -> list[dict]:
@@ -178,7 +169,6 @@ def _evd_variants(x, p: int) -> dict[str, Callable[[], object]]:
 
 
 def main(argv=None) -> dict:
-    global _CERTIFIED
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--n", type=int, default=384)
@@ -195,33 +185,36 @@ def main(argv=None) -> dict:
     import torch
     from threadpoolctl import threadpool_limits
 
-    import matroot.roots as roots
     from matroot.testing import spd_stack
 
-    _CERTIFIED = roots.certified_lambda_max
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
     rng = np.random.default_rng(0)
     a, _, _ = spd_stack(rng, (args.batch,), args.n, args.kappa, spread="uniform")
     x = torch.asarray(a, dtype=torch.float32)
+    # The product is timed between the solves too (the best of all): one burst at
+    # the start on a shared machine can catch a busy moment and flatter every ratio.
     product = _best_of(lambda: x @ x, 3 * args.repeats)
-    print(f"one batched product ({args.batch}×{args.n}², float32, {args.threads} threads): "
-          f"{product * 1e3:.2f} ms")
-    report: dict = {"product_ms": product * 1e3, "runs": []}
+    runs = []
     for method in args.methods:
         for p in args.p:
             call = _Call(x, p, method)
-            res = call()
-            counted = float((res.matmuls + res.check_matmuls).max())
             for variant, phases in _profile_variants(call, args.repeats).items():
-                ratio = phases["total"] / (counted * product)
-                row = {"method": method, "p": p, "bound": variant, "counted": counted,
-                       "ratio": ratio, "ms": {k: v * 1e3 for k, v in phases.items()}}
-                report["runs"].append(row)
-                shares = ", ".join(f"{k} {v / phases['total']:.0%}"
-                                   for k, v in phases.items() if k != "total")
-                print(f"{method:15s} p={p} bound={variant:10s} counted={counted:5.1f} "
-                      f"time={phases['total'] * 1e3:7.1f} ms ratio={ratio:.2f} | {shares}")
+                res = call(variant)
+                counted = float((res.matmuls + res.check_matmuls).max())
+                runs.append({"method": method, "p": p, "bound": variant, "counted": counted,
+                             "ms": {k: v * 1e3 for k, v in phases.items()}})
+            product = min(product, _best_of(lambda: x @ x, args.repeats))
+    print(f"one batched product ({args.batch}×{args.n}², float32, {args.threads} threads): "
+          f"{product * 1e3:.2f} ms")
+    report: dict = {"product_ms": product * 1e3, "runs": runs}
+    for row in runs:
+        total = row["ms"]["total"]
+        row["ratio"] = total / (row["counted"] * product * 1e3)
+        shares = ", ".join(f"{k} {v / total:.0%}" for k, v in row["ms"].items() if k != "total")
+        print(f"{row['method']:15s} p={row['p']} bound={row['bound']:10s} "
+              f"counted={row['counted']:5.1f} time={total:7.1f} ms ratio={row['ratio']:.2f} "
+              f"| {shares}")
     if args.evd:
         report["evd"] = _evd_ratios(args.batch, args.n, args.p[0], args.repeats)
     if args.json:

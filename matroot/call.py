@@ -15,6 +15,7 @@ from . import _xp
 from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
 from .accuracy import check_rtol, row_target, unit_roundoff
+from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from .probes import FROBENIUS_FACTOR
 from .solvers import get_solver
 from .solvers.auto import choose_method
@@ -52,6 +53,9 @@ class RootCall:
         Dtype of matmul operands.
     certificate : {"deterministic", "randomized"}
         How the returned root is checked.
+    bound_certificate : {"randomized", "cholesky"}
+        How the Lanczos estimate of λmax becomes the upper bound that scales the
+        stack (``scaling="power"`` only).
     fallback : {None, "evd"}
         Method that re-solves the matrices whose check failed.
 
@@ -74,6 +78,7 @@ class RootCall:
     work_dtype: str
     matmul_dtype: str | None
     certificate: str
+    bound_certificate: str
     fallback: str | None
 
     @property
@@ -107,7 +112,8 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
                  tol: float | None = None, rtol: float | None = None,
                  max_iter: int | None = None, matmul_dtype: str | None = None,
                  compute_dtype: str | None = None, fallback: str | None = None,
-                 certificate: str = DEFAULT_CERTIFICATE) -> RootCall:
+                 certificate: str = DEFAULT_CERTIFICATE,
+                 bound_certificate: str = DEFAULT_BOUND_CERTIFICATE) -> RootCall:
     """Validate an ``inv_root`` call's options and decide everything they leave open.
 
     Parameters
@@ -116,7 +122,9 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
         The array namespace of ``a`` (from :func:`matroot._checks.check_stack`).
     a : array, shape (..., n, n)
         The validated stack (its dtype and backend pick the defaults).
-    p, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, compute_dtype, fallback, certificate
+    p, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, compute_dtype, fallback
+        As in :func:`matroot.inv_root`.
+    certificate, bound_certificate
         As in :func:`matroot.inv_root`.
 
     Returns
@@ -136,6 +144,7 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
     check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
     check_choice(fallback, "fallback", FALLBACKS)
     check_choice(certificate, "certificate", CERTIFICATES)
+    check_choice(bound_certificate, "bound_certificate", BOUND_CERTIFICATES)
     max_iter = check_max_iter(max_iter)
     if tol is not None:
         tol = check_nonnegative(tol, "tol")
@@ -166,4 +175,5 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
     return RootCall(spec=spec, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
                     max_iter=spec.default_max_iter if max_iter is None else max_iter,
                     work_dtype=work_dtype, matmul_dtype=matmul_dtype,
-                    certificate=certificate, fallback=fallback)
+                    certificate=certificate, bound_certificate=bound_certificate,
+                    fallback=fallback)

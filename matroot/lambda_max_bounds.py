@@ -26,10 +26,13 @@ from .krylov import (LANCZOS_STEPS, POWER_MATVECS, RitzValues, _entry_scale, _po
                      ritz_values)
 
 __all__ = ["certified_lambda_max", "verified_upper", "CertifiedBound", "randomized_lambda_max",
-           "randomized_margin", "BOUND_CERTIFICATES", "FAILURE_PROBABILITY"]
+           "randomized_margin", "BOUND_CERTIFICATES", "DEFAULT_BOUND_CERTIFICATE",
+           "FAILURE_PROBABILITY"]
 
 #: ``bound_certificate`` values: a randomized Lanczos bound, or a Cholesky-proven one.
 BOUND_CERTIFICATES = ("randomized", "cholesky")
+#: The λmax bound :func:`matroot.inv_root` scales by when ``bound_certificate`` is not given.
+DEFAULT_BOUND_CERTIFICATE = "cholesky"
 #: Per matrix, the largest probability that :func:`randomized_lambda_max` is below λmax.
 FAILURE_PROBABILITY = 1e-12
 #: The constant of Kuczyński and Woźniakowski's bound (SIAM J. Matrix Anal. Appl.

@@ -55,9 +55,14 @@ class InvRootResult(NamedTuple):
         Cost of certifying λmax and checking the root, in n×n matmul
         equivalents (a Cholesky counts 1/6, a matrix-vector product 1/n).
     failure_probability : float
-        Probability, per matrix, that ``error_estimate`` is too low because the
-        check drew unlucky probes: :data:`matroot.probes.FAILURE_PROBABILITY`
-        (1e-12) for ``certificate="randomized"``, 0 for a deterministic check.
+        Probability, per matrix, that a randomized statement of this result is
+        wrong (union bound): ``error_estimate`` too low because the check drew
+        unlucky probes (:data:`matroot.probes.FAILURE_PROBABILITY`, 1e-12, for
+        ``certificate="randomized"``), and ``lambda_max`` below the true λmax
+        (:data:`matroot.lambda_max_bounds.FAILURE_PROBABILITY`, 1e-12, for
+        ``bound_certificate="randomized"`` where its Lanczos run does not span
+        the whole space). Only the first can make ``converged`` wrong; 0 when
+        both are deterministic.
     """
 
     root: Array

@@ -17,6 +17,7 @@ from ._typing import Array
 from .call import RootCall, resolve_call
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
 from .solvers import get_solver
+from .lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
 from .verify import DEFAULT_CERTIFICATE
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
@@ -88,7 +89,8 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                   check_finite: bool = True, compute_dtype: str | None = None,
                   fallback: str | None = None, lambda_max_upper: Any = None,
                   lambda_min_lower: Any = None,
-                  certificate: str = DEFAULT_CERTIFICATE) -> InvRootResult:
+                  certificate: str = DEFAULT_CERTIFICATE,
+                  bound_certificate: str = DEFAULT_BOUND_CERTIFICATE) -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -114,7 +116,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     call = resolve_call(xp, a, p, method=method, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
                         max_iter=max_iter, matmul_dtype=matmul_dtype,
                         compute_dtype=compute_dtype, fallback=fallback,
-                        certificate=certificate)
+                        certificate=certificate, bound_certificate=bound_certificate)
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     traced = _xp.is_traced(a)
@@ -245,9 +247,13 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     lambda_max_upper : float or array of shape ``a.shape[:-2]``, optional
         A certified upper bound on λmax(A + eps·I) that you already know (e.g.
         carried from a previous refresh: λmax(β·L + (1−β)·GGᵀ) ≤ β·λmax(L) +
-        (1−β)·‖G‖²_F). Then no bound is computed (no Cholesky test). A wrong
-        (too small) bound is caught by the check of the root: the matrix is
-        ``converged=False``, never a wrong root reported converged.
+        (1−β)·‖G‖²_F). Then no bound is computed, and no Lanczos run is made
+        where no λmin estimate is needed (``lambda_min_lower`` given, or a method
+        that takes no λmin or takes the ridge eps as one): the check's κ is then
+        the smaller of the bounds' ratio and a power estimate from the root
+        (:func:`matroot.verify.kappa_from_root`, 40 matrix-vector products). A
+        wrong (too small) bound is caught by the check of the root: the matrix
+        is ``converged=False``, never a wrong root reported converged.
     certificate : {"deterministic", "randomized"}
         How the returned root is checked (:func:`matroot.verify.check_root`):
         with every product of its residual formed, or with products of the
@@ -255,6 +261,15 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         of O(n³); its bounds fail with probability at most 1e-12 per matrix,
         ``InvRootResult.failure_probability``). Both also test X's sign with a
         Cholesky factorisation (even p).
+    bound_certificate : {"cholesky", "randomized"}
+        How the λmax bound that scales the stack is made one (``scaling="power"``):
+        a Lanczos estimate proven by Cholesky tests (n³/3 flops each), or the same
+        run's largest Ritz value with Kuczyński and Woźniakowski's margin, below
+        λmax with probability at most 1e-12 per matrix
+        (:func:`matroot.lambda_max_bounds.randomized_lambda_max`; it adds to
+        ``InvRootResult.failure_probability`` where the run does not span the
+        whole space). A bound that falls short costs convergence, never a wrong
+        root reported converged: the check judges the root.
     lambda_min_lower : float or array of shape ``a.shape[:-2]``, optional
         A lower bound on λmin(A + eps·I), used by ``minimax`` and ``chebyshev``
         instead of their estimate (never below eps). A bound that is too high is

@@ -14,10 +14,12 @@ from . import _xp
 from ._typing import Array
 from .accuracy import is_converged, unit_roundoff
 from .call import RootCall
-from .probes import FAILURE_PROBABILITY
+from .lambda_max_bounds import FAILURE_PROBABILITY as BOUND_FAILURE_PROBABILITY
+from .lambda_max_bounds import randomized_margin
+from .probes import FAILURE_PROBABILITY as CHECK_FAILURE_PROBABILITY
 from .result import InvRootResult
 from .scaling import (RitzValues, certified_lambda_max, lambda_max_bound_core,
-                      lambda_min_estimate_core, ritz_values)
+                      lambda_min_estimate_core, randomized_lambda_max, ritz_values)
 from .verify import check_root
 
 __all__ = ["NONFINITE_INPUT", "solve_stack"]
@@ -37,13 +39,16 @@ class _Regularised(NamedTuple):
 
 
 class _Scaled(NamedTuple):
-    """The stack divided by its λmax bound ``scale`` (1 for a direct method)."""
+    """The stack divided by its λmax bound ``scale`` (1 for a direct method);
+    ``failure_probability``: per matrix, that the bound is below λmax (a
+    randomized bound; 0 for a proven or guaranteed one)."""
 
     stack: Array
     scale: Array
     lambda_max: Array | None
     certify_cost: Array | None
     ritz: RitzValues | None
+    failure_probability: float = 0.0
 
 
 def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
@@ -55,7 +60,10 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     spec, p = call.spec, call.p
     reg = _regularised(a, call, check_finite)
     b = reg.stack.shape[0]
-    sc = _scaled(reg, call, lambda_max_upper)
+    # A Lanczos run is needed only where a λmin estimate comes from the spectrum.
+    needs_ritz = spec.needs_lower_bound and (spec.lower_from_spectrum or (
+        call.eps == 0 and lambda_min_lower is None))
+    sc = _scaled(reg, call, lambda_max_upper, needs_ritz)
     solver_kwargs: dict = dict(
         tol=call.tol, max_iter=call.max_iter, scaling=call.scaling,
         check_every=4 if _xp.is_accelerator(xp, a) else 1,
@@ -66,21 +74,33 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         # float64 eigh of a float32 stack gets the ridge in float64).
         solver_kwargs["ridge"] = reg.ridge
     ritz = sc.ritz
+    floor = reg.ridge if lambda_min_lower is None else xp.maximum(
+        reg.ridge, _per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
+                               _xp.device_of(a)) / reg.magnitude)
     if spec.needs_lower_bound:
-        floor = reg.ridge if lambda_min_lower is None else xp.maximum(
-            reg.ridge, _per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
-                                   _xp.device_of(a)) / reg.magnitude)
         solver_kwargs["lower"], ritz = _lower_bound(
             sc.stack, floor / sc.scale, ritz, has_ridge=call.eps > 0 or lambda_min_lower
-            is not None, from_spectrum=spec.lower_from_spectrum)
+            is not None, from_spectrum=spec.lower_from_spectrum and (
+                ritz is not None or lambda_min_lower is None))
     out = spec.solve(sc.stack, p, **solver_kwargs)
     lam_max = out.lambda_max if sc.lambda_max is None else sc.lambda_max
     certify_cost = xp.zeros_like(lam_max) if sc.certify_cost is None else sc.certify_cost
 
+    # Without a Lanczos run (the caller gave the bounds) the check's κ comes from
+    # them and from the root (matroot.verify.kappa_from_root).
+    kappa_bound = None
+    if ritz is None and spec.needs_scaling:
+        positive_floor = floor > 0
+        kappa_bound = xp.where(positive_floor, sc.scale / xp.where(
+            positive_floor, floor, xp.ones_like(floor)), xp.full_like(floor, float("inf")))
     check = out.check if out.check is not None else check_root(
         sc.stack, out.root, p, unit_roundoff=call.unit_roundoff(xp), ritz=ritz,
-        certificate=call.certificate)
+        kappa_bound=kappa_bound, certificate=call.certificate)
     probed = out.check is None and isinstance(p, int) and call.certificate == "randomized"
+    # Union bound: the check's estimate and the reported λmax bound each fail with
+    # their own probability (a short λmax bound alone never makes a wrong root
+    # converged: the check judges the root whatever scaled it).
+    failure_probability = (CHECK_FAILURE_PROBABILITY if probed else 0.0) + sc.failure_probability
     usable = reg.finite & (lam_max > 0)
     # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
     factor = _xp.inverse_root_entries(reg.magnitude, p)
@@ -114,7 +134,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         error_estimate=xp.where(usable, error_estimate, nan_b),
         repaired=xp.zeros_like(converged),
         check_matmuls=certify_cost + check.matmul_equivalents,
-        failure_probability=FAILURE_PROBABILITY if probed else 0.0,
+        failure_probability=failure_probability,
     )
     overflow = usable & check.positive & ~(fits & cast_ok)
     return result, usable, xp.any(overflow)
@@ -149,7 +169,7 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     return _Regularised(stack, finite, magnitude, ridge)
 
 
-def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
+def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper, needs_ritz: bool) -> _Scaled:
     stack = reg.stack
     xp = _xp.array_namespace(stack)
     dev = _xp.device_of(stack)
@@ -158,27 +178,38 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper) -> _Scaled:
         return _Scaled(stack, xp.ones(stack.shape[:1], dtype=stack.dtype, device=dev),
                        None, None, None)
     ritz = None
+    failure = 0.0
     if lambda_max_upper is not None:
-        # The caller's bound is used as given: nothing is spent to find one. A bound
-        # below λmax leaves the basin, which the check of the root catches.
-        ritz = ritz_values(stack)
+        # The caller's bound is used as given: nothing is spent to find one (no
+        # Lanczos run unless the λmin estimate needs one). A bound below λmax
+        # leaves the basin, which the check of the root catches.
         lam_max = _per_matrix(xp, lambda_max_upper, stack.shape[0], stack.dtype,
                               dev) / reg.magnitude
         certify_cost = xp.zeros_like(lam_max)
+    elif call.scaling == "power" and call.bound_certificate == "cholesky" and not needs_ritz:
+        # Nothing else needs a Lanczos run (no λmin estimate; the check's κ comes
+        # from the root): a block power estimate, proven by the Cholesky test.
+        certified = certified_lambda_max(stack)
+        lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     elif call.scaling == "power":
-        # One Lanczos run serves the λmax candidate, the λmin estimate and the
-        # check's κ (Ritz values scale with the matrix).
+        # One Lanczos run serves the λmax bound, the λmin estimate and the check's κ
+        # (Ritz values scale with the matrix).
         ritz = ritz_values(stack)
-        top = ritz.high if _xp.is_traced(stack) else _xp.from_numpy(
-            xp, ritz.high, dtype=stack.dtype, device=dev)
-        certified = certified_lambda_max(stack, estimate=top)
+        if call.bound_certificate == "randomized":
+            certified = randomized_lambda_max(stack, ritz=ritz)
+            if randomized_margin(stack.shape[-1], ritz.steps) > 0:
+                failure = BOUND_FAILURE_PROBABILITY
+        else:
+            top = ritz.high if _xp.is_traced(stack) else _xp.from_numpy(
+                xp, ritz.high, dtype=stack.dtype, device=dev)
+            certified = certified_lambda_max(stack, estimate=top)
         lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     else:
         lam_max = lambda_max_bound_core(stack, scaling=call.scaling)
         certify_cost = xp.zeros_like(lam_max)
     scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
     return _Scaled(stack / scale[:, None, None], scale, lam_max, certify_cost,
-                   None if ritz is None else ritz.divided(scale))
+                   None if ritz is None else ritz.divided(scale), failure)
 
 
 def _per_matrix(xp, value, b, dtype, device):
@@ -204,13 +235,15 @@ def _cast_back_error(returned, root, computed):
 
 
 def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bool):
-    """A lower bound on the scaled spectrum: the ridge when there is one (a guarantee),
-    else the Lanczos estimate (its Ritz value errs high, hence its safety factor).
+    """A lower bound on the scaled spectrum: the ridge or the caller's bound when
+    there is one (a guarantee), else the Lanczos estimate (its Ritz value errs
+    high, hence its safety factor).
 
     ``from_spectrum``: the Lanczos estimate, never below the ridge, even with one
     (chebyshev's degree grows with the interval, and a ridge far below the
     spectrum would push it to its cap; a bound that is too high is caught by the
-    a-posteriori check). Under jax.jit / torch.compile the estimate is formed on
+    a-posteriori check). The stack solve passes False when the caller gave both
+    bounds: then nothing is spent on a run. Under jax.jit / torch.compile the estimate is formed on
     the device, with no host read.
 
     ``ritz``: the call's :class:`~matroot.scaling.RitzValues` of ``scaled``, or

@@ -59,13 +59,14 @@ from . import _xp
 import numpy as np
 
 from .probes import FROBENIUS_FACTOR, PROBE_SEED, PROBES, SPECTRAL_FACTOR, probe_block
-from .scaling import LANCZOS_STEPS, RitzValues, _start_vectors, ritz_values
+from .scaling import (LANCZOS_STEPS, RitzValues, _start_vectors, power_iteration_core,
+                      ritz_values)
 from .accuracy import BUCKET_SLACK, LOW_PRECISION_ROWS, row_target
 from .solvers._result import RootCheck
 from .solvers.registry import get_solver
 
 __all__ = ["BUCKET_SLACK", "CERTIFICATES", "DEFAULT_CERTIFICATE", "LOW_PRECISION_ROWS", "RootCheck",
-           "accuracy_target", "check_root", "sandwich_bound"]
+           "accuracy_target", "check_root", "kappa_from_root", "sandwich_bound"]
 
 #: How the residual of a root is measured: every product formed ("deterministic"),
 #: or only its products with Gaussian probe vectors, bounded with a stated failure
@@ -214,8 +215,33 @@ def _probed_norms(safe, scaled, p: int, seed: int):
     return spectral, times_x, rms, 2 * (p + 1) + 1
 
 
+def kappa_from_root(scaled, root, p, kappa_bound):
+    """A κ estimate for the check without a Lanczos run: the smaller of the caller's
+    ``kappa_bound`` (λmax bound ÷ λmin bound, ≥ κ when the bounds are right) and
+    ``θ_A · θ_X^p``, with ``θ_A ≤ λmax(A)`` and ``θ_X ≤ λmax(X)`` from a few block
+    power steps on the matrix and on its root.
+
+    Both θ are Rayleigh quotients, and where the root's residual has spectral norm
+    ρ < 1, ``λmax(X)^p ≤ (1 + ρ)/λmin(A)`` (:func:`sandwich_bound`'s Loewner
+    sandwich), so the estimate is at most ``(1 + ρ)·κ``: like the Ritz ratio, a
+    lower estimate that picks κ's bucket or a stricter one. Returns
+    ``(kappa, matmul_equivalents)``.
+    """
+    xp = _xp.array_namespace(root)
+    n = root.shape[-1]
+    theta_a, theta_x = (power_iteration_core(m, num_vectors=_KAPPA_POWER_VECTORS,
+                                             num_iter=_KAPPA_POWER_STEPS)
+                        for m in (scaled, root))
+    kappa = xp.minimum(theta_a * theta_x ** p, kappa_bound)
+    return kappa, 2 * min(_KAPPA_POWER_VECTORS, n) * _KAPPA_POWER_STEPS / n
+
+
+_KAPPA_POWER_VECTORS = 4
+_KAPPA_POWER_STEPS = 5
+
+
 def check_root(scaled, root, p, *, unit_roundoff: float,
-               ritz: RitzValues | None = None,
+               ritz: RitzValues | None = None, kappa_bound=None,
                certificate: str = DEFAULT_CERTIFICATE, probe_seed: int = PROBE_SEED) -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
 
@@ -234,6 +260,9 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     ritz : RitzValues, optional
         :func:`matroot.scaling.ritz_values` of ``scaled``, when the caller ran
         them already (for the minimax schedule's λmin): κ then costs nothing.
+    kappa_bound : array, shape (b,), optional
+        With ``ritz`` None: an upper bound on κ from the caller's spectral
+        bounds; κ is then :func:`kappa_from_root` (no Lanczos run).
     certificate : {"deterministic", "randomized"}
         ``"deterministic"`` forms ``R`` and ``R·X``; ``"randomized"`` only their
         products with :data:`matroot.probes.PROBES` Gaussian vectors (O(p·n²) per
@@ -268,17 +297,10 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     safe = _xp.symmetric_part(root)
     if _xp.is_traced(root) or not bool(xp.all(finite)):
         safe = _xp.batched_where(finite, safe, eye)
-    if ritz is None:
-        ritz = ritz_values(scaled)
-    low, high = ritz.low, ritz.high
-    if _xp.is_traced(scaled):  # the Ritz values stayed on the device
-        kappa = xp.where(low > 0, high / xp.where(low > 0, low, xp.ones_like(low)),
-                         xp.full_like(low, float("inf")))
+    if ritz is None and kappa_bound is not None:
+        kappa, cost = kappa_from_root(scaled, safe, p, kappa_bound)
     else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ritz_ratio = np.where(low > 0, high / low, np.inf)
-        kappa = _xp.from_numpy(xp, ritz_ratio, dtype=root.dtype, device=_xp.device_of(root))
-    cost = min(LANCZOS_STEPS, n) / n
+        kappa, cost = _ritz_kappa(ritz_values(scaled) if ritz is None else ritz, root)
     nan = xp.full_like(kappa, float("nan"))
     if isinstance(p, int) and certificate == "randomized":
         spectral, times_x, rms, blocks = _probed_norms(safe, scaled, p, probe_seed)
@@ -307,6 +329,22 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     trusted = positive & xp.isfinite(estimate)
     estimate = xp.where(trusted, estimate, xp.full_like(estimate, float("inf")))
     return RootCheck(xp.where(finite, residual, nan), estimate, positive, kappa, cost)
+
+
+def _ritz_kappa(ritz: RitzValues, root):
+    """``θmax/θmin`` of a Lanczos run as a device array like ``root``, and the run's
+    cost in matmul equivalents."""
+    xp = _xp.array_namespace(root)
+    low, high = ritz.low, ritz.high
+    if not isinstance(low, np.ndarray):  # traced: the Ritz values stayed on the device
+        kappa = xp.where(low > 0, high / xp.where(low > 0, low, xp.ones_like(low)),
+                         xp.full_like(low, float("inf")))
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ritz_ratio = np.where(low > 0, high / low, np.inf)
+        kappa = _xp.from_numpy(xp, ritz_ratio, dtype=root.dtype, device=_xp.device_of(root))
+    n = root.shape[-1]
+    return kappa, min(LANCZOS_STEPS, n) / n
 
 
 def accuracy_target(method: str, precision: str, p, kappa):

@@ -54,3 +54,28 @@ def test_dash_comparison_is_skipped_without_the_wheel(monkeypatch, capsys):
         pytest.skip("the DASH wheel is installed here")
     assert dash_reference.compare((1e2,), (2,), (5e-3,), n=8, batch=1) == []
     assert "skipped" in capsys.readouterr().out
+
+
+def test_dash_comparison_rows_and_summary():
+    """With the wheel: every (κ, p, goal) has a DASH row (stock or fp32 scale) and
+    matroot's configurations asked for rtol=goal; the summary names the fastest."""
+    if importlib.util.find_spec("ista_daslab_optimizers") is None:
+        pytest.skip("the DASH wheel is not installed (pip install ista-daslab-optimizers)")
+    rows = dash_reference.compare((1e2,), (2,), (5e-3,), n=16, batch=2, repeats=1,
+                                  budget_s=0.1)
+    labels = [r["contender"] for r in rows]
+    assert any(label.startswith("DASH") for label in labels)
+    assert any("rtol=0.005" in label for label in labels)
+    assert "matroot's fastest" in dash_reference._markdown(rows, "smoke")
+
+
+def test_overheads_profile_runs_its_phases():
+    """The phase profile wraps names that exist in matroot.stack_solve (it broke
+    silently once when they moved) and reports both λmax bounds."""
+    profile = _script("overheads_profile")
+    report = profile.main(["--batch", "2", "--n", "32", "--methods", "minimax", "--p", "2",
+                           "--repeats", "1", "--threads", "1"])
+    assert {row["bound"] for row in report["runs"]} == {"cholesky", "randomized"}
+    for row in report["runs"]:
+        assert row["ms"]["lanczos"] > 0 and row["ms"]["root check"] > 0
+        assert row["ratio"] > 0

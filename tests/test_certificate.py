@@ -187,7 +187,9 @@ def _gram(seed=0, n=32):
 
 @pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax", "chebyshev"])
 def test_supplied_bounds_skip_the_certification(method):
-    a = _gram()
+    # n = 96: the 64-step Lanczos run no longer spans the space, and the check's
+    # κ from the bounds and the root (40 matrix-vector products) costs less.
+    a = _gram(n=96)
     lam = np.linalg.eigvalsh(a)
     res = matroot.inv_root_info(a, 4, method=method, lambda_max_upper=lam[:, -1] * 1.01,
                                 lambda_min_lower=lam[:, 0] * 0.99)
@@ -214,6 +216,71 @@ def test_wrong_supplied_bounds_are_caught(method, wrong):
     kappa = lam[:, -1] / lam[:, 0]
     _converged_means_right(res, a, 4, kappa=float(kappa.max()), method=method,
                            precision="float64")
+
+
+def _no_lanczos(*_, **__):
+    raise AssertionError("a Lanczos run was made although the caller gave the bounds")
+
+
+@pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax", "chebyshev"])
+@pytest.mark.parametrize("given", ["both", "upper_and_eps"])
+def test_supplied_bounds_cost_no_lanczos_run(method, given, monkeypatch):
+    """λmax and λmin given (or λmax and a ridge, for a method that takes the ridge as
+    its λmin): no Lanczos run at all; κ for the check comes from the bounds and the
+    root, and the roots reported converged meet the table at their true κ."""
+    import matroot.stack_solve
+    import matroot.verify
+
+    if given == "upper_and_eps" and method == "chebyshev":
+        pytest.skip("chebyshev estimates λmin from the spectrum unless it is given")
+    eps = 1e-3
+    a = _gram(seed=3, n=96)
+    lam = np.linalg.eigvalsh(a) + eps
+    bounds = dict(lambda_max_upper=lam[:, -1] * 1.01)
+    if given == "both":
+        bounds["lambda_min_lower"] = lam[:, 0] * 0.99
+    for module in (matroot.stack_solve, matroot.verify):
+        monkeypatch.setattr(module, "ritz_values", _no_lanczos)
+    for dtype in (np.float32, np.float64):
+        res = matroot.inv_root_info(a.astype(dtype), 4, method=method, eps=eps, **bounds)
+        assert res.converged.all(), (method, dtype)
+        _converged_means_right(res, a, 4, kappa=float((lam[:, -1] / lam[:, 0]).min()),
+                               method=method, precision=np.dtype(dtype).name, eps=eps)
+
+
+@pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax", "chebyshev"])
+@pytest.mark.parametrize("shortfall", [0.3, 0.7, 0.95])
+@pytest.mark.parametrize("p", [2, 4])
+def test_too_small_supplied_lambda_max_without_lanczos(method, shortfall, p):
+    """A λmax bound below λmax with the λmin bound given (no Lanczos run): the
+    scaled spectrum reaches past 1, and whatever comes out is judged by the check
+    of the root; float32, where the iterations leave their basin soonest."""
+    a = _gram(seed=4, n=64)
+    lam = np.linalg.eigvalsh(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            res = matroot.inv_root_info(a.astype(np.float32), p, method=method,
+                                        lambda_max_upper=lam[:, -1] * shortfall,
+                                        lambda_min_lower=lam[:, 0] * 0.99)
+    _converged_means_right(res, a, p, kappa=float((lam[:, -1] / lam[:, 0]).min()),
+                           method=method, precision="float32")
+
+
+def test_kappa_from_the_root_is_a_lower_estimate():
+    """κ from a root and the caller's bound: at most (1 + ρ)·κ for an accurate root
+    (a stricter bucket, never a looser one), never above the caller's bound."""
+    from matroot.verify import kappa_from_root
+
+    for kappa in (1e2, 1e4):
+        lam = np.geomspace(1 / kappa, 1.0, 80)
+        a = _compose(lam, seed=5)[None]
+        root = oracle_inv_root(a, 2)
+        estimate, cost = kappa_from_root(a, root, 2, np.array([np.inf]))
+        assert kappa / 3 <= float(estimate[0]) <= kappa * (1 + 1e-6)
+        capped, _ = kappa_from_root(a, root, 2, np.array([kappa / 10]))
+        assert float(capped[0]) == kappa / 10
+        assert cost < 1
 
 
 def test_supplied_bounds_are_validated():

@@ -136,3 +136,31 @@ def test_public_names_stay_importable_from_scaling():
                                  lambda_min_estimate, lanczos_ritz_extremes, power_iteration,
                                  ritz_values, verified_upper)
     assert matroot.lambda_max_bound is lambda_max_bound
+
+
+# chebyshev's degree cap does not reach κ = 1e4 (nothing converges to judge).
+@pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax"])
+@pytest.mark.parametrize("kind", ["isolated_top", "clustered", "gram_plus_ridge"])
+def test_inv_root_scaled_by_the_randomized_bound(method, kind):
+    """inv_root_info(bound_certificate=...): the bound it reports is above λmax, converged
+    roots meet the table, and the result states the bound's failure probability
+    where its 64-step run does not span the space (n = 96), none where it does."""
+    from matroot.testing import oracle_inv_root, relative_error
+    from matroot.verify import accuracy_target
+
+    a = _stack(kind, np.random.default_rng(11), (3,), 96)
+    lam = np.linalg.eigvalsh(a)
+    for certificate, stated in (("randomized", FAILURE_PROBABILITY), ("cholesky", 0.0)):
+        res = matroot.inv_root_info(a, 2, method=method, bound_certificate=certificate)
+        assert res.failure_probability == stated
+        assert np.all(to_numpy(res.lambda_max) >= lam[:, -1] * (1 - 1e-12))
+        err = relative_error(to_numpy(res.root), oracle_inv_root(a, 2))
+        target = accuracy_target(method, "float64", 2, lam[:, -1] / lam[:, 0])
+        converged = to_numpy(res.converged)
+        assert converged.any()
+        assert np.all(err[converged] <= target[converged])
+    small = matroot.inv_root_info(a[:, :40, :40], 2, method=method,
+                                  bound_certificate="randomized")
+    assert small.failure_probability == 0.0
+    with pytest.raises(ValueError, match="bound_certificate"):
+        matroot.inv_root(a, 2, method=method, bound_certificate="proof")
