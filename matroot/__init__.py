@@ -6,7 +6,7 @@ PyTorch arrays, with any solver of the registry (:mod:`matroot.solvers.registry`
 eigh, Newton–Schulz, coupled Newton, minimax polynomial iterations or Chebyshev.
 """
 
-from .polar import PolarResult, polar, polar_info
+from .polar_factor import PolarResult, polar, polar_info
 from .roots import (
     ConvergenceWarning,
     InvRootResult,

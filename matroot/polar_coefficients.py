@@ -26,6 +26,17 @@ monotone (``f'(σ) = 15(1 − σ²)²/8 ≥ 0``) with a triple fixed point at 1.
 The classical Muon quintic (``3.4445, −4.7750, 2.0315``, five steps from a
 Frobenius normalisation) is :data:`MUON_QUINTIC`: it maps singular values into
 roughly ``[0.7, 1.2]`` by design, trading accuracy for speed.
+
+**Few steps.** A schedule built for ``[ℓ, 1]`` spends its first steps lifting
+the smallest σ (no step's slope at 0 exceeds about 8, so ``log₈(1/ℓ)`` steps
+pass before anything is near 1), and its first k steps are the best k-step
+composition for ``[ℓ, 1]`` only in the max-norm. With a budget of k steps the
+useful ℓ is the smallest one the k steps bring within a band of 1:
+:func:`band_lower`. Muon's band is :data:`MUON_BAND`; 4 steps (12 products)
+bring σ/σmax ∈ ``[MUON_LOWER, 1]`` into ``[0.8, 1.2]``, where the quintic's 5
+steps (15 products) bring σ/‖G‖_F ∈ ``[1.5e-3, 1]`` into ``[0.68, 1.2]``: a
+narrower band, on a wider interval whenever ``‖G‖_F ≥ 2.3·σmax`` (stable rank
+above about 5).
 """
 
 from __future__ import annotations
@@ -38,14 +49,23 @@ import numpy as np
 
 from .solvers.minimax_coefficients import TAIL, quintic_sign_minimax
 
-__all__ = ["CUSHION", "MUON_QUINTIC", "MUON_STEPS", "PolarSchedule", "default_margin",
-           "polar_schedule", "quintic_interval"]
+__all__ = ["CUSHION", "MUON_BAND", "MUON_LOWER", "MUON_POLAR_STEPS", "MUON_QUINTIC",
+           "MUON_STEPS", "PolarSchedule", "band_lower", "default_margin", "polar_schedule",
+           "quintic_interval"]
 
 #: Lowest ``design bottom / top`` of any step (the paper's default, ≈ 0.024).
 CUSHION = 0.02407327424182761
 #: Keller Jordan's Muon quintic ``(c1, c3, c5)``, applied ``MUON_STEPS`` times.
 MUON_QUINTIC = (3.4445, -4.7750, 2.0315)
 MUON_STEPS = 5
+#: The quintic's band: its 5 steps map every σ/‖G‖_F in ``[1.5e-3, 1]`` into
+#: ``[0.68, 1.2]``, so Muon trains with singular values within about 0.2-0.3 of 1.
+MUON_BAND = 0.2
+#: Polar Express steps of Muon's default (:class:`matroot.optim.muon.MuonConfig`).
+MUON_POLAR_STEPS = 4
+#: ``band_lower(MUON_POLAR_STEPS)`` (3.21e-3) rounded up: the 4-step schedule for
+#: it maps ``[MUON_LOWER, 1]`` within ``MUON_BAND`` of 1 (tests/test_polar.py).
+MUON_LOWER = 3.3e-3
 #: Ratios ``lo/top`` above this use the tail quintic (Remez is ill-posed near 1).
 _NARROWEST = 1.0 - 1e-4
 #: No schedule is longer than this (a lower bound of 1e-16 needs about 14 steps).
@@ -83,6 +103,24 @@ def quintic_interval(coefficients, lo: float, hi: float, *, grid: int = 2049):
     return float(f.min()), float(f.max())
 
 
+def _composition(lower: float, margin: float):
+    """Yield ``(row, lo, hi)`` for each Polar Express step of ``[lower, 1]`` (at most
+    ``_MOST_STEPS``): the step's quintic and the interval it maps ``[lower, 1]`` into."""
+    lo, hi = lower, 1.0
+    for _ in range(_MOST_STEPS):
+        top = hi * (1.0 + margin)
+        design = max(lo, CUSHION * top)
+        if design / top < _NARROWEST:
+            (c1, c3, c5), error = quintic_sign_minimax(design / top)
+            row = (float(c1 / top), float(c3 / top ** 3), float(c5 / top ** 5))
+            low_end = lo * (row[0] + lo * lo * (row[1] + row[2] * lo * lo))
+            lo, hi = min(low_end, 1.0 - error), 1.0 + error
+        else:
+            row = TAIL
+            lo, hi = quintic_interval(row, lo, hi, grid=2)
+        yield row, lo, hi
+
+
 @functools.lru_cache(maxsize=256)
 def polar_schedule(lower: float, target: float, margin: float) -> PolarSchedule:
     """The Polar Express steps taking ``[lower, 1]`` to within ``target`` of 1.
@@ -112,21 +150,14 @@ def polar_schedule(lower: float, target: float, margin: float) -> PolarSchedule:
     """
     if not 0.0 < lower < 1.0:
         raise ValueError(f"lower must lie in (0, 1), got {lower}")
-    lo, hi = lower, 1.0
     rows: list[tuple[float, float, float]] = []
     bottoms: list[float] = []
     tops: list[float] = []
-    while max(1.0 - lo, hi - 1.0) > target and len(rows) < _MOST_STEPS:
-        top = hi * (1.0 + margin)
-        design = max(lo, CUSHION * top)
-        if design / top < _NARROWEST:
-            (c1, c3, c5), error = quintic_sign_minimax(design / top)
-            row = (float(c1 / top), float(c3 / top ** 3), float(c5 / top ** 5))
-            low_end = lo * (row[0] + lo * lo * (row[1] + row[2] * lo * lo))
-            lo, hi = min(low_end, 1.0 - error), 1.0 + error
-        else:
-            row = TAIL
-            lo, hi = quintic_interval(row, lo, hi, grid=2)
+    error = 1.0 - lower
+    for row, lo, hi in _composition(lower, margin):
+        if error <= target:
+            break
+        error = max(1.0 - lo, hi - 1.0)
         rows.append(row)
         bottoms.append(lo)
         tops.append(hi)
@@ -149,3 +180,43 @@ def default_margin(unit_roundoff: float) -> float:
     (0.01, 0.000244, 1e-06)
     """
     return 0.01 if unit_roundoff > 1e-4 else max(math.sqrt(unit_roundoff), 1e-6)
+
+
+@functools.lru_cache(maxsize=64)
+def band_lower(steps: int, band: float = MUON_BAND, margin: float = 0.01) -> float:
+    """The smallest ℓ whose first ``steps`` Polar Express steps map ``[ℓ, 1]`` within
+    ``band`` of 1 (real arithmetic), to 1 % (bisection in log ℓ, rounded up).
+
+    Parameters
+    ----------
+    steps : int
+        The step budget (three products each).
+    band : float
+        Largest ``|σ − 1|`` allowed after the last step, in (0, 1).
+    margin : float
+        The safety margin of the schedule (:func:`default_margin`); the 16-bit one
+        by default, which gives a slightly larger ℓ that serves every precision.
+
+    Examples
+    --------
+    >>> from matroot.polar_coefficients import MUON_LOWER, band_lower
+    >>> lower = band_lower(4)
+    >>> bool(3e-3 < lower <= MUON_LOWER)
+    True
+    """
+    if steps < 1 or not 0.0 < band < 1.0:
+        raise ValueError(f"need steps >= 1 and 0 < band < 1, got {steps}, {band}")
+
+    def reaches(lower: float) -> bool:
+        for k, (_, lo, hi) in enumerate(_composition(lower, margin), start=1):
+            if k == steps:
+                return max(1.0 - lo, hi - 1.0) <= band
+        return True
+
+    below, above = math.log(1e-15), math.log(0.5)
+    if not reaches(math.exp(above)):
+        raise ValueError(f"{steps} steps do not bring [0.5, 1] within {band} of 1")
+    while above - below > 0.01:
+        middle = (below + above) / 2
+        below, above = (below, middle) if reaches(math.exp(middle)) else (middle, above)
+    return math.exp(above)

@@ -13,10 +13,10 @@ import pytest
 
 import matroot
 from matroot.bench.config import BASELINES, PRESETS
-from matroot.bench.problems import spd_stack
 from matroot.cli import main
 from matroot.solvers import SOLVERS
 from matroot.solvers.registry import solvers_supporting
+from matroot.testing import scaled_spd_stack
 
 SWEEP_FIELDS = {
     "backend", "device", "n", "batch", "p", "kappa", "dtype", "method", "kind", "seed",
@@ -83,7 +83,7 @@ def test_sweep_errors_are_oracle_errors(smoke):
     numpy_rows = [r for r in doc["sweep"] if r["backend"] == "numpy"
                   and r["method"] == "newton_db" and r["p"] == 2]
     r = numpy_rows[0]
-    a = spd_stack(r["n"], r["batch"], r["kappa"], seed=r["seed"], dtype=np.float32)
+    a = scaled_spd_stack(r["batch"], r["n"], r["kappa"], seed=r["seed"], dtype=np.float32)
     res = matroot.inv_root_info(a, 2, method="newton_db")
     # Same input, same library: the same error up to rounding-level differences.
     assert r["err_max"] == pytest.approx(_own_error(res.root, a, 2).max(), rel=1e-2)
@@ -100,8 +100,8 @@ def test_time_to_accuracy_records_truncated_runs(smoke):
         first, best = swept[0]["err_max"], min(pt["err_max"] for pt in swept)
         assert first > 1e-2 > best  # one step is far off; the sweep converges
         assert [pt["matmuls"] for pt in swept] == sorted(pt["matmuls"] for pt in swept)
-        a = spd_stack(curve["n"], curve["batch"], curve["kappa"], seed=curve["seed"],
-                      dtype=np.float32)
+        a = scaled_spd_stack(curve["batch"], curve["n"], curve["kappa"], seed=curve["seed"],
+                             dtype=np.float32)
         if curve["backend"] in ("numpy", "torch-cpu"):
             res = matroot.inv_root_info(a, curve["p"], method="newton_db", tol=0.0,
                                         max_iter=2)

@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 from hang_guard import HANG_GUARD_S
 
-from matroot.bench.problems import shampoo_factors
 from matroot.cli import main
 from matroot.solvers import SOLVERS
-from matroot.testing import SPDCase
 from matroot.testing.backends import (
     UnavailableError,
     discover,
@@ -39,29 +37,6 @@ def assert_one_line_error(code, err, *fragments):
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0]
-
-
-def test_shampoo_factors_are_psd_gram_sums_with_log_spaced_energy():
-    factors = shampoo_factors(5, 20, seed=3)
-    np.testing.assert_allclose(factors, np.swapaxes(factors, -1, -2), atol=0)
-    lam = np.linalg.eigvalsh(factors)
-    assert lam.min() > -1e-12
-    # Trace = total gradient energy, log-spaced from 1 down to 1e-3.
-    np.testing.assert_allclose(np.trace(factors, axis1=-2, axis2=-1),
-                               np.geomspace(1.0, 1e-3, 5), rtol=1e-12)
-    # Rank-1 gradients over 4 steps give rank <= 4: the ridge sets lambda_min.
-    assert np.sum(lam[0] > 1e-12 * lam[0, -1]) <= 4
-
-
-def test_problem_oracle_is_the_inverse_root():
-    factors = shampoo_factors(3, 12, seed=1)
-    oracle = SPDCase(factors, 1e-3, "shampoo_factors")  # the demo's oracle
-    a = factors + 1e-3 * np.eye(12)
-    x = oracle.inv_root(4)
-    # X^4 (A + eps I) = I for the exact inverse 4th root.
-    np.testing.assert_allclose(x @ x @ x @ x @ a, np.broadcast_to(np.eye(12), a.shape),
-                               atol=1e-9)
-    assert np.all(oracle.kappa >= 1)
 
 
 def test_demo_quick_table_json_and_plot(tmp_path, capsys):

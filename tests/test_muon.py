@@ -51,6 +51,26 @@ def test_stacked_directions_equal_the_per_parameter_loop(convention):
     assert state.steps == [3] * len(SHAPES)
 
 
+def test_stacked_default_directions_equal_one_call_per_parameter():
+    """The default polar factor (4 Polar Express steps, not converged) depends on each
+    matrix's certified scale, which must not depend on its neighbours in the stack:
+    stacked and one-matrix calls agree to float64 rounding (different batch sizes may
+    round differently in BLAS, so not bitwise)."""
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(s) for s in SHAPES]
+    config = MuonConfig()
+    state = muon_init(grads, USE_MUON)
+    alone = [muon_init([g], [muon]) for g, muon in zip(grads, USE_MUON)]
+    for _ in range(3):
+        stacked, state = muon_directions(grads, state, USE_MUON, config)
+        looped = []
+        for i, (g, muon) in enumerate(zip(grads, USE_MUON)):
+            (d,), alone[i] = muon_directions([g], alone[i], [muon], config)
+            looped.append(d)
+    for d, r in zip(stacked, looped):
+        np.testing.assert_allclose(d, r, rtol=1e-10, atol=1e-12)
+
+
 def test_adamw_part_is_bias_corrected_adam():
     g = np.array([0.5, -2.0, 0.0])
     config = MuonConfig(betas=(0.9, 0.99), eps=1e-8)
@@ -148,6 +168,20 @@ def _train(opt_factory, steps, model_seed=0):
 
         loss = opt.step(closure)
     return model, opt, loss
+
+
+def test_default_muon_decreases_the_loss_on_a_tiny_regression():
+    x = torch.randn(64, 12, generator=torch.Generator().manual_seed(3))
+
+    @torch.no_grad()
+    def held_out_loss(model):
+        return float((model(x) - x[:, :8]).square().mean())
+
+    before = held_out_loss(_two_layer())
+    trained, _, _ = _train(lambda m: matroot.optim.Muon(m.parameters(), lr=0.02,
+                                                        adamw_lr=1e-3), 40)
+    after = held_out_loss(trained)
+    assert after < 0.5 * before, (before, after)
 
 
 def test_resume_is_bit_identical():
@@ -255,3 +289,22 @@ def test_muon_reaches_adamw_final_loss_in_fewer_steps_on_digits():
                 for lr in (0.02, 0.05)), key=lambda c: c[-1])
     reached = np.nonzero(muon <= adamw[-1])[0]
     assert reached.size and reached[0] + 1 < steps, (adamw[-1], muon[-1])
+
+
+def test_muon_vs_adamw_example_quick_run_writes_its_table(tmp_path, monkeypatch):
+    """examples/muon_vs_adamw.py (the committed comparison) in its smoke setting."""
+    import json
+    import pathlib
+    import sys
+
+    pytest.importorskip("sklearn")
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[1] / "examples"))
+    sys.modules.pop("muon_vs_adamw", None)
+    import muon_vs_adamw
+
+    assert muon_vs_adamw.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "muon_vs_adamw.json").read_text())
+    for task in report["tasks"].values():
+        assert set(task["results"]) == {"AdamW", "Muon", "Muon (quintic)"}
+        assert all(np.isfinite(r["final_loss"]) for r in task["results"].values())
+    assert (tmp_path / "muon_vs_adamw.md").read_text().startswith("| task |")

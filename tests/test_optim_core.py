@@ -210,7 +210,8 @@ def test_failed_roots_keep_their_previous_value_and_are_counted():
     rng = np.random.default_rng(5)
     params = [rng.standard_normal((12, 8)), rng.standard_normal((6, 6))]
     config = ShampooConfig(lr=0.01, block_size=16, precondition_frequency=1, matrix_eps=0.0,
-                           root_method="evd", weight_decay=0.0, keep_roots=True)
+                           root_method="evd", weight_decay=0.0, keep_roots=True,
+                           symmetric_packing=False)
     state = init(params, config)
     for _ in range(3):
         grads = [np.outer(rng.standard_normal(12), rng.standard_normal(8)),
@@ -232,7 +233,8 @@ def test_failed_roots_keep_their_previous_value_and_are_counted():
 def test_unconverged_roots_are_rejected():
     params, grads = _problem(6, 2, shapes=[(10, 10)])
     config = ShampooConfig(precondition_frequency=1, root_method="newton_db",
-                           root_options={"max_iter": 1}, matrix_eps=1e-6, keep_roots=True)
+                           root_options={"max_iter": 1}, matrix_eps=1e-6, keep_roots=True,
+                           symmetric_packing=False)
     _, state = _run(np, params, grads, config)
     assert state.root_failures[0].tolist() == [2, 2]
     np.testing.assert_array_equal(state.roots[0], np.broadcast_to(np.eye(10), (2, 10, 10)))
@@ -286,7 +288,7 @@ def test_missing_gradients_leave_their_parameter_and_state_alone():
 
 def test_state_bytes_counts_moments_factors_and_roots():
     params = [np.zeros((100, 30), dtype=np.float32), np.zeros(30, dtype=np.float32)]
-    state = init(params, ShampooConfig(block_size=64))
+    state = init(params, ShampooConfig(block_size=64, symmetric_packing=False))
     sizes = state_bytes(state)
     assert sizes["moments"] == 2 * 4 * (3000 + 30)
     factor_elems = 64 * 64 + 36 * 36 + 2 * 30 * 30

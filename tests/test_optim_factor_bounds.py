@@ -111,7 +111,8 @@ def test_a_wrong_carried_bound_is_caught_and_replaced(monkeypatch):
     the next refresh finds a right one."""
     spy = _SolveSpy(monkeypatch)
     config = ShampooConfig(lr=1e-2, block_size=16, precondition_frequency=1,
-                           root_method="newton_db", weight_decay=0.0, keep_roots=True)
+                           root_method="newton_db", weight_decay=0.0, keep_roots=True,
+                           symmetric_packing=False)
     grads = _gradients(2, 4, np.float64)
     params = [np.zeros(s) for s in SHAPES]
     state = init(params, config)

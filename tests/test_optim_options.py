@@ -220,7 +220,7 @@ def test_momentum_and_maximize_apply_to_the_preconditioned_update():
 def _stored(dtype, steps=8):
     x, y, w, b = _linear_problem(8, rows=40, cols=12)
     opt = Shampoo([w, b], lr=1e-2, block_size=32, precondition_frequency=2,
-                  root_storage_dtype=dtype)
+                  root_storage_dtype=dtype, symmetric_packing=False)
     _steps((w, b), opt, x, y, steps)
     return opt, (w, b), (x, y)
 
@@ -245,7 +245,7 @@ def test_a_root_that_overflows_its_storage_dtype_fails_and_falls_back(storage):
     w = torch.nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
     opt = Shampoo([w], lr=1e-2, block_size=4, precondition_frequency=1,
                   start_preconditioning_step=1, matrix_eps=1e-27, root_storage_dtype=storage,
-                  keep_roots=True)
+                  keep_roots=True, symmetric_packing=False)
     for _ in range(2):
         w.grad = 1e-12 * torch.eye(4)
         opt.step()
@@ -391,7 +391,8 @@ def test_state_dict_layout_says_where_each_blocks_factors_are():
     gen = torch.Generator().manual_seed(9)
     a = torch.nn.Parameter(torch.randn(20, 12, generator=gen))
     c = torch.nn.Parameter(torch.randn(9, generator=gen))
-    opt = Shampoo([a, c], block_size=8, betas=(0.9, 0.5), precondition_1d=True)
+    opt = Shampoo([a, c], block_size=8, betas=(0.9, 0.5), precondition_1d=True,
+                  symmetric_packing=False)
     grads = [torch.randn(p.shape, generator=gen) for p in (a, c)]
     for p, g in zip((a, c), grads):
         p.grad = g
@@ -463,6 +464,30 @@ def test_packed_factors_and_roots_hold_the_same_values_in_about_half_the_bytes()
     _steps(twins, opt, x, y, 3)
     _steps(again, resumed, x, y, 3)
     assert all(torch.equal(p, q) for p, q in zip(twins, again))
+
+
+def test_a_state_dict_saved_under_the_old_defaults_loads_and_continues_unchanged():
+    """Before packing and the factor-ratio rule became defaults, a state dict held full
+    stacks, every factor, and groups without ``max_factor_ratio``. Loaded into an
+    optimizer made with today's defaults it keeps its saved settings (torch restores a
+    group's hyperparameters) and layout: the next steps are the saver's own (bitwise:
+    the same program on the same inputs)."""
+    x, y, w, b = _linear_problem(8, rows=200, cols=6)
+    old = dict(symmetric_packing=False, max_factor_ratio=math.inf)
+    saver = Shampoo([w, b], lr=1e-2, block_size=32, precondition_frequency=2, **old)
+    _steps((w, b), saver, x, y, 4)
+    saved = saver.state_dict()
+    for group in saved["param_groups"]:
+        del group["max_factor_ratio"]
+    twins = [p.detach().clone().requires_grad_() for p in (w, b)]
+    loader = Shampoo(twins, lr=1e-2, block_size=32, precondition_frequency=2)
+    # Today's defaults would leave the 200-row side of the 200×6 weight unfactored.
+    assert not core.make_plan([w.detach()], core.ShampooConfig(block_size=32)).params[0].sides[0]
+    loader.load_state_dict(saved)
+    _steps((w, b), saver, x, y, 4)
+    _steps(twins, loader, x, y, 4)
+    assert all(torch.equal(p, q) for p, q in zip(twins, (w, b)))
+    assert loader._families[0].state.plan == saver._families[0].state.plan
 
 
 def test_packed_lazy_state_dicts_shard_and_consolidate():

@@ -25,8 +25,12 @@ def test_report_compares_every_contender(tiny):
     assert quintic["products"] == 15 and not quintic["converged"]
     assert rows["svd"]["converged"] and rows["svd"]["time_vs_svd"] == 1.0
     assert rows["polar_express (float32 rtol)"]["converged"]
-    cut = rows["polar_express (lower 1/κ) at the quintic's defect"]
-    assert cut["defect"] <= quintic["defect"] and cut["products"] < quintic["products"]
+    for label in ("polar_express (band lower) at the quintic's defect",
+                  "polar_express (lower 1/κ) at the quintic's defect"):
+        cut = rows[label]
+        assert cut["defect"] <= quintic["defect"] and cut["products"] < quintic["products"]
+    default = rows["polar_express, Muon's default (4 steps, lower 0.0033)"]
+    assert default["products"] == 12 and default["defect"] <= quintic["defect"]
     assert {r["contender"] for r in report["muon_step"]} == {"stacked", "per-parameter loop"}
     assert "| quintic (5 steps) |" in bench_polar.format_table(report)
 

@@ -1,7 +1,7 @@
 """The demo: every method on every backend, on Shampoo-like factors, against eigh.
 
 Built from the benchmark's parts: the problem is
-:func:`~matroot.bench.problems.shampoo_factors` (fixed seed, no downloads), the
+:func:`~matroot.testing.shampoo_factors` (fixed seed, no downloads), the
 oracle :class:`matroot.testing.SPDCase` (float64 eigh of the same
 rounded input), the contenders and their numbers
 :mod:`~matroot.bench.contenders` (the eigh baseline a user would write without
@@ -21,12 +21,12 @@ from collections.abc import Callable, Hashable
 import numpy as np
 
 import matroot
-from matroot.testing import SPDCase
+from matroot.testing import SPDCase, shampoo_factors
 from matroot.testing.backends import Target
+from matroot.testing.seeded import ENERGY_RANGE, GRADIENT_RANKS, SHAMPOO_STEPS
 
 from .config import all_methods
 from .contenders import contender, summarise
-from .problems import ENERGY_RANGE, GRADIENT_RANKS, SHAMPOO_STEPS, shampoo_factors
 from .threads import describe_threads
 from .timing import interleaved_times, timed_call
 

@@ -14,7 +14,8 @@ When Meta's ``distributed_shampoo`` is importable (it is not on PyPI: a source
 checkout on ``PYTHONPATH``) and the backend is torch, the same model also runs
 through two ``torch.optim`` optimizers side by side, ``matroot.optim.Shampoo`` and
 ``DistributedShampoo`` (its default eigh root, float64 retry), with the same
-block size, ridge, Adam grafting and roots every step (:func:`against_distributed_shampoo`).
+block size, ridge and Adam grafting, roots every step and every 10 steps
+(:func:`against_distributed_shampoo`).
 
 With ``--compile`` (torch), ``Shampoo.step`` is also timed under ``torch.compile``
 against itself eager, on steps without a root refresh, and the compile time
@@ -55,6 +56,8 @@ __all__ = ["model_shapes", "run", "format_table", "against_distributed_shampoo",
 DEFAULTS = {"quick": dict(block_size=128, steps=3), "full": dict(block_size=256, steps=5)}
 
 PHASES = ("moments", "factors", "roots", "precondition", "updates")
+#: The second root schedule timed against Distributed Shampoo (matroot's default).
+RARE_FREQUENCY = 10
 
 
 def model_shapes(quick: bool) -> list[tuple[int, ...]]:
@@ -151,11 +154,15 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
             state_bytes=memory["total"], state_bytes_per_parameter=memory["per_parameter"],
             state_bytes_split={k: memory[k] for k in ("moments", "factors", "roots", "counters")})
     plan = contenders["stacked"]["state"].plan
-    versus = compiled = None
+    versus = versus_rare = compiled = None
     if target.backend == "torch":
         versus = against_distributed_shampoo(params0, grad_sets, method=method,
                                              block_size=block_size, steps=steps,
                                              warmup=warmup, device=target.device)
+        versus_rare = against_distributed_shampoo(
+            params0, grad_sets, method=method, block_size=block_size,
+            steps=RARE_FREQUENCY * max(1, steps // 2), warmup=warmup, device=target.device,
+            frequency=RARE_FREQUENCY)
         if compile_backend is not None:
             compiled = optim_compile.compiled_step(
                 params0, grad_sets, method=method, block_size=block_size, steps=steps,
@@ -171,17 +178,22 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
         inverse_root_speedup=(out["per_block"]["split_ms"]["inverse_roots"]
                               / max(out["stacked"]["split_ms"]["inverse_roots"], 1e-9)),
         distributed_shampoo=versus,
+        distributed_shampoo_rare_roots=versus_rare,
         compiled_step=compiled,
     )
 
 
 def against_distributed_shampoo(params0, grad_sets, *, method: str, block_size: int,
-                                steps: int, warmup: int, device: str = "cpu"):
-    """Median ``step()`` times of ``matroot.optim.Shampoo`` and Meta's ``DistributedShampoo``.
+                                steps: int, warmup: int, device: str = "cpu",
+                                frequency: int = 1):
+    """``step()`` times of ``matroot.optim.Shampoo`` and Meta's ``DistributedShampoo``.
 
     Both get the same initial parameters and gradients (assigned to ``.grad``),
-    alternating step by step; roots are refreshed every step, ridge 1e-6, Adam
-    grafting (β₂ = 0.999). None when ``distributed_shampoo`` is not importable.
+    alternating step by step; roots are refreshed every ``frequency`` steps from step
+    ``frequency`` on (Meta's earliest start), ridge 1e-6, Adam grafting (β₂ = 0.999).
+    Every step: medians; every ``frequency > 1`` steps: means over the timed steps
+    (a whole number of periods), since the median would leave out the refreshes.
+    None when ``distributed_shampoo`` is not importable.
     """
     if importlib.util.find_spec("distributed_shampoo") is None:
         return None
@@ -192,11 +204,12 @@ def against_distributed_shampoo(params0, grad_sets, *, method: str, block_size: 
 
     makers = {
         "matroot": lambda ps: Shampoo(ps, lr=1e-3, block_size=block_size, distributed=None,
-                                      precondition_frequency=1, start_preconditioning_step=1,
+                                      precondition_frequency=frequency,
+                                      start_preconditioning_step=frequency,
                                       root_method=method, matrix_eps=1e-6),
         "distributed_shampoo": lambda ps: ds.DistributedShampoo(
             ps, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-6, max_preconditioner_dim=block_size,
-            precondition_frequency=1,
+            precondition_frequency=frequency, start_preconditioning_step=frequency,
             grafting_config=ds.AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8)),
     }
     runs: dict[str, tuple] = {}
@@ -214,9 +227,10 @@ def against_distributed_shampoo(params0, grad_sets, *, method: str, block_size: 
                 torch.cuda.synchronize()
             if k >= warmup:
                 times.append(time.perf_counter() - start)
-    step_ms = {name: 1e3 * statistics.median(times) for name, (_, _, times) in runs.items()}
-    return dict(step_ms=step_ms, root_method=method,
-                matroot_over_distributed_shampoo=step_ms["matroot"]
+    average = statistics.median if frequency == 1 else statistics.fmean
+    step_ms = {name: 1e3 * average(times) for name, (_, _, times) in runs.items()}
+    return dict(step_ms=step_ms, root_method=method, precondition_frequency=frequency,
+                steps=steps, matroot_over_distributed_shampoo=step_ms["matroot"]
                 / step_ms["distributed_shampoo"])
 
 
@@ -241,12 +255,16 @@ def format_table(report: dict) -> str:
     lines += ["", f"stacked / per-block speedup, whole step: "
               f"{report['speedup_stacked_over_per_block']:.2f}x; inverse roots alone: "
               f"{report['inverse_root_speedup']:.2f}x"]
-    versus = report.get("distributed_shampoo")
-    if versus is not None:
-        ms = versus["step_ms"]
-        lines += ["", f"torch optimizers, roots every step: matroot.optim.Shampoo "
-                  f"{ms['matroot']:.1f} ms, Distributed Shampoo {ms['distributed_shampoo']:.1f} "
-                  f"ms per step: {versus['matroot_over_distributed_shampoo']:.2f}x"]
+    for key, what in (("distributed_shampoo", "roots every step (medians)"),
+                      ("distributed_shampoo_rare_roots",
+                       f"roots every {RARE_FREQUENCY} steps (means)")):
+        versus = report.get(key)
+        if versus is not None:
+            ms = versus["step_ms"]
+            lines += ["", f"torch optimizers, {what}: matroot.optim.Shampoo "
+                      f"{ms['matroot']:.1f} ms, Distributed Shampoo "
+                      f"{ms['distributed_shampoo']:.1f} ms per step: "
+                      f"{versus['matroot_over_distributed_shampoo']:.2f}x"]
     if report.get("compiled_step") is not None:
         lines += ["", optim_compile.describe(report["compiled_step"])]
     return "\n".join(lines)

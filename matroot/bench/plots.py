@@ -163,9 +163,9 @@ def _scaling_figure(plt, doc):
     ps = sorted({r["p"] for r in rows})
     spectra = list(dict.fromkeys(r.get("spectrum", "geometric") for r in rows))
     fig, axes = _grid_axes(plt, len(spectra), len(ps))
-    for (i, kind), (j, p) in itertools.product(enumerate(spectra), enumerate(ps)):
+    for (i, spread), (j, p) in itertools.product(enumerate(spectra), enumerate(ps)):
         ax = axes[i][j]
-        here = [r for r in rows if r["p"] == p and r.get("spectrum", "geometric") == kind]
+        here = [r for r in rows if r["p"] == p and r.get("spectrum", "geometric") == spread]
         ratio = max(r["frobenius_over_lambda_max"] for r in here)
         for method in dict.fromkeys(r["method"] for r in here):
             for scaling, line in (("power", "-"), ("frobenius", "--")):
@@ -177,7 +177,7 @@ def _scaling_figure(plt, doc):
         ax.set_xscale("log")
         ax.set_xlabel("κ")
         ax.set_ylabel("iterations (max over the stack)")
-        ax.set_title(f"p = {p}, {kind} spectrum (‖A‖_F/λmax ≤ {ratio:.1f})")
+        ax.set_title(f"p = {p}, {spread} spectrum (‖A‖_F/λmax ≤ {ratio:.1f})")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][-1].legend(fontsize=8)
     r0 = rows[0]

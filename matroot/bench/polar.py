@@ -1,10 +1,13 @@
 """``matroot bench polar``: products and time to an orthogonality defect, side by side.
 
 Part one orthogonalizes batched random stacks with singular values log-spaced over
-``[1/κ, 1]`` by Muon's 5-step quintic, by Polar Express with Muon's setting
-(``lower=1e-3``, 5 steps), by Polar Express for ``lower=1e-3`` and for the true
-``1/κ`` cut at the fewest steps that reach the quintic's defect, by Polar Express
-and its Gram-side variant run to the float32 default ``rtol``, and by a batched SVD.
+``[1/κ, 1]`` by Muon's 5-step quintic, by Polar Express with Muon's default here
+(4 steps for ``[MUON_LOWER, 1]``) and with the paper's Muon setting (``lower=1e-3``,
+5 steps), by Polar Express at the fewest steps that reach the quintic's defect, built
+either for the widest interval those steps bring within ``MUON_BAND`` of 1
+(:func:`~matroot.polar_coefficients.band_lower`) or for the true ``1/κ``, by Polar
+Express and its Gram-side variant run to the float32 default ``rtol``, and by a
+batched SVD.
 Products of different sizes count alike (an m×n×n and an n×n×n product are one each),
 so compare the Gram-side variant by time. Part two times
 one Muon direction for a model's worth of matrices: stacked (one polar call per
@@ -21,6 +24,7 @@ import numpy as np
 
 import matroot
 from matroot.optim.muon import MuonConfig, muon_directions, muon_init
+from matroot.polar_coefficients import MUON_LOWER, MUON_POLAR_STEPS, band_lower
 from matroot.testing import polar_case, polar_relative_error
 
 from .timing import interleaved_times, timed_call
@@ -33,30 +37,35 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "full": dict(shapes=((16, 256, 256), (8, 1024, 256), (4, 512, 512), (8, 2048, 128)),
                  kappas=(1e1, 1e2, 1e3, 1e4), width=256, layers=8, repeats=5, budget_s=5.0),
 }
-#: Muon's Polar Express setting (the paper's lower bound for Muon).
-MUON_LOWER = 1e-3
+#: The paper's Polar Express setting for Muon: lower bound and steps.
+PAPER_LOWER, PAPER_STEPS = 1e-3, 5
 
 
-def _fewest_steps(target, g, lower: float, quintic_error: float) -> int | None:
-    """The fewest Polar Express steps for ``lower`` whose defect is the quintic's or better."""
+def _fewest_steps(target, g, lower_for: Callable[[int], float],
+                  quintic_error: float) -> dict | None:
+    """The options of the fewest Polar Express steps (each built for ``lower_for(steps)``)
+    whose defect is the quintic's or better."""
     for steps in range(1, 9):
-        info = matroot.polar_info(g, lower=lower, max_iter=steps)
+        options: dict[str, Any] = dict(lower=lower_for(steps), max_iter=steps)
+        info = matroot.polar_info(g, **options)
         if float(np.max(target.to_host(info.error_estimate))) <= quintic_error:
-            return steps
+            return options
     return None
 
 
 def _contenders(target, g, kappa: float, quintic_error: float) -> dict[str, dict]:
-    """The options of each contender: Polar Express for Muon's lower bound and for the
-    true ``1/κ``, each cut at the fewest steps that reach the quintic's defect."""
-    options: dict[str, dict] = {"quintic (5 steps)": dict(method="quintic"),
-                                "polar_express (lower 1e-3, 5 steps)": dict(lower=MUON_LOWER,
-                                                                           max_iter=5)}
-    for label, lower in (("1e-3", MUON_LOWER), ("1/κ", min(0.5, 1.0 / kappa))):
-        cut = _fewest_steps(target, g, lower, quintic_error)
+    """The options of each contender (module docstring)."""
+    options: dict[str, dict] = {
+        "quintic (5 steps)": dict(method="quintic"),
+        f"polar_express, Muon's default ({MUON_POLAR_STEPS} steps, lower {MUON_LOWER:g})":
+            dict(lower=MUON_LOWER, max_iter=MUON_POLAR_STEPS),
+        f"polar_express (lower {PAPER_LOWER:g}, {PAPER_STEPS} steps)":
+            dict(lower=PAPER_LOWER, max_iter=PAPER_STEPS)}
+    for label, lower_for in (("band lower", band_lower),
+                             ("lower 1/κ", lambda steps: min(0.5, 1.0 / kappa))):
+        cut = _fewest_steps(target, g, lower_for, quintic_error)
         if cut is not None:
-            options[f"polar_express (lower {label}) at the quintic's defect"] = dict(
-                lower=lower, max_iter=cut)
+            options[f"polar_express ({label}) at the quintic's defect"] = cut
     options["polar_express (float32 rtol)"] = {}
     options["gram_newton_schulz (float32 rtol)"] = dict(method="gram_newton_schulz")
     options["svd"] = dict(method="svd")
@@ -146,7 +155,8 @@ def format_table(report: dict) -> str:
         lines.append(f"| {tuple(r['shape'])} | {r['kappa']:g} | {r['contender']} | "
                      f"{r['products']} | {r['defect']:.1e} | {r['error']:.1e} | "
                      f"{r['seconds'] * 1e3:.1f} | {r['time_vs_svd']:.2f} |")
-    lines += ["", "Muon direction for a model's matrices (polar_express, 5 steps)", "",
+    lines += ["", f"Muon direction for a model's matrices (polar_express, {MUON_POLAR_STEPS} "
+              f"steps, lower {MUON_LOWER:g})", "",
               "| matrices | width | contender | ms | speed-up vs loop |", "|---|---|---|---|---|"]
     for r in report["muon_step"]:
         lines.append(f"| {r['matrices']} | {r['width']} | {r['contender']} | "

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from matroot.testing import SPDCase
-
-from .problems import spd_stack
+from matroot.testing import SPDCase, scaled_spd_stack
 
 __all__ = ["prepare_problems", "load_problem"]
 
@@ -38,28 +36,29 @@ def prepare_problems(config, folder: Path, stream) -> dict:
         for n in config.sizes:
             for batch in config.batches_for(n):
                 seed = config.seed + 7 * n + batch
-                a = spd_stack(n, batch, config.kappa, seed=seed, dtype=dtype)
+                a = scaled_spd_stack(batch, n, config.kappa, seed=seed, dtype=dtype)
                 index["sweep"].append(save(f"sweep_n{n}_b{batch}", a, config.ps, n=n,
                                            batch=batch, kappa=config.kappa, seed=seed))
     if "time_to_accuracy" in config.experiments:
         for i, kappa in enumerate(config.tta_kappas):
             seed = config.seed + 101 + i
-            a = spd_stack(config.tta_n, config.tta_batch, kappa, seed=seed, dtype=dtype)
+            a = scaled_spd_stack(config.tta_batch, config.tta_n, kappa, seed=seed,
+                                 dtype=dtype)
             index["time_to_accuracy"].append(save(f"tta_{i}", a, config.ps,
                                                   n=config.tta_n, batch=config.tta_batch,
                                                   kappa=kappa, seed=seed))
     if "scaling" in config.experiments:
-        for kind in config.scaling_spectra:
+        for spread in config.scaling_spectra:
             for i, kappa in enumerate(config.scaling_kappas):
                 seed = config.seed + 211
-                a = spd_stack(config.scaling_n, config.scaling_batch, kappa, seed=seed,
-                              dtype=dtype, kind=kind)
+                a = scaled_spd_stack(config.scaling_batch, config.scaling_n, kappa,
+                                     seed=seed, dtype=dtype, spread=spread)
                 wide = a.astype(np.float64)
                 top = np.linalg.eigvalsh(wide)[:, -1]
                 ratio = float(np.max(np.sqrt(np.sum(wide * wide, axis=(-2, -1))) / top))
                 index["scaling"].append(save(
-                    f"scaling_{kind}_{i}", a, config.ps, n=config.scaling_n,
-                    batch=config.scaling_batch, kappa=kappa, spectrum=kind, seed=seed,
+                    f"scaling_{spread}_{i}", a, config.ps, n=config.scaling_n,
+                    batch=config.scaling_batch, kappa=kappa, spectrum=spread, seed=seed,
                     frobenius_over_lambda_max=ratio))
     return index
 

@@ -12,7 +12,8 @@ Times are only compared with times measured in the same run on the same
 device; the reported numbers are ratios. Each backend is timed in a worker
 process of its own (:mod:`matroot.bench.workers`) under the run's thread
 policy (:mod:`matroot.bench.threads`). Every record carries the ``seed`` of its
-stack: ``problems.spd_stack(n, batch, kappa, seed=seed)`` rebuilds it.
+stack: :func:`matroot.testing.scaled_spd_stack` ``(batch, n, kappa, seed=seed)``
+rebuilds it.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     targets = benchmark_targets(config)
     tta_target = _pick_tta_target(config, targets)
-    plan = [(t, _worker_experiments(config, t, tta_target)) for t in targets]
-    total = sum(_count_steps(config, experiments) for _, experiments in plan)
+    assignments = [(t, _worker_experiments(config, t, tta_target)) for t in targets]
+    total = sum(_count_steps(config, experiments) for _, experiments in assignments)
     started = time.time()
     with thread_policy(config.threads) as threads:
         print(f"matroot solver benchmark: {', '.join(t.name for t in targets)}, "
@@ -91,7 +92,7 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=None) -> dict:
                    methods=sorted(all_methods()), baselines=list(BASELINES),
                    backends=[t.name for t in targets],
                    time_to_accuracy_backend=tta_target.name, skipped=[])
-        _measure(config, plan, doc, dict(started=started, done=0, total=total), stream)
+        _measure(config, assignments, doc, dict(started=started, done=0, total=total), stream)
     if "sweep" in doc:
         doc["sweep_summary"] = sweep_summary(doc["sweep"])
     if "time_to_accuracy" in doc:
@@ -110,12 +111,12 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=None) -> dict:
     return doc
 
 
-def _measure(config, plan, doc, count, stream) -> None:
+def _measure(config, assignments, doc, count, stream) -> None:
     """Draw the stacks, run one worker per target, and merge their records into ``doc``."""
     with tempfile.TemporaryDirectory(prefix="matroot-bench-") as tmp_name:
         tmp = Path(tmp_name)
         problems = prepare_problems(config, tmp, stream)
-        for target, experiments in plan:
+        for target, experiments in assignments:
             part = run_worker(tmp, dict(config=config_to_json(config), target=target.name,
                                         experiments=experiments, problems=problems, **count),
                               stream)

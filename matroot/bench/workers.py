@@ -3,7 +3,7 @@
 An idle BLAS or OpenMP pool of one library spins for a while after each call
 and slows the other library's next call several-fold on a small machine, which
 a real program using one library never sees. ``python -m matroot.bench.workers
-SPEC.json`` is the worker's entry point (internal: the parent writes the spec).
+JOB.json`` is the worker's entry point (internal: the parent writes the job file).
 """
 
 from __future__ import annotations
@@ -60,42 +60,42 @@ def json_default(value):
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
-def run_worker(folder: Path, spec: dict, stream) -> dict:
+def run_worker(folder: Path, job: dict, stream) -> dict:
     """Run one target's experiments in a fresh interpreter; return its results."""
-    spec_path = folder / f"worker_{spec['target']}.json"
-    spec["out"] = str(folder / f"result_{spec['target']}.json")
-    spec_path.write_text(json.dumps(spec, default=json_default))
+    job_path = folder / f"worker_{job['target']}.json"
+    job["out"] = str(folder / f"result_{job['target']}.json")
+    job_path.write_text(json.dumps(job, default=json_default))
     # Progress goes straight to our stderr (a bar on a terminal); to any other
     # stream once the worker ends.
     live = stream is sys.stderr
-    done = subprocess.run([sys.executable, "-m", "matroot.bench.workers", str(spec_path)],
-                          env=worker_environment(spec["config"]["threads"]),
+    done = subprocess.run([sys.executable, "-m", "matroot.bench.workers", str(job_path)],
+                          env=worker_environment(job["config"]["threads"]),
                           stderr=None if live else subprocess.PIPE, text=True)
     if not live:
         stream.write(done.stderr)
     if done.returncode != 0:
-        raise RuntimeError(f"the {spec['target']} benchmark worker failed "
+        raise RuntimeError(f"the {job['target']} benchmark worker failed "
                            f"(exit status {done.returncode}); its error is printed above")
-    return json.loads(Path(spec["out"]).read_text())
+    return json.loads(Path(job["out"]).read_text())
 
 
-def worker_main(spec_path) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    config = config_from_json(spec["config"])
-    target = target_named(spec["target"])
-    progress = Progress(spec["total"], done=spec["done"], started=spec["started"])
-    problems = spec["problems"]
+def worker_main(job_path) -> int:
+    job = json.loads(Path(job_path).read_text())
+    config = config_from_json(job["config"])
+    target = target_named(job["target"])
+    progress = Progress(job["total"], done=job["done"], started=job["started"])
+    problems = job["problems"]
     with thread_policy(config.threads) as threads:
         out = {"skipped": [], "workers": [dict(backend=target.name, **threads)]}
-        if "sweep" in spec["experiments"]:
+        if "sweep" in job["experiments"]:
             out["sweep"] = sweep(config, target, problems["sweep"], progress, out["skipped"])
-        if "time_to_accuracy" in spec["experiments"]:
+        if "time_to_accuracy" in job["experiments"]:
             out["time_to_accuracy"] = time_to_accuracy(
                 config, target, problems["time_to_accuracy"], progress)
-        if "scaling" in spec["experiments"]:
+        if "scaling" in job["experiments"]:
             out["scaling"] = scaling_iterations(config, target, problems["scaling"], progress)
     progress.close()
-    Path(spec["out"]).write_text(json.dumps(out, default=json_default))
+    Path(job["out"]).write_text(json.dumps(out, default=json_default))
     return 0
 
 

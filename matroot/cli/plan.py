@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from .common import UsageError
@@ -29,8 +30,10 @@ def configure(parser) -> None:
                         help="optimizer state dtype (default float32)")
     parser.add_argument("--precondition-1d", action="store_true",
                         help="as Shampoo(precondition_1d=True): vectors get one factor")
-    parser.add_argument("--symmetric-packing", action="store_true",
-                        help="as Shampoo(symmetric_packing=True): packed factors and roots")
+    parser.add_argument("--symmetric-packing", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="as Shampoo(symmetric_packing=...): packed factors and roots "
+                             "(the optimizer's default; --no-symmetric-packing: full n×n)")
     parser.add_argument("--root-storage-dtype", choices=("float32", "bfloat16", "float16"),
                         help="as Shampoo(root_storage_dtype=...): dtype of the kept roots")
     parser.add_argument("--no-keep-roots", action="store_true",

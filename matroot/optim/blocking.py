@@ -38,6 +38,8 @@ __all__ = [
     "matrix_view_shape",
     "split_sizes",
     "check_block_size",
+    "factor_ratio",
+    "DEFAULT_MAX_FACTOR_RATIO",
     "plan_blocks",
     "subgroup",
 ]
@@ -47,6 +49,11 @@ __all__ = [
 MATRIX = "matrix"
 VECTOR = "vector"
 ELEMENTWISE = "elementwise"
+
+#: The default :attr:`FactorPolicy.max_factor_ratio`: a square weight's factors hold one
+#: number per element, a 1024×256 weight's left factor four; only a dimension far longer
+#: than its other side (an embedding's vocabulary against its width) holds more.
+DEFAULT_MAX_FACTOR_RATIO = 4.0
 
 #: Root orders: L^(-1/4) G R^(-1/4) for two-sided blocks; L^(-1/2) g for vector blocks
 #: and for one-sided matrix blocks (L^(-1/2) G or G R^(-1/2)), whose single factor then
@@ -111,6 +118,12 @@ class FactorPolicy:
         for length).
     skip_dims : tuple of int
         View dimensions (0: rows, 1: columns; 0 for a vector) that get no factor.
+    max_factor_ratio : float
+        A matrix dimension cut into blocks (longer than the block size) gets no
+        factor when its factors would hold more than this many numbers per
+        parameter element: a 50000×64 embedding's 1024×1024 left factors hold 16
+        (:func:`factor_ratio`),
+        a square weight's 1 (``math.inf``: no dimension is left out for this).
 
     Examples
     --------
@@ -118,19 +131,44 @@ class FactorPolicy:
     (False, True)
     >>> FactorPolicy(skip_dims=(1,)).sides((300, 200))
     (True, False)
+    >>> FactorPolicy().sides((50000, 64), block_size=1024)
+    (False, True)
+    >>> FactorPolicy().sides((4096, 1024), block_size=1024)
+    (True, True)
     """
 
     precondition: bool = True
     precondition_1d: bool = False
     max_preconditioned_dim: float = math.inf
     skip_dims: tuple[int, ...] = ()
+    max_factor_ratio: float = DEFAULT_MAX_FACTOR_RATIO
 
-    def sides(self, view: tuple[int, ...]) -> tuple[bool, ...]:
-        """Per dimension of ``view``, whether it gets a factor."""
+    def sides(self, view: tuple[int, ...], block_size: float = math.inf) -> tuple[bool, ...]:
+        """Per dimension of ``view`` (cut into blocks of ``block_size``), whether it gets
+        a factor."""
         if not self.precondition or (len(view) == 1 and not self.precondition_1d):
             return (False,) * len(view)
         return tuple(d not in self.skip_dims and n <= self.max_preconditioned_dim
+                     and not (len(view) == 2 and n > block_size
+                              and factor_ratio(view, d, block_size) > self.max_factor_ratio)
                      for d, n in enumerate(view))
+
+
+def factor_ratio(view: tuple[int, int], dim: int, block_size: float) -> float:
+    """Numbers held by the factors of dimension ``dim`` of a matrix view cut into blocks
+    of ``block_size``, per element of the view.
+
+    Examples
+    --------
+    >>> factor_ratio((50000, 64), 0, 1024)  # 48 factors of 1024², one of 848², per 3.2M
+    15.95336
+    >>> factor_ratio((2048, 2048), 0, 1024)
+    1.0
+    """
+    other = view[1 - dim]
+    numbers = len(split_sizes(other, block_size)) * sum(
+        n * n for n in split_sizes(view[dim], block_size))
+    return numbers / (view[0] * view[1])
 
 
 @dataclass(frozen=True)
@@ -239,12 +277,12 @@ def _ranges(n: int, block_size: float) -> list[tuple[int, int]]:
     return out
 
 
-def _layout(shape, policy: FactorPolicy) -> ParamLayout:
+def _layout(shape, policy: FactorPolicy, block_size: float) -> ParamLayout:
     shape = tuple(int(d) for d in shape)
     if math.prod(shape) == 0:
         return ParamLayout(shape, shape, ELEMENTWISE, (False,) * len(shape))
     view = matrix_view_shape(shape)
-    sides = policy.sides(view)
+    sides = policy.sides(view, block_size)
     if not any(sides):
         return ParamLayout(shape, view, ELEMENTWISE, sides)
     return ParamLayout(shape, view, MATRIX if len(view) == 2 else VECTOR, sides)
@@ -324,7 +362,8 @@ def plan_blocks(shapes, dtypes, *, block_size: float = 1024,
     shapes, dtypes = list(shapes), list(dtypes)
     if len(shapes) != len(dtypes):
         raise ValueError(f"got {len(shapes)} shapes but {len(dtypes)} dtypes")
-    layouts = tuple(_layout(s, p) for s, p in zip(shapes, _policies(policy, len(shapes))))
+    layouts = tuple(_layout(s, p, block_size)
+                    for s, p in zip(shapes, _policies(policy, len(shapes))))
 
     # Blocks gathered into groups keyed by (dtype, shape), in parameter order.
     keyed: dict[tuple, list[Block]] = {}

@@ -22,6 +22,8 @@ its inverse root.
 
 from __future__ import annotations
 
+import math
+
 from .blocking import BlockPlan, FactorPolicy, plan_blocks
 
 __all__ = ["FORMAT", "plan_layout", "plan_from_layout"]
@@ -77,7 +79,9 @@ def plan_from_layout(layout, *, block_size, stacked: bool) -> BlockPlan:
     >>> plan_from_layout(plan_layout(plan, [0, 1]), block_size=4, stacked=True) == plan
     True
     """
+    # The saved sides are the plan's: no ratio rule may drop one of them again.
     policies = [FactorPolicy(precondition=any(entry["sides"]), precondition_1d=True,
+                             max_factor_ratio=math.inf,
                              skip_dims=tuple(d for d, side in enumerate(entry["sides"])
                                              if not side))
                 for entry in layout]

@@ -22,7 +22,7 @@ from .option_groups import (
     check_real,
     group_fields,
 )
-from .blocking import FactorPolicy
+from .blocking import DEFAULT_MAX_FACTOR_RATIO, FactorPolicy
 from .root_options import ROOT_OPTIONS, RootOptions
 
 __all__ = [
@@ -42,7 +42,7 @@ NONFINITE_POLICIES = ("raise", "skip")
 WEIGHT_DECAY_TYPES = ("decoupled", "l2")
 #: Fields that may differ between parameters sharing factor stacks: read per parameter.
 PER_PARAMETER = ("lr", "weight_decay", "precondition", "precondition_1d",
-                 "max_preconditioned_dim", "skip_dims")
+                 "max_preconditioned_dim", "max_factor_ratio", "skip_dims")
 #: The option groups a config builds, by attribute name.
 GROUPS = {"grafting_options": GraftingOptions, "blocking": BlockingOptions,
           "root_solve": RootSolveOptions, "storage": StorageOptions}
@@ -112,7 +112,9 @@ class ShampooConfig:
         Keep factors and inverse roots as packed upper triangles, ``n(n+1)/2`` numbers
         each instead of ``n²`` (Distributed Shampoo's ``use_symmetric_packing``). The
         factors hold the same values (accumulation is entrywise); a refresh unpacks one
-        stack for the solver, a step unpacks one block group's roots at a time.
+        stack for the solver, a step unpacks one block group's roots at a time. On by
+        default: it halves the factors' bytes for a few per cent of step time
+        (docs/memory.rst); False keeps full ``n×n`` stacks.
     keep_roots : bool or None
         Keep the inverse roots between steps (True), or solve them at every step
         and drop each stack after its last use in that step (False; needs
@@ -135,6 +137,13 @@ class ShampooConfig:
         e.g. 4096 leaves a 50000×64 embedding one-sided: ``G R^(-1/2)`` with a
         64×64 ``R`` (Distributed Shampoo's ``inverse_exponent_override`` of 0 for
         that dimension). A dimension without a factor is not cut into blocks.
+    max_factor_ratio : float
+        A dimension longer than ``block_size`` gets no factor when its factors
+        would hold more than this many numbers per parameter element (default 4):
+        a 50000×64 embedding with ``block_size=1024`` keeps only its 64×64 factor
+        (its 1024×1024 left factors would hold 16 numbers per element), while
+        square and 4:1 weights keep both sides. ``math.inf`` builds every factor,
+        as Distributed Shampoo does.
     skip_dims : tuple of int
         Dimensions of the matrix view (0: rows, 1: columns) that get no factor.
     stacked : bool
@@ -175,11 +184,12 @@ class ShampooConfig:
     matrix_eps: float = 1e-8
     root_options: RootOptions = field(default_factory=RootOptions)
     root_storage_dtype: str | None = None
-    symmetric_packing: bool = False
+    symmetric_packing: bool = True
     keep_roots: bool | None = None
     precondition: bool = True
     precondition_1d: bool = False
     max_preconditioned_dim: int | float = math.inf
+    max_factor_ratio: float = DEFAULT_MAX_FACTOR_RATIO
     skip_dims: tuple = ()
     stacked: bool = True
     nonfinite_grads: str = "raise"

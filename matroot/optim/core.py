@@ -137,9 +137,9 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
     --------
     >>> import numpy as np
     >>> from matroot.optim import ShampooConfig, init
-    >>> state = init([np.zeros((300, 20)), np.zeros(20)], ShampooConfig(block_size=128))
+    >>> state = init([np.zeros((300, 60)), np.zeros(60)], ShampooConfig(block_size=128))
     >>> [(s.size, s.count) for s in state.plan.stacks]
-    [(20, 3), (44, 1), (128, 2)]
+    [(44, 1), (60, 3), (128, 2)]
     >>> init([np.zeros((300, 20))], ShampooConfig(), lazy=True).factors
     [None, None]
     """

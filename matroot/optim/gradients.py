@@ -54,7 +54,12 @@ def nonfinite_flags(grads) -> list:
     if not present:
         return [False] * len(grads)
     xp = _xp.array_namespace(*present)
-    if bool(xp.all(xp.stack([xp.all(xp.isfinite(g)) for g in present]))):
+    # A finite sum has finite terms (NaN and Inf reach any sum they are in), and a sum
+    # is one read of the gradient where isfinite writes a mask. Summed in float64, no
+    # float32 or 16-bit gradient overflows it; one that did would only go on to the
+    # exact check below.
+    wide = {"dtype": xp.float64} if _xp.has_float64(xp) else {}
+    if bool(xp.all(xp.isfinite(xp.stack([xp.sum(g, **wide) for g in present])))):
         return [False] * len(grads)
     return [g is not None and not bool(xp.all(xp.isfinite(g))) for g in grads]
 

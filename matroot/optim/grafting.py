@@ -15,6 +15,7 @@ definitions (``t`` is the parameter's step, ``m``/``v`` its moments):
 
 from __future__ import annotations
 
+from .. import _xp
 from .config import ShampooConfig
 from .preconditioner import assign
 
@@ -55,23 +56,39 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     exp_avg, exp_avg_sq, m_hat, direction : arrays (``exp_avg_sq`` None for sgd)
     """
     beta1 = config.betas[0]
-    exp_avg = assign(exp_avg, ..., exp_avg + (1.0 - beta1) * (grad - exp_avg),
-                     in_place=in_place, keep=keep)
+    # Overwriting the moments with in-place operators makes one temporary where the
+    # expressions make three and a copy (fresh allocations dominate these passes on a
+    # CPU); the arithmetic, and so the rounding, is the same in both forms.
+    overwrite = in_place and keep is None and _xp.backend_name(xp) != "jax"
+    if overwrite:
+        change = grad - exp_avg
+        change *= 1.0 - beta1
+        exp_avg += change
+    else:
+        exp_avg = assign(exp_avg, ..., exp_avg + (1.0 - beta1) * (grad - exp_avg),
+                         in_place=in_place, keep=keep)
     corr1 = 1.0 - beta1 ** step if config.bias_correction else 1.0
     first = beta1 * exp_avg + (1.0 - beta1) * grad if config.nesterov else exp_avg
     m_hat = first / corr1
     beta2 = config.second_moment_beta
     if beta2 is None:
         return exp_avg, exp_avg_sq, m_hat, m_hat
-    if beta2 == 1.0:
-        advanced = exp_avg_sq + grad * grad
+    square = grad * grad
+    if overwrite:
+        if beta2 != 1.0:
+            exp_avg_sq *= beta2
+            square *= 1.0 - beta2
+        exp_avg_sq += square
     else:
-        advanced = beta2 * exp_avg_sq + (1.0 - beta2) * (grad * grad)
-    exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place, keep=keep)
+        advanced = exp_avg_sq + square if beta2 == 1.0 else \
+            beta2 * exp_avg_sq + (1.0 - beta2) * square
+        exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place, keep=keep)
     corrected = config.grafting == "adam" and config.bias_correction and beta2 < 1.0
     corr2 = 1.0 - beta2 ** step if corrected else 1.0
-    return exp_avg, exp_avg_sq, m_hat, m_hat / (xp.sqrt(exp_avg_sq) / corr2 ** 0.5
-                                                + config.eps)
+    denominator = xp.sqrt(exp_avg_sq)
+    denominator /= corr2 ** 0.5
+    denominator += config.eps
+    return exp_avg, exp_avg_sq, m_hat, m_hat / denominator
 
 
 def final_update(xp, direction, momentum_buffer, param, lr: float, weight_decay: float,

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import _xp
-from ..polar import polar_info
+from ..polar_coefficients import MUON_LOWER, MUON_POLAR_STEPS
+from ..polar_factor import polar_info
 
 __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
            "matrix_stack_shape", "shape_scale", "default_use_muon"]
@@ -76,11 +77,13 @@ class MuonConfig:
     polar_method : str
         A :func:`matroot.polar` method; ``"polar_express"`` by default.
     polar_lower : float
-        The lower bound on σmin/σmax the schedule is built for (Polar Express
-        uses 1e-3 for Muon).
+        The lower bound on σmin/σmax the schedule is built for:
+        :data:`~matroot.polar_coefficients.MUON_LOWER` (3.3e-3), the widest
+        ``[ℓ, 1]`` that 4 steps bring into ``[0.8, 1.2]`` (Polar Express uses
+        1e-3 with 5 steps).
     polar_steps : int or None
-        Polynomial steps (5: as many products as Muon's quintic); None runs the
-        schedule to the precision's default ``rtol``.
+        Polynomial steps: 4 (12 products, against the quintic's 15); None runs
+        the schedule to the precision's default ``rtol``.
     matmul_dtype : {None, "float16", "bfloat16"}
         Operand dtype of the polar iteration's products.
     betas, eps : tuple of float, float
@@ -91,8 +94,8 @@ class MuonConfig:
     nesterov: bool = True
     shape_scale: str = "original"
     polar_method: str = "polar_express"
-    polar_lower: float = 1e-3
-    polar_steps: int | None = 5
+    polar_lower: float = MUON_LOWER
+    polar_steps: int | None = MUON_POLAR_STEPS
     matmul_dtype: str | None = None
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8

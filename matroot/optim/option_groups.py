@@ -15,7 +15,7 @@ import numbers
 from dataclasses import dataclass, field, fields
 
 from ..solvers.registry import check_method
-from .blocking import FactorPolicy, check_block_size
+from .blocking import DEFAULT_MAX_FACTOR_RATIO, FactorPolicy, check_block_size
 from .root_options import RootOptions
 
 __all__ = ["GraftingOptions", "BlockingOptions", "RootSolveOptions", "StorageOptions",
@@ -101,6 +101,7 @@ class BlockingOptions:
 
     block_size: int | float = 1024
     max_preconditioned_dim: int | float = math.inf
+    max_factor_ratio: float = DEFAULT_MAX_FACTOR_RATIO
     skip_dims: tuple = ()
     precondition: bool = True
     precondition_1d: bool = False
@@ -110,6 +111,9 @@ class BlockingOptions:
         check_block_size(self.block_size)
         if self.max_preconditioned_dim != math.inf:
             check_positive_int(self.max_preconditioned_dim, "max_preconditioned_dim")
+        if self.max_factor_ratio != math.inf:
+            object.__setattr__(self, "max_factor_ratio", check_real(
+                self.max_factor_ratio, "max_factor_ratio", 0.0, low_open=True))
         skip = tuple(self.skip_dims)
         if not set(skip) <= {0, 1}:
             raise ValueError(f"skip_dims must hold matrix-view dimensions 0 and/or 1, "
@@ -122,6 +126,7 @@ class BlockingOptions:
         return FactorPolicy(precondition=bool(self.precondition),
                             precondition_1d=bool(self.precondition_1d),
                             max_preconditioned_dim=self.max_preconditioned_dim,
+                            max_factor_ratio=self.max_factor_ratio,
                             skip_dims=self.skip_dims)
 
 
@@ -179,7 +184,7 @@ class StorageOptions:
     """
 
     root_storage_dtype: str | None = None
-    symmetric_packing: bool = False
+    symmetric_packing: bool = True
     keep_roots: bool | None = None
 
     def __post_init__(self):

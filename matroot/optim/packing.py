@@ -33,8 +33,17 @@ def _packing_index(xp, n: int, device, unpack: bool):
             index = position.reshape(-1)
         else:
             index = rows * n + cols
-        _INDEX_CACHE[key] = xp.asarray(index, device=device)
+        _INDEX_CACHE[key] = _on_device(xp, index, device)
     return _INDEX_CACHE[key]
+
+
+def _on_device(xp, index: np.ndarray, device):
+    """``index`` where ``xp.take`` reads it: on the device, except for JAX, which takes a
+    NumPy index as a constant (a JAX array made inside ``jax.jit`` is that trace's
+    value, and caching it would leak it into the next trace)."""
+    if _xp.backend_name(xp) == "jax":
+        return index
+    return xp.asarray(index, device=device)
 
 
 def pack(matrices):
@@ -83,6 +92,6 @@ def diagonals(matrices, n: int):
     if key not in _INDEX_CACHE:
         rows = np.arange(n)
         # Row i of the packed upper triangle starts after i rows of n, n−1, … entries.
-        _INDEX_CACHE[key] = xp.asarray(rows * n - rows * (rows - 1) // 2,
-                                       device=_xp.device_of(matrices))
+        _INDEX_CACHE[key] = _on_device(xp, rows * n - rows * (rows - 1) // 2,
+                                       _xp.device_of(matrices))
     return xp.take(matrices, _INDEX_CACHE[key], axis=1)

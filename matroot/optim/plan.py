@@ -21,7 +21,7 @@ from typing import Any
 import json
 import math
 
-from .blocking import ELEMENTWISE, FactorPolicy, plan_blocks
+from .blocking import DEFAULT_MAX_FACTOR_RATIO, ELEMENTWISE, FactorPolicy, plan_blocks
 from .sharding import (
     DTYPE_BYTES,
     best_balance,
@@ -144,8 +144,9 @@ def load_shapes_json(path: str) -> list:
 
 
 def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str = "float32",
-                 precondition_1d: bool = False, symmetric_packing: bool = False,
-                 root_storage_dtype: str | None = None, keep_roots: bool = True) -> dict:
+                 precondition_1d: bool = False, symmetric_packing: bool = True,
+                 root_storage_dtype: str | None = None, keep_roots: bool = True,
+                 max_factor_ratio: float = DEFAULT_MAX_FACTOR_RATIO) -> dict:
     """The blocking of ``shapes`` and its split over each world size, as numbers.
 
     Parameters
@@ -157,8 +158,9 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     world_sizes : sequence of int
     dtype : {"float32", "float64"}
         The optimizer's state dtype (float32 for float32 and 16-bit parameters).
-    precondition_1d, symmetric_packing, root_storage_dtype, keep_roots
-        The optimizer's settings of these names (docs/memory.rst).
+    precondition_1d, symmetric_packing, root_storage_dtype, keep_roots, max_factor_ratio
+        The optimizer's settings of these names, its defaults (docs/memory.rst), except
+        ``keep_roots``: True, as at ``precondition_frequency > 1``.
 
     Returns
     -------
@@ -194,7 +196,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     names = [n for n, _ in shapes]
     dims = [tuple(s) for _, s in shapes]
     plan = plan_blocks(dims, [dtype] * len(dims), block_size=block_size,
-                       policy=FactorPolicy(precondition_1d=precondition_1d))
+                       policy=FactorPolicy(precondition_1d=precondition_1d,
+                                           max_factor_ratio=max_factor_ratio))
     nbytes = DTYPE_BYTES[dtype]
     elements = sum(math.prod(s) for s in dims)
     left_out = [i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE]

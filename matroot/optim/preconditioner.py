@@ -296,14 +296,17 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
     new_bounds = bounds_after_refresh(
         bounds, result, ok, eps=eps, carried=carried,
         margin_traces=margin * xp.sum(xp.linalg.diagonal(factors), axis=-1))
+    packed = roots is not None and roots.ndim == 2
     if roots is None:
-        roots = identity_roots(spec, xp, _xp.device_of(factors), factors.dtype)
+        # The fallback of a stack with no kept roots: one identity, broadcast by the
+        # select below, not a stack of them.
+        roots = _xp.identity_stack(xp, spec.size, factors.dtype, _xp.device_of(factors))
     root = xp.astype(result.root, roots.dtype, copy=False)
     if root.dtype != result.root.dtype:
         # A root fine in its compute dtype can overflow a 16-bit storage dtype (float16
         # ends at 65504): it failed as surely as a solve that diverged.
         ok = ok & xp.all(xp.isfinite(root), axis=(-2, -1))
-    if roots.ndim == 2:
+    if packed:
         new_roots = xp.where(ok[:, None], pack(root), roots)
     else:
         new_roots = _xp.batched_where(ok, root, roots)
@@ -346,15 +349,31 @@ def precondition_blocks(group: BlockGroup, blocks, roots):
     return blocks
 
 
+#: Largest power of two :func:`block_norms` scales by: 2^±120 stays normal in float32.
+_SCALE_EXPONENT = 120.0
+
+
 def block_norms(blocks):
-    """Frobenius norm of each block of a ``(k, ...)`` array, without overflow in the squares."""
+    """Frobenius norm of each block of a ``(k, ...)`` array, without overflow in the squares.
+
+    Each block is scaled by the power of two that brings its largest entry near 1
+    (two passes and one temporary: the largest magnitude, then the norm of the scaled
+    block), so neither huge nor tiny entries overflow or vanish in their squares.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> block_norms(np.array([[3e30, 4e30], [3e-30, 4e-30]], dtype=np.float32))
+    array([5.e+30, 5.e-30], dtype=float32)
+    """
     xp = _xp.array_namespace(blocks)
     axes = tuple(range(1, blocks.ndim))
-    peak = xp.max(xp.abs(blocks), axis=axes)
-    safe = xp.where(peak > 0, peak, xp.ones_like(peak))
+    peak = xp.linalg.vector_norm(blocks, axis=axes, ord=xp.inf)
+    nonzero = xp.where(peak > 0, peak, xp.ones_like(peak))       # log2(0) would warn
+    exponent = xp.clip(xp.floor(xp.log2(nonzero)), min=-_SCALE_EXPONENT, max=_SCALE_EXPONENT)
+    scale = xp.pow(xp.asarray(2.0, dtype=blocks.dtype, device=_xp.device_of(blocks)), -exponent)
     expand = (slice(None),) + (None,) * (blocks.ndim - 1)
-    scaled = blocks / safe[expand]
-    return peak * xp.sqrt(xp.sum(scaled * scaled, axis=axes))
+    return xp.linalg.vector_norm(blocks * scale[expand], axis=axes) / scale
 
 
 def graft(directions, adam_directions):

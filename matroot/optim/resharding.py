@@ -10,6 +10,8 @@ DCP checkpoints (:mod:`matroot.optim.distributed_checkpoint`) go through both.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .blocking import ELEMENTWISE, BlockPlan, FactorPolicy, plan_blocks
@@ -72,7 +74,9 @@ def _plan_of_family(state_dict: dict, entry: dict) -> BlockPlan:
         shapes.append(tuple(moment.shape))
         dtypes.append("float64" if moment.dtype == torch.float64 else "float32")
     return plan_blocks(shapes, dtypes, block_size=int(config["block_size"]),
-                       policy=FactorPolicy(precondition_1d=bool(config["precondition_1d"])),
+                       # The first format predates the factor-ratio rule.
+                       policy=FactorPolicy(precondition_1d=bool(config["precondition_1d"]),
+                                           max_factor_ratio=math.inf),
                        stacked=bool(config["stacked"]))
 
 

@@ -10,6 +10,8 @@ post-hooks; ``pickle`` and ``copy.deepcopy`` carry the same records.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -202,8 +204,9 @@ class ShampooStateDict:
                                     stacked=record["stacked"])
             if [layout.shape for layout in plan.params] != [tuple(p.shape) for p in members]:
                 raise ValueError("the state dict's layout does not fit the parameters' shapes")
-        else:
-            plan = core.make_plan([p.detach() for p in members], config)
+        else:   # the first format predates the factor-ratio rule: every factor
+            plan = core.make_plan([p.detach() for p in members],
+                                  dataclasses.replace(config, max_factor_ratio=math.inf))
         sharding = None if self._process_group is None else \
             BlockSharding(plan, self._process_group)
         check_shard(record.get("shard"), sharding)
@@ -234,3 +237,4 @@ class ShampooStateDict:
                          schedule_step=record.get("schedule_step", record["step"]))
         self._sync_family_state(family)
         return family
+

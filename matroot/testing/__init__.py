@@ -1,7 +1,9 @@
 """Test tools for anyone who writes an inverse-root solver: hard SPD stacks with a known
 answer, the README's accuracy table, and a conformance check that shrinks failures.
+The benchmarks draw their stacks here too (:func:`scaled_spd_stack`,
+:func:`shampoo_factors`: rebuilt from a seed).
 
-The oracles and the table need only NumPy; :func:`spd_stacks` and
+The oracles, the seeded stacks and the table need only NumPy; :func:`spd_stacks` and
 :func:`check_inv_root_solver` need hypothesis (``pip install "matroot[testing]"``) and
 import it only when first used, so ``import matroot`` never does.
 
@@ -27,6 +29,7 @@ from .oracle import (
     relative_error,
     spd_stack,
 )
+from .seeded import scaled_spd_stack, shampoo_factors
 from .polar_oracle import PolarCase, oracle_polar, polar_case, polar_relative_error
 from .spectra import ADVERSARIAL_FAMILIES, FAMILIES
 from .tolerances import ACCURACY_TABLE, KAPPA_BUCKETS, accuracy_tolerance, assert_inv_root_close
@@ -43,6 +46,8 @@ __all__ = [
     "polar_case",
     "polar_relative_error",
     "rectangular_stacks",
+    "scaled_spd_stack",
+    "shampoo_factors",
     "SPDCase",
     "accuracy_tolerance",
     "assert_inv_root_close",

@@ -155,13 +155,14 @@ def _strategy(prop: str, *, n, kappa, dtype, xp, device):
     return spd_stacks(kappa=kappa, families=ordinary, **common)
 
 
-def _search(check: Callable, strategy, ps: tuple, config: settings) -> Callable[[], None]:
-    """The hypothesis test of one property: ``check(case, p, data)`` on drawn cases."""
+def _search(assert_property: Callable, strategy, ps: tuple,
+            search_settings: settings) -> Callable[[], None]:
+    """The hypothesis test of one property: ``assert_property(case, p, data)`` on drawn cases."""
 
-    @config
+    @search_settings
     @given(case=strategy, p=st.sampled_from(ps), data=st.data())
     def property_holds(case, p, data):
-        check(case, p, data)
+        assert_property(case, p, data)
 
     return property_holds
 
@@ -231,17 +232,18 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
         raise ValueError(f"kappa={kappa!r} reaches beyond the accuracy table for {method!r} "
                          f"in {dtype}: lower the range's top or pass rtol=")
     grader = _Grader(solver, method, rtol)
-    config = settings(max_examples=max_examples or settings().max_examples, deadline=None,
-                      report_multiple_bugs=False,
-                      phases=[phase for phase in settings().phases if phase != Phase.explain],
-                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    search_settings = settings(
+        max_examples=max_examples or settings().max_examples, deadline=None,
+        report_multiple_bugs=False,
+        phases=[phase for phase in settings().phases if phase != Phase.explain],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     name = getattr(solver, "__name__", repr(solver))
     for prop in PROPERTIES:
         if prop in skip:
             continue
         strategy = _strategy(prop, n=n, kappa=tuple(kappa), dtype=dtype, xp=xp, device=device)
         try:
-            _search(getattr(grader, prop), strategy, ps, config)()
+            _search(getattr(grader, prop), strategy, ps, search_settings)()
         except HypothesisException:
             raise
         except Exception as err:

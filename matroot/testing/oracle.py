@@ -31,6 +31,7 @@ __all__ = [
     "random_orthogonal",
     "relative_error",
     "spd_stack",
+    "symmetric_from_eigenpairs",
 ]
 
 
@@ -89,8 +90,22 @@ def spd_stack(rng: np.random.Generator, batch: tuple, n: int, kappa: float, *,
     batch = tuple(batch)
     lam = lam_max * spectrum(spread, rng, batch, n, kappa)
     q = random_orthogonal(rng, batch, n)
+    return symmetric_from_eigenpairs(q, lam), q, lam
+
+
+def symmetric_from_eigenpairs(q: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """``Q diag(λ) Qᵀ`` for stacks ``q`` (…, n, n) and ``lam`` (…, n), made exactly symmetric.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.testing.oracle import symmetric_from_eigenpairs
+    >>> symmetric_from_eigenpairs(np.eye(2), np.array([3.0, 1.0]))
+    array([[3., 0.],
+           [0., 1.]])
+    """
     a = _function_of(lam, q, lam)
-    return (a + np.swapaxes(a, -1, -2)) / 2, q, lam
+    return (a + np.swapaxes(a, -1, -2)) / 2
 
 
 @dataclass(frozen=True, repr=False)

@@ -57,7 +57,7 @@ def rectangular_stacks(draw, *, m=(1, 12), n=(1, 12), kappa=(1.0, 1e4),
 
 
 class _Grader:
-    """One method per property: ``check(case)`` raises AssertionError on a miss."""
+    """One method per property: ``grader.<property>(case)`` raises AssertionError on a miss."""
 
     def __init__(self, solver, dtype, xp, rtol, method):
         self.solver, self.dtype, self.xp, self.rtol = solver, dtype, xp, rtol
@@ -140,14 +140,14 @@ def check_polar_solver(solver: Callable, *, dtype: str = "float32", xp=None,
         Naming the property and hypothesis's shrunk counterexample.
     """
     grader = _Grader(solver, dtype, np if xp is None else xp, rtol, method)
-    config = settings(max_examples=max_examples or settings().max_examples, deadline=None,
-                      report_multiple_bugs=False,
-                      suppress_health_check=[HealthCheck.too_slow])
+    search_settings = settings(
+        max_examples=max_examples or settings().max_examples, deadline=None,
+        report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])
     strategy = rectangular_stacks(m=m, n=n, kappa=kappa)
     for prop in POLAR_PROPERTIES:
-        check = getattr(grader, prop)
+        assert_property = getattr(grader, prop)
         try:
-            config(given(strategy)(check))()
+            search_settings(given(strategy)(assert_property))()
         except AssertionError as err:
             name = getattr(solver, "__name__", repr(solver))
             raise AssertionError(f"{name} fails the {prop!r} property: {err}") from err

@@ -53,8 +53,8 @@ def oracle_polar(g) -> np.ndarray:
     ``min(m, n)·2⁻⁵³·σmax`` map to zero, as matroot's methods map them)."""
     x = host_float64(g)
     u, s, vt = np.linalg.svd(x, full_matrices=False)
-    keep = s > min(x.shape[-2:]) * 2.0 ** -53 * s[..., :1]
-    return (u * keep[..., None, :]) @ vt
+    significant = s > min(x.shape[-2:]) * 2.0 ** -53 * s[..., :1]
+    return (u * significant[..., None, :]) @ vt
 
 
 def polar_relative_error(q, reference) -> np.ndarray:

@@ -26,6 +26,7 @@ __all__ = [
     "FAMILIES",
     "MATRIX_FAMILIES",
     "SPECTRAL_FAMILIES",
+    "bulk_spectrum",
     "family_stack",
     "random_orthogonal",
     "spectrum",
@@ -106,6 +107,29 @@ def spectrum(family: str, rng: np.random.Generator, batch: tuple, n: int,
     if n == 1:
         return np.ones((*batch, 1))
     return SPECTRAL_FAMILIES[family](rng, tuple(batch), n, kappa)
+
+
+def bulk_spectrum(n: int, kappa: float) -> np.ndarray:
+    """``n`` eigenvalues in ``[1/kappa, 1]``, sorted: a dense top with a thin tail.
+
+    Seven eighths of them (all but two for n < 16) lie evenly in ``(1/2, 1]``
+    and the rest geometrically from 1/2 down to ``1/kappa``, both ends attained:
+    a Shampoo factor plus a ridge. Its Frobenius norm is about √n/2 times its λmax
+    (about √(n / (2 ln κ)) times for the geometric family), so a Frobenius scaling
+    starts a solver far from the top. It is not one of :data:`FAMILIES`, which the
+    hypothesis searches draw from; :func:`matroot.testing.scaled_spd_stack` offers it.
+
+    Examples
+    --------
+    >>> from matroot.testing.spectra import bulk_spectrum
+    >>> bulk_spectrum(8, 1e3).round(3).tolist()
+    [0.001, 0.5, 0.583, 0.667, 0.75, 0.833, 0.917, 1.0]
+    """
+    if n <= 2:
+        return np.geomspace(1.0 / kappa, 1.0, n) if n == 2 else np.ones(n)
+    tail = max(2, n // 8)  # two at least, so that 1/kappa is attained
+    top = np.linspace(1.0, 0.5, n - tail, endpoint=False)
+    return np.concatenate([top, np.geomspace(0.5, 1.0 / kappa, tail)])[::-1]
 
 
 def _hilbert(rng, n):

@@ -7,6 +7,9 @@ the smaller Gram side) → scale by a certified bound on σmax → iterate → c
 the returned factor's orthogonality defect. Its only host reads are the
 certified bound's (eagerly, outside the iteration); under ``jax.jit`` and
 ``torch.compile`` there are none.
+
+The module is ``matroot.polar_factor`` so that ``matroot.polar`` is only ever the
+function (a module of that name would be shadowed by it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""Array-namespace seam: the only package that knows which array library is in use.
+
+Everything else in matroot receives ``xp`` (an array-API namespace) and calls the
+helpers here for what the standard leaves out. One module per concern, each
+importing only those listed before it:
+
+- :mod:`~matroot._xp.namespace`: which library and device an array belongs to,
+  and whether its values can be read on the host (not while a trace runs);
+- :mod:`~matroot._xp.transfer`: copies to and from host NumPy arrays;
+- :mod:`~matroot._xp.precision`: dtypes per backend and 16-bit rounding;
+- :mod:`~matroot._xp.tracing`: loops, branches and constants that work eagerly,
+  under ``jax.jit`` and under ``torch.compile``, and LAPACK calls kept in order
+  inside a JAX trace;
+- :mod:`~matroot._xp.linalg`: batched linear algebra on ``(b, n, n)`` stacks (the
+  fused ``c*I + alpha*(a @ b)`` product torch does in one pass, per-matrix
+  Cholesky success, finiteness);
+- :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
+  policy, counted.
+
+The rest of matroot imports this package (``from matroot import _xp``), never
+one of its modules, so a helper can move between them freely.
+"""
+
+from __future__ import annotations
+
+from .linalg import (
+    add_scaled_identity,
+    batched_where,
+    cholesky_succeeds,
+    finite_matrices,
+    frobenius_norm,
+    identity_stack,
+    inverse_root_entries,
+    power_of_two_scale,
+    scaled_plus_identity,
+    shifted_product,
+    spd_solve,
+    symmetric_part,
+)
+from .matmul import Matmul
+from .namespace import (
+    array_namespace,
+    backend_name,
+    device_of,
+    is_accelerator,
+    is_cupy_namespace,
+    is_jax_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+    is_traced,
+)
+from .precision import dtype_from_name, eigh_runs_in_float64, has_float64, round_to
+from .tracing import (
+    bounded_loop,
+    cond,
+    counted_loop,
+    host_constant,
+    jax_compiled,
+    lapack_in_order,
+    outside_torch_compile,
+    register_jax_pytree,
+    trip_count,
+)
+from .transfer import from_numpy, to_numpy
+
+__all__ = [
+    "array_namespace",
+    "device_of",
+    "is_torch_namespace",
+    "is_cupy_namespace",
+    "is_numpy_namespace",
+    "is_jax_namespace",
+    "backend_name",
+    "is_accelerator",
+    "is_traced",
+    "to_numpy",
+    "from_numpy",
+    "has_float64",
+    "dtype_from_name",
+    "round_to",
+    "eigh_runs_in_float64",
+    "bounded_loop",
+    "counted_loop",
+    "trip_count",
+    "cond",
+    "host_constant",
+    "outside_torch_compile",
+    "jax_compiled",
+    "register_jax_pytree",
+    "lapack_in_order",
+    "identity_stack",
+    "add_scaled_identity",
+    "shifted_product",
+    "scaled_plus_identity",
+    "batched_where",
+    "frobenius_norm",
+    "symmetric_part",
+    "power_of_two_scale",
+    "inverse_root_entries",
+    "finite_matrices",
+    "cholesky_succeeds",
+    "spd_solve",
+    "Matmul",
+]

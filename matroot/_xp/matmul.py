@@ -1,0 +1,53 @@
+"""Batched matmul under a precision policy: plain, or 16-bit operands accumulated in float32."""
+
+from __future__ import annotations
+
+from .linalg import shifted_product
+from .namespace import is_torch_namespace
+from .precision import round_to
+
+__all__ = [
+    "Matmul",
+]
+
+
+class Matmul:
+    """Batched matmul under a precision policy.
+
+    With ``operand_dtype=None`` this is plain ``a @ b``. With a 16-bit dtype both
+    operands are rounded to it and the product is accumulated and returned in the
+    iterate's (float32) dtype, which is what tensor-core GEMMs with float32
+    accumulation compute. On CUDA torch the 16-bit GEMM itself runs.
+
+    ``count`` records how many products were formed, for the diagnostics.
+    """
+
+    def __init__(self, xp, operand_dtype=None):
+        self.xp = xp
+        self.operand_dtype = operand_dtype
+        self.count = 0
+
+    def __call__(self, a, b):
+        self.count += 1
+        if self.operand_dtype is None:
+            return a @ b
+        xp = self.xp
+        if is_torch_namespace(xp) and a.device.type == "cuda":
+            return (a.to(self.operand_dtype) @ b.to(self.operand_dtype)).to(a.dtype)
+        return round_to(a, self.operand_dtype) @ round_to(b, self.operand_dtype)
+
+    def full(self, a, b):
+        """``a @ b`` in the iterates' dtype whatever the policy (counted too).
+
+        For products whose operands have a large norm or that finish an
+        iteration, where 16-bit operand rounding costs more than it saves.
+        """
+        self.count += 1
+        return a @ b
+
+    def shifted(self, c, alpha: float, a, b, eye, *, full: bool = False):
+        """``c * I + alpha * (a @ b)`` under this policy (``full``: as :meth:`full`)."""
+        if self.operand_dtype is None or full:
+            self.count += 1
+            return shifted_product(c, alpha, a, b, eye)
+        return c * eye + alpha * self(a, b)

@@ -1,0 +1,75 @@
+"""Which array library and device an array belongs to, and whether its values can be read.
+
+The names array-api-compat already provides (``array_namespace``, ``device_of``,
+the ``is_*_namespace`` tests) are re-exported here, so the rest of matroot finds
+them in :mod:`matroot._xp` with the helpers built on them.
+"""
+
+from __future__ import annotations
+
+import array_api_compat
+from array_api_compat import (
+    array_namespace,
+    device as device_of,
+    is_cupy_namespace,
+    is_jax_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+)
+
+__all__ = [
+    "array_namespace",
+    "device_of",
+    "is_cupy_namespace",
+    "is_jax_namespace",
+    "is_numpy_namespace",
+    "is_torch_namespace",
+    "backend_name",
+    "is_accelerator",
+    "is_traced",
+]
+
+
+def backend_name(xp) -> str:
+    """Short name of the array library behind ``xp`` ("numpy", "torch", ...)."""
+    if is_numpy_namespace(xp):
+        return "numpy"
+    if is_torch_namespace(xp):
+        return "torch"
+    if is_cupy_namespace(xp):
+        return "cupy"
+    if is_jax_namespace(xp):
+        return "jax"
+    if array_api_compat.is_array_api_strict_namespace(xp):
+        return "array_api_strict"
+    return getattr(xp, "__name__", "unknown")
+
+
+def is_accelerator(xp, x) -> bool:
+    """True when ``x`` lives on a device where a host sync is expensive."""
+    if is_cupy_namespace(xp):
+        return True
+    if is_torch_namespace(xp):
+        return x.device.type != "cpu"
+    if is_jax_namespace(xp):
+        import jax
+
+        # A tracer has no device; jit places it on the default backend.
+        devices = jax.devices() if is_traced(x) else x.devices()
+        return any(d.platform != "cpu" for d in devices)
+    return False
+
+
+def is_traced(x) -> bool:
+    """True where ``x``'s values cannot be read on the host (no ``bool()``/``float()``):
+    a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``), or a torch tensor while
+    ``torch.compile`` traces (a read would break the graph)."""
+    if array_api_compat.is_jax_array(x):
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    if array_api_compat.is_torch_array(x):
+        import torch
+
+        return torch.compiler.is_compiling()
+    return False

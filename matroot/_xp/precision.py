@@ -1,0 +1,57 @@
+"""Dtypes per backend: which exist, which precision a backend's eigh really uses,
+and rounding to a narrower dtype."""
+
+from __future__ import annotations
+
+import array_api_compat
+
+from .namespace import (
+    array_namespace,
+    backend_name,
+    is_jax_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+)
+
+__all__ = [
+    "has_float64",
+    "dtype_from_name",
+    "round_to",
+    "eigh_runs_in_float64",
+]
+
+
+def has_float64(xp) -> bool:
+    """Whether ``xp`` can hold float64 arrays (JAX only with ``jax_enable_x64``)."""
+    if is_jax_namespace(xp):
+        import jax
+
+        return bool(jax.config.read("jax_enable_x64"))
+    return True
+
+
+def dtype_from_name(xp, name: str):
+    """Look up ``xp.<name>``; raise ValueError when the backend lacks that dtype."""
+    if name == "bfloat16" and is_torch_namespace(xp):
+        import torch
+
+        return torch.bfloat16
+    dtype = getattr(xp, name, None)
+    if dtype is None:
+        raise ValueError(
+            f"matmul_dtype={name!r} is not available in the {backend_name(xp)} backend"
+        )
+    return dtype
+
+
+def round_to(x, dtype):
+    """Round ``x`` to ``dtype`` and come back to x's dtype (operand rounding)."""
+    xp = array_namespace(x)
+    return xp.astype(xp.astype(x, dtype), x.dtype)
+
+
+def eigh_runs_in_float64(xp) -> bool:
+    """True when ``xp.linalg.eigh`` of float32 input computes in float64 (NumPy's
+    LAPACK wrappers do, and array-api-strict wraps NumPy), so its float32 results
+    are float64-accurate eigenpairs rounded to float32."""
+    return is_numpy_namespace(xp) or array_api_compat.is_array_api_strict_namespace(xp)
