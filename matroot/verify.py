@@ -16,7 +16,8 @@ compute dtype, batched:
   eigenvalues far apart (``r`` up to ``κ^(1/p)``); symmetrising averages the
   (i, j) and (j, i) factors. Measured on the accuracy suite (float32, n = 48,
   κ = 1e2…1e6, p = 1, 2, 3, 4, 8, newton_db / coupled_newton / minimax) the
-  estimate is 0.8× to 3.1× the float64-oracle error, with 16-bit matmuls 1× to
+  estimate is 0.8× to 3.1× the float64-oracle error (down to 0.58× near the rounding
+  floor, κ ≥ 1e4: :data:`matroot.accuracy.ESTIMATE_UNDERSHOOT`), with 16-bit matmuls 1× to
   11× (the rounding of 16-bit products does not commute with A); the plain
   ``‖R‖_F/(p√n)`` overstates it by up to 40× in float32. Symmetrising is
   what makes it an upper bound to first order: the (i, j) factor becomes
