@@ -238,7 +238,10 @@ def polar(g: Array, /, **options: Any) -> Array:
         Bound on ``‖QᵀQ − I‖_F/√min(m, n)`` for ``converged``; default per
         precision in :data:`matroot.polar_accuracy.DEFAULT_RTOL`.
     max_iter : int, optional
-        Cap on the polynomial steps (the quintic's step count).
+        Cap on the polynomial steps (the quintic's step count). A cap below what
+        ``lower`` needs is best paired with
+        ``lower=matroot.polar_coefficients.band_lower(max_iter)``, the widest
+        interval those steps bring near 1 (Muon's default: 4 steps, ``lower=3.3e-3``).
     matmul_dtype : {None, "float16", "bfloat16"}
         Round the operands of every product to this dtype (float32 accumulation);
         the schedule then keeps the 1.01 safety factor.

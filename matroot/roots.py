@@ -225,7 +225,9 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         accuracy table states, in ``(0, 1]`` and at least 10 unit roundoffs of
         the compute dtype. ``tol`` is when the iteration stops, ``rtol`` what
         ``converged`` promises: a root is converged when its certified
-        ``error_estimate`` is at most ``rtol``, and each matrix stops as soon as
+        ``error_estimate`` is at most ``rtol`` (``rtol/2`` for the iterative
+        methods, whose estimate is first order:
+        :data:`matroot.accuracy.ESTIMATE_UNDERSHOOT`), and each matrix stops as soon as
         its own residual is below the ``tol`` derived from ``rtol``, so a loose
         target costs fewer products. Default None: the table's target for each
         matrix's κ (or a looser ``tol``), today's behaviour.
