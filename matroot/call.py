@@ -33,7 +33,7 @@ class RootCall:
 
     Attributes
     ----------
-    spec : SolverSpec
+    solver : SolverSpec
         The method's registry entry (``"auto"`` already resolved).
     p : int or float
         Root order (integral values as int).
@@ -68,7 +68,7 @@ class RootCall:
     ('newton_db', 'float32', 0.00125, 'float32')
     """
 
-    spec: SolverSpec
+    solver: SolverSpec
     p: int | float
     eps: float
     scaling: str
@@ -84,13 +84,13 @@ class RootCall:
     @property
     def method(self) -> str:
         """The method's name."""
-        return self.spec.name
+        return self.solver.name
 
     @property
     def precision(self) -> str:
         """The accuracy table's precision: the matmul operands' dtype where they are
         16-bit, else the compute dtype."""
-        if self.spec.forms_matmuls and self.matmul_dtype is not None:
+        if self.solver.forms_matmuls and self.matmul_dtype is not None:
             return self.matmul_dtype
         return self.work_dtype
 
@@ -105,9 +105,9 @@ class RootCall:
         (:func:`matroot.accuracy.row_target`) or a looser ``tol``."""
         xp = _xp.array_namespace(kappa)
         if self.rtol is not None:
-            undershoot = ESTIMATE_UNDERSHOOT if self.spec.iterative else 1.0
+            undershoot = ESTIMATE_UNDERSHOOT if self.solver.iterative else 1.0
             return xp.full_like(kappa, self.rtol / undershoot)
-        target = row_target(self.spec.accuracy_row, self.precision, self.p, kappa)
+        target = row_target(self.solver.accuracy_row, self.precision, self.p, kappa)
         return xp.maximum(target, xp.full_like(target, self.tol))
 
 
@@ -158,25 +158,25 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_dtype)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
-    spec = get_solver(method)
-    require_dtypes(spec, work_dtype, matmul_dtype)
+    solver = get_solver(method)
+    require_dtypes(solver, work_dtype, matmul_dtype)
     if eps > float(xp.finfo(getattr(xp, work_dtype)).max) / 4:
         raise ValueError(f"eps={eps:g} is beyond the range of the {work_dtype} computation "
                          "(A + eps·I would overflow); pass a smaller eps, or float64 "
                          "input or compute_dtype='float64'")
     if rtol is not None:
         rtol = check_rtol(rtol, unit_roundoff(xp, getattr(xp, work_dtype)))
-    if tol is None and rtol is not None and not spec.iterative:
+    if tol is None and rtol is not None and not solver.iterative:
         tol = rtol
     elif tol is None and rtol is not None:
         # The randomized check's estimate is up to its Frobenius factor above the
         # deterministic one: the iteration aims that much lower to meet it.
         margin = FROBENIUS_FACTOR if certificate == "randomized" else 1.0
-        tol = rtol * spec.rtol_stop_fraction / margin
+        tol = rtol * solver.rtol_stop_fraction / margin
     elif tol is None:
-        tol = spec.default_tol[work_dtype]
-    return RootCall(spec=spec, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
-                    max_iter=spec.default_max_iter if max_iter is None else max_iter,
+        tol = solver.default_tol[work_dtype]
+    return RootCall(solver=solver, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
+                    max_iter=solver.default_max_iter if max_iter is None else max_iter,
                     work_dtype=work_dtype, matmul_dtype=matmul_dtype,
                     certificate=certificate, bound_certificate=bound_certificate,
                     fallback=fallback)

@@ -55,12 +55,13 @@ Cost: the products of ``X^(p/2)`` (or ``X^p``), then ``·A``, ``·X^(p/2)`` and
 for :func:`kappa_from_root` where no run was made) and
 24/n (48/n for odd p) for the power steps on ``R``. With
 ``certificate="randomized"`` the products are replaced by (2p + 3) products of an
-n×n matrix with an n×24 probe block (:func:`check_root`, :mod:`matroot.probes`).
+n×n matrix with an n×24 probe block (:func:`verify_root`, :mod:`matroot.probes`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 from . import _xp
 import numpy as np
@@ -73,7 +74,7 @@ from .solvers._result import RootCheck
 from .solvers.registry import get_solver
 
 __all__ = ["BUCKET_SLACK", "CERTIFICATES", "DEFAULT_CERTIFICATE", "LOW_PRECISION_ROWS", "RootCheck",
-           "accuracy_target", "check_root", "kappa_from_root", "sandwich_bound"]
+           "accuracy_target", "check_root", "kappa_from_root", "sandwich_bound", "verify_root"]
 
 #: How the residual of a root is measured: every product formed ("deterministic"),
 #: or only its products with Gaussian probe vectors, bounded with a stated failure
@@ -247,7 +248,7 @@ _KAPPA_POWER_VECTORS = 4
 _KAPPA_POWER_STEPS = 5
 
 
-def check_root(scaled, root, p, *, unit_roundoff: float,
+def verify_root(scaled, root, p, *, unit_roundoff: float,
                ritz: RitzValues | None = None, kappa_bound=None,
                certificate: str = DEFAULT_CERTIFICATE, probe_seed: int = PROBE_SEED) -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
@@ -288,12 +289,12 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.verify import check_root
+    >>> from matroot.verify import verify_root
     >>> a = np.diag([1.0, 0.25])[None]
-    >>> good = check_root(a, np.diag([1.0, 2.0])[None], 2, unit_roundoff=2**-53)
+    >>> good = verify_root(a, np.diag([1.0, 2.0])[None], 2, unit_roundoff=2**-53)
     >>> float(good.residual[0]), float(good.error_estimate[0]), bool(good.positive[0])
     (0.0, 0.0, True)
-    >>> flipped = check_root(a, np.diag([-1.0, 2.0])[None], 2, unit_roundoff=2**-53)
+    >>> flipped = verify_root(a, np.diag([-1.0, 2.0])[None], 2, unit_roundoff=2**-53)
     >>> float(flipped.residual[0]), bool(flipped.positive[0])
     (0.0, False)
     """
@@ -366,3 +367,10 @@ def accuracy_target(method: str, precision: str, p, kappa):
     [0.0001, 0.001, 0.02, 0.02]
     """
     return row_target(get_solver(method).accuracy_row, precision, p, kappa)
+
+
+def check_root(*args, **kwargs) -> RootCheck:
+    """Deprecated name of :func:`verify_root` (``check_*`` are the input validators)."""
+    warnings.warn("matroot.verify.check_root is renamed verify_root", DeprecationWarning,
+                  stacklevel=2)
+    return verify_root(*args, **kwargs)

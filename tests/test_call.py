@@ -30,7 +30,7 @@ def test_the_call_is_frozen_and_a_compile_key():
 def test_defaults_are_filled_in_once():
     call = resolve_call(np, A32, 4, method="coupled_newton")
     spec = get_solver("coupled_newton")
-    assert call.spec is spec and call.work_dtype == "float32"
+    assert call.solver is spec and call.work_dtype == "float32"
     assert call.tol == spec.default_tol["float32"] and call.max_iter == spec.default_max_iter
     assert call.rtol is None
     target = resolve_call(np, A32, 4, method="coupled_newton", rtol=1e-2)
