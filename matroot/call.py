@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import _xp
 from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from .accuracy import ESTIMATE_UNDERSHOOT, check_rtol, row_target, unit_roundoff
+from .accuracy import check_rtol, row_target, rtol_allowance, unit_roundoff
 from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from .probes import FROBENIUS_FACTOR
 from .solvers import get_solver
@@ -99,14 +99,13 @@ class RootCall:
         return unit_roundoff(xp, getattr(xp, self.work_dtype))
 
     def accuracy(self, kappa):
-        """Per matrix, the error estimate ``converged`` allows: ``rtol`` (divided by
-        :data:`matroot.accuracy.ESTIMATE_UNDERSHOOT` for the iterative methods, whose
-        estimate is first order), else the table's target for each κ
-        (:func:`matroot.accuracy.row_target`) or a looser ``tol``."""
+        """Per matrix, the error estimate ``converged`` allows: what certifies
+        ``rtol`` (:func:`matroot.accuracy.rtol_allowance`), else the table's target
+        for each κ (:func:`matroot.accuracy.row_target`) or a looser ``tol``."""
         xp = _xp.array_namespace(kappa)
         if self.rtol is not None:
-            undershoot = ESTIMATE_UNDERSHOOT if self.solver.iterative else 1.0
-            return xp.full_like(kappa, self.rtol / undershoot)
+            return rtol_allowance(self.rtol, kappa, self.p, self.unit_roundoff(xp),
+                                  first_order=self.solver.iterative)
         target = row_target(self.solver.accuracy_row, self.precision, self.p, kappa)
         return xp.maximum(target, xp.full_like(target, self.tol))
 

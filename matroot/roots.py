@@ -226,8 +226,9 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         the compute dtype. ``tol`` is when the iteration stops, ``rtol`` what
         ``converged`` promises: a root is converged when its certified
         ``error_estimate`` is at most ``rtol`` (``rtol/2`` for the iterative
-        methods, whose estimate is first order:
-        :data:`matroot.accuracy.ESTIMATE_UNDERSHOOT`), and each matrix stops as soon as
+        methods, whose estimate is first order, and nothing at a κ whose
+        rounding ``0.5·u·κ/p`` their check cannot resolve below ``rtol``:
+        :func:`matroot.accuracy.rtol_allowance`), and each matrix stops as soon as
         its own residual is below the ``tol`` derived from ``rtol``, so a loose
         target costs fewer products. Default None: the table's target for each
         matrix's κ (or a looser ``tol``), today's behaviour.

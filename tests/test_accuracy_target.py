@@ -142,3 +142,18 @@ def test_rtol_near_the_rounding_floor_is_never_overstated(method, p, seed, bound
     converged = np.asarray(res.converged)
     assert np.all(err[converged] <= rtol), (err, converged)
     assert converged[0], (err, np.asarray(res.error_estimate))
+
+
+@pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax"])
+def test_rtol_beyond_what_the_check_resolves_is_not_converged(method):
+    # float32 inverses at κ ≈ 8e5: the product check's own rounding (≈ u·κ = 5e-2)
+    # hides errors of 1e-2 (a red-team case: estimate 1e-3, oracle error 1.04e-2),
+    # so rtol = 1e-2 is not certified there, while κ = 1e2 in the same stack is.
+    rng = np.random.default_rng(5)
+    a = np.stack([family_stack("clustered", rng, (), 2, k)
+                  for k in (1e2, 8e5, 1e6)]).astype(np.float32)
+    res = matroot.inv_root_info(a, 1, method=method, rtol=1e-2)
+    err = _errors(res, a, 1, 0.0)
+    converged = np.asarray(res.converged)
+    assert converged.tolist() == [True, False, False], (err, converged)
+    assert err[0] <= 1e-2
