@@ -38,7 +38,7 @@ def effective_gradient(xp, grad, param, weight_decay: float, config: ShampooConf
 
 
 def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfig, *,
-                       in_place: bool = True, keep=None):
+                       in_place: bool = True, step_taken=None):
     """Advance the moments; return them with ``m̂`` and the grafting direction.
 
     Parameters
@@ -54,7 +54,7 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     config : ShampooConfig
     in_place : bool
         Overwrite the moments (NumPy, CuPy, PyTorch) rather than return new arrays.
-    keep : 0-d boolean array, optional
+    step_taken : 0-d boolean array, optional
         Where False the moments keep their values (a step skipped on the device).
 
     Returns
@@ -65,14 +65,14 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     # Overwriting the moments with in-place operators makes one temporary where the
     # expressions make three and a copy (fresh allocations dominate these passes on a
     # CPU); the arithmetic, and so the rounding, is the same in both forms.
-    overwrite = in_place and keep is None and _xp.backend_name(xp) != "jax"
+    overwrite = in_place and step_taken is None and _xp.backend_name(xp) != "jax"
     if overwrite:
         change = grad - exp_avg
         change *= 1.0 - beta1
         exp_avg += change
     else:
         exp_avg = assign(exp_avg, ..., exp_avg + (1.0 - beta1) * (grad - exp_avg),
-                         in_place=in_place, keep=keep)
+                         in_place=in_place, step_taken=step_taken)
     corr1 = 1.0 - beta1 ** step if config.bias_correction else 1.0
     first = beta1 * exp_avg + (1.0 - beta1) * grad if config.nesterov else exp_avg
     m_hat = first / corr1
@@ -88,7 +88,7 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     else:
         advanced = exp_avg_sq + square if beta2 == 1.0 else \
             beta2 * exp_avg_sq + (1.0 - beta2) * square
-        exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place, keep=keep)
+        exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place, step_taken=step_taken)
     corrected = config.grafting == "adam" and config.bias_correction and beta2 < 1.0
     corr2 = 1.0 - beta2 ** step if corrected else 1.0
     denominator = xp.sqrt(exp_avg_sq)
@@ -98,12 +98,12 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
 
 
 def final_update(xp, direction, momentum_buffer, param, lr: float, weight_decay: float,
-                 config: ShampooConfig, *, in_place: bool = True, keep=None):
+                 config: ShampooConfig, *, in_place: bool = True, step_taken=None):
     """``(−lr·(u + wd·param), momentum_buffer)``; the buffer (None without momentum)
-    is advanced, in place when ``in_place``, only where ``keep`` holds when given."""
+    is advanced, in place when ``in_place``, only where ``step_taken`` holds when given."""
     if momentum_buffer is not None:
         momentum_buffer = assign(momentum_buffer, ..., config.momentum * momentum_buffer
-                                 + direction, in_place=in_place, keep=keep)
+                                 + direction, in_place=in_place, step_taken=step_taken)
         direction = momentum_buffer
     update = -lr * direction
     if config.weight_decay_type == "decoupled" and weight_decay:

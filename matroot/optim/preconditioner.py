@@ -143,17 +143,17 @@ def gather_blocks(group: BlockGroup, views, xp):
     return xp.stack([views[b.param][b.index] for b in group.blocks])
 
 
-def assign(array, index, value, *, in_place: bool, keep=None):
+def assign(array, index, value, *, in_place: bool, step_taken=None):
     """``array[index] = value``, in ``array`` itself when ``in_place`` (NumPy, CuPy,
     PyTorch), else on a copy, and always functionally on JAX. Returns the result.
 
-    ``keep``, a 0-d boolean array, writes ``value`` only where it holds (the old
+    ``step_taken``, a 0-d boolean array, writes ``value`` only where it holds (the old
     entries stay otherwise): a step skipped on the device, without a host read.
     The one seam between the functional core and its in-place fast paths.
     """
-    if keep is not None:
+    if step_taken is not None:
         xp = _xp.array_namespace(array)
-        value = xp.where(keep, value, array[index])
+        value = xp.where(step_taken, value, array[index])
     if in_place and _xp.is_torch_namespace(_xp.array_namespace(array)):
         # Plain __setitem__: array-api-extra's checks break torch.compile's graph.
         array[index] = value
@@ -174,7 +174,7 @@ def scatter_blocks(group: BlockGroup, blocks, outputs, *, in_place: bool = True)
 
 
 def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
-                in_place: bool, keep):
+                in_place: bool, step_taken):
     """One side's factors and bounds after folding in ``statistic`` (a product over
     ``inner`` terms per entry), in the group's slots.
 
@@ -189,13 +189,13 @@ def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
         updated = stack[slots] + entries
     else:
         updated = beta2 * stack[slots] + (1.0 - beta2) * entries
-    stack = assign(stack, slots, updated, in_place=in_place, keep=keep)
+    stack = assign(stack, slots, updated, in_place=in_place, step_taken=step_taken)
     margin = rounding_margin(xp, statistic.dtype, inner, n)
     new_bounds = advanced_bounds(bounds[slots], statistic, diagonals(updated, n), beta2,
                                  margin)
-    return stack, assign(bounds, slots, new_bounds, in_place=in_place, keep=keep)
+    return stack, assign(bounds, slots, new_bounds, in_place=in_place, step_taken=step_taken)
 def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float, *,
-                   in_place: bool = True, keep=None) -> FactorUpdate:
+                   in_place: bool = True, step_taken=None) -> FactorUpdate:
     """Fold one step's gradients into the group's factors and their λmax bounds.
 
     ``L ← β₂L + (1−β₂)GGᵀ`` and ``R ← β₂R + (1−β₂)GᵀG`` (for vector blocks
@@ -214,7 +214,7 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     in_place : bool
         Overwrite the group's slots of ``factors`` and ``bounds`` (not possible on
         JAX) or leave them untouched.
-    keep : 0-d boolean array, optional
+    step_taken : 0-d boolean array, optional
         Where False the factors keep their values (see :func:`assign`).
 
     Returns
@@ -237,7 +237,7 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
             sides.append((group.right, transposed @ grad_blocks, grad_blocks.shape[-2]))
     for (stack, first), statistic, inner in sides:
         factors[stack], bounds[stack] = _accumulate(factors[stack], bounds[stack], first,
-                                                    statistic, inner, beta2, in_place, keep)
+                                                    statistic, inner, beta2, in_place, step_taken)
     return FactorUpdate(factors, bounds)
 
 
