@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 import matroot
-from matroot.bench.problems import spd_stack
+from matroot.testing import scaled_spd_stack
 from matroot.bench.timing import interleaved_times, timed_call
 from matroot.testing import SPDCase, relative_error
 
@@ -151,7 +151,7 @@ def compare(kappas, orders, goals, *, n=384, batch=8, repeats=7, budget_s=20.0):
     torch.manual_seed(0)  # DASH's power iteration draws its start vector
     rows = []
     for kappa in kappas:
-        host = spd_stack(n, batch, kappa, seed=1).astype(np.float32)
+        host = scaled_spd_stack(batch, n, kappa, seed=1).astype(np.float32)
         a = torch.asarray(host)
         eps = 0.0
         oracle = SPDCase(host.astype(np.float64), eps, "geometric")

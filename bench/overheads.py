@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import matroot
-from matroot.bench.problems import spd_stack
+from matroot.testing import scaled_spd_stack
 from matroot.bench.timing import interleaved_times, timed_call
 from matroot.solvers import SOLVERS
 
@@ -55,7 +55,7 @@ def matmul_floor_rows(sizes, kappas, orders, *, batch=8, repeats=3, budget_s=20.
     rows = []
     for n in sizes:
         for kappa in kappas:
-            a = torch.asarray(spd_stack(n, batch, kappa, seed=n).astype(np.float32))
+            a = torch.asarray(scaled_spd_stack(batch, n, kappa, seed=n).astype(np.float32))
             for p in orders:
                 for method in methods:
                     for eps in (0.0, 1.0 / kappa):
@@ -105,7 +105,7 @@ def evd_rows(shapes, *, p=4, repeats=5, budget_s=5.0):
             g = rng.standard_normal((batch, n, 2 * n))
             wishart = g @ np.swapaxes(g, -1, -2) / n  # κ ≈ 34: float32 suffices
             for spectrum, host in (("wishart", wishart),
-                                   ("kappa1e4", spd_stack(n, batch, 1e4, seed=n))):
+                                   ("kappa1e4", scaled_spd_stack(batch, n, 1e4, seed=n))):
                 a = convert(host.astype(np.float32))
                 calls = {"evd": lambda a=a: matroot.inv_root(a, p, method="evd"),
                          "eigh": lambda a=a, xp=xp: _plain_eigh_root(xp, a, p)}

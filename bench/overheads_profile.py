@@ -79,7 +79,7 @@ def _profiled_once(call, bound: str) -> dict[str, float]:
     clock.wrap(stack_solve, "certified_lambda_max", "lambda_max bound")
     clock.wrap(stack_solve, "randomized_lambda_max", "lambda_max bound")
     clock.wrap(stack_solve, "lambda_min_estimate_core", "lambda_min estimate")
-    clock.wrap(stack_solve, "check_root", "root check")
+    clock.wrap(stack_solve, "verify_root", "root check")
     spec = registry.get_solver(call.method)
     original_solve = spec.solve
 

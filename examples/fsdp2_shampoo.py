@@ -15,6 +15,11 @@ dtype and adds this rank's rows to its shards: the result does not depend on the
 world size (docs/distributed.rst, "FSDP2"). Rank 0 prints the loss and, at the
 end, how far the parameters are from an unsharded run of the same steps.
 
+HSDP (``--replicas R``: a 2-D mesh of R replicas, each sharded over world/R ranks;
+the blocks are split over all ranks, the result is the same)::
+
+    torchrun --standalone --nproc-per-node 4 examples/fsdp2_shampoo.py --replicas 2
+
 Checkpoints with ``torch.distributed.checkpoint``, resumed at another world size::
 
     torchrun --standalone --nproc-per-node 2 examples/fsdp2_shampoo.py --save ckpt
@@ -51,6 +56,8 @@ def main() -> None:
     parser.add_argument("--save", metavar="DIR", help="save a DCP checkpoint at the end")
     parser.add_argument("--resume", metavar="DIR",
                         help="start from a DCP checkpoint (of any world size)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="HSDP: replicas of the sharded model (must divide the world)")
     args = parser.parse_args()
 
     dist.init_process_group(args.backend)
@@ -63,7 +70,12 @@ def main() -> None:
 
     model = build_model().to(device)
     reference = build_model().to(device) if rank == 0 else None
-    mesh = init_device_mesh(device.type, (world,))
+    if args.replicas < 1 or world % args.replicas:
+        parser.error(f"--replicas {args.replicas} does not divide the world size {world}")
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",)) \
+        if args.replicas == 1 else \
+        init_device_mesh(device.type, (args.replicas, world // args.replicas),
+                         mesh_dim_names=("replicate", "shard"))
     for layer in model:
         if any(True for _ in layer.parameters()):
             fully_shard(layer, mesh=mesh)

@@ -17,9 +17,10 @@ import numbers
 from . import _xp
 from ._typing import Array
 
-__all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "FLOAT32_INVERSE_TOLERANCE", "KAPPA_BUCKETS",
-           "LOW_PRECISION_ROWS", "RTOL_FLOOR_UNITS", "check_rtol", "is_converged",
-           "row_target", "unit_roundoff"]
+__all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "CHECK_RESOLUTION", "ESTIMATE_UNDERSHOOT",
+           "FLOAT32_INVERSE_TOLERANCE", "KAPPA_BUCKETS", "LOW_PRECISION_ROWS",
+           "RTOL_FLOOR_UNITS", "check_rtol", "is_converged", "row_target", "rtol_allowance",
+           "unit_roundoff"]
 
 #: Upper ends of the κ(A + eps·I) buckets of the table.
 KAPPA_BUCKETS: tuple[float, ...] = (1e2, 1e4, 1e6)
@@ -45,6 +46,19 @@ LOW_PRECISION_ROWS = {
     "float16": (5e-3, 2e-2, 5e-2),
     "bfloat16": (3e-2, 1e-1, 2e-1),
 }
+#: The product check's first-order error estimate (:mod:`matroot.verify`) is
+#: measured down to 0.58× the float64-oracle error near the compute dtype's rounding
+#: floor (float32, κ 1e4–1e6, isolated-top, clustered and Gram spectra, p = 1, 2, 4):
+#: a root of an iterative method meets a caller's ``rtol`` where its estimate is at
+#: most ``rtol / ESTIMATE_UNDERSHOOT`` (the table's targets hold this slack already).
+ESTIMATE_UNDERSHOOT = 2.0
+
+#: The product check cannot see a root's error below about u·κ/p: its own products
+#: carry that much rounding (float32 inverses at κ ≈ 8e5 were reported with an
+#: estimate of 1e-3 and an oracle error of 1e-2 ≈ 0.2·u·κ). A caller's ``rtol`` is
+#: certified by it only where ``CHECK_RESOLUTION·u·κ/p ≤ rtol``.
+CHECK_RESOLUTION = 0.5
+
 #: κ bucket edges are widened by this factor towards the stricter target: the
 #: Ritz values carry rounding of about n·u·λmax, a few percent at κ = 1e4 in float32.
 BUCKET_SLACK = 1.1
@@ -145,6 +159,31 @@ def check_rtol(rtol, unit: float) -> float:
                          f"({RTOL_FLOOR_UNITS} unit roundoffs of its dtype, {floor:.1g}); "
                          "pass a larger rtol, or float64 input or compute_dtype='float64'")
     return value
+
+
+def rtol_allowance(rtol: float, kappa: Array, p, unit: float, first_order: bool) -> Array:
+    """Per matrix, the largest error estimate that certifies a caller's ``rtol``.
+
+    ``rtol`` itself for an estimate that bounds the error (``evd``'s); for the product
+    check's first-order estimate ``rtol / ESTIMATE_UNDERSHOOT``, and ``-inf`` (nothing
+    certifies) at a κ where the check's rounding, ``CHECK_RESOLUTION·u·κ/p``, exceeds
+    ``rtol``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.accuracy import rtol_allowance
+    >>> rtol_allowance(1e-2, np.array([1e2, 1e6]), 1, 2.0 ** -24, True).tolist()
+    [0.005, -inf]
+    >>> rtol_allowance(1e-2, np.array([1e2, 1e6]), 1, 2.0 ** -24, False).tolist()
+    [0.01, 0.01]
+    """
+    xp = _xp.array_namespace(kappa)
+    if not first_order:
+        return xp.full_like(kappa, rtol)
+    resolvable = CHECK_RESOLUTION * unit * kappa / p <= rtol
+    return xp.where(resolvable, xp.full_like(kappa, rtol / ESTIMATE_UNDERSHOOT),
+                    xp.full_like(kappa, -float("inf")))
 
 
 def unit_roundoff(xp, dtype) -> float:

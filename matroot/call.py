@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import _xp
 from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from .accuracy import check_rtol, row_target, unit_roundoff
+from .accuracy import check_rtol, row_target, rtol_allowance, unit_roundoff
 from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from .probes import FROBENIUS_FACTOR
 from .solvers import get_solver
@@ -33,7 +33,7 @@ class RootCall:
 
     Attributes
     ----------
-    spec : SolverSpec
+    solver : SolverSpec
         The method's registry entry (``"auto"`` already resolved).
     p : int or float
         Root order (integral values as int).
@@ -68,7 +68,7 @@ class RootCall:
     ('newton_db', 'float32', 0.00125, 'float32')
     """
 
-    spec: SolverSpec
+    solver: SolverSpec
     p: int | float
     eps: float
     scaling: str
@@ -84,13 +84,13 @@ class RootCall:
     @property
     def method(self) -> str:
         """The method's name."""
-        return self.spec.name
+        return self.solver.name
 
     @property
     def precision(self) -> str:
         """The accuracy table's precision: the matmul operands' dtype where they are
         16-bit, else the compute dtype."""
-        if self.spec.forms_matmuls and self.matmul_dtype is not None:
+        if self.solver.forms_matmuls and self.matmul_dtype is not None:
             return self.matmul_dtype
         return self.work_dtype
 
@@ -99,12 +99,14 @@ class RootCall:
         return unit_roundoff(xp, getattr(xp, self.work_dtype))
 
     def accuracy(self, kappa):
-        """Per matrix, the error ``converged`` allows: ``rtol``, else the table's
-        target for each κ (:func:`matroot.accuracy.row_target`) or a looser ``tol``."""
+        """Per matrix, the error estimate ``converged`` allows: what certifies
+        ``rtol`` (:func:`matroot.accuracy.rtol_allowance`), else the table's target
+        for each κ (:func:`matroot.accuracy.row_target`) or a looser ``tol``."""
         xp = _xp.array_namespace(kappa)
         if self.rtol is not None:
-            return xp.full_like(kappa, self.rtol)
-        target = row_target(self.spec.accuracy_row, self.precision, self.p, kappa)
+            return rtol_allowance(self.rtol, kappa, self.p, self.unit_roundoff(xp),
+                                  first_order=self.solver.iterative)
+        target = row_target(self.solver.accuracy_row, self.precision, self.p, kappa)
         return xp.maximum(target, xp.full_like(target, self.tol))
 
 
@@ -155,25 +157,25 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_dtype)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
-    spec = get_solver(method)
-    require_dtypes(spec, work_dtype, matmul_dtype)
+    solver = get_solver(method)
+    require_dtypes(solver, work_dtype, matmul_dtype)
     if eps > float(xp.finfo(getattr(xp, work_dtype)).max) / 4:
         raise ValueError(f"eps={eps:g} is beyond the range of the {work_dtype} computation "
                          "(A + eps·I would overflow); pass a smaller eps, or float64 "
                          "input or compute_dtype='float64'")
     if rtol is not None:
         rtol = check_rtol(rtol, unit_roundoff(xp, getattr(xp, work_dtype)))
-    if tol is None and rtol is not None and not spec.iterative:
+    if tol is None and rtol is not None and not solver.iterative:
         tol = rtol
     elif tol is None and rtol is not None:
         # The randomized check's estimate is up to its Frobenius factor above the
         # deterministic one: the iteration aims that much lower to meet it.
         margin = FROBENIUS_FACTOR if certificate == "randomized" else 1.0
-        tol = rtol * spec.rtol_stop_fraction / margin
+        tol = rtol * solver.rtol_stop_fraction / margin
     elif tol is None:
-        tol = spec.default_tol[work_dtype]
-    return RootCall(spec=spec, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
-                    max_iter=spec.default_max_iter if max_iter is None else max_iter,
+        tol = solver.default_tol[work_dtype]
+    return RootCall(solver=solver, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
+                    max_iter=solver.default_max_iter if max_iter is None else max_iter,
                     work_dtype=work_dtype, matmul_dtype=matmul_dtype,
                     certificate=certificate, bound_certificate=bound_certificate,
                     fallback=fallback)

@@ -266,7 +266,7 @@ def ritz_values(a: Array, *, num_steps: int = LANCZOS_STEPS) -> RitzValues:
 
     Both consumers read the same run (no input validation): the λmin estimate
     of the minimax schedule (:func:`lambda_min_estimate`) and the κ estimate
-    of the a-posteriori check (:func:`matroot.verify.check_root`), so a call
+    of the a-posteriori check (:func:`matroot.verify.verify_root`), so a call
     that needs both pays for one.
 
     Examples

@@ -44,9 +44,9 @@ def default_tol(method: str, compute_dtype: str) -> float:
     >>> matroot.default_tol("newton_db", "float32")
     1e-05
     """
-    spec = get_solver(method)
-    check_choice(compute_dtype, "compute_dtype", spec.compute_dtypes)
-    return spec.default_tol[compute_dtype]
+    solver = get_solver(method)
+    check_choice(compute_dtype, "compute_dtype", solver.compute_dtypes)
+    return solver.default_tol[compute_dtype]
 
 
 def default_max_iter(method: str) -> int:
@@ -131,7 +131,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     bounds = {name: check_bound(value, name, xp, batch) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
-    if _xp.is_jax_namespace(xp) and not traced and call.spec.needs_scaling:
+    if _xp.is_jax_namespace(xp) and not traced and call.solver.needs_scaling:
         # Eager JAX dispatches, and first compiles, every operation on its own: for the
         # iterative methods' hundreds of small operations one compiled call per shape is
         # faster from the first call on. A direct method is a few operations, and eagerly
@@ -225,7 +225,10 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         accuracy table states, in ``(0, 1]`` and at least 10 unit roundoffs of
         the compute dtype. ``tol`` is when the iteration stops, ``rtol`` what
         ``converged`` promises: a root is converged when its certified
-        ``error_estimate`` is at most ``rtol``, and each matrix stops as soon as
+        ``error_estimate`` is at most ``rtol`` (``rtol/2`` for the iterative
+        methods, whose estimate is first order, and nothing at a κ whose
+        rounding ``0.5·u·κ/p`` their check cannot resolve below ``rtol``:
+        :func:`matroot.accuracy.rtol_allowance`), and each matrix stops as soon as
         its own residual is below the ``tol`` derived from ``rtol``, so a loose
         target costs fewer products. Default None: the table's target for each
         matrix's κ (or a looser ``tol``), today's behaviour.
@@ -255,7 +258,7 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         wrong (too small) bound is caught by the check of the root: the matrix
         is ``converged=False``, never a wrong root reported converged.
     certificate : {"deterministic", "randomized"}
-        How the returned root is checked (:func:`matroot.verify.check_root`):
+        How the returned root is checked (:func:`matroot.verify.verify_root`):
         with every product of its residual formed, or with products of the
         residual and a block of Gaussian vectors only (O(p·n²) per vector instead
         of O(n³); its bounds fail with probability at most 1e-12 per matrix,

@@ -20,7 +20,7 @@ from .probes import FAILURE_PROBABILITY as CHECK_FAILURE_PROBABILITY
 from .result import InvRootResult
 from .scaling import (RitzValues, certified_lambda_max, lambda_max_bound_core,
                       lambda_min_estimate_core, randomized_lambda_max, ritz_values)
-from .verify import check_root
+from .verify import verify_root
 
 __all__ = ["NONFINITE_INPUT", "solve_stack"]
 
@@ -57,11 +57,11 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     with a positive λmax bound (the others get NaN roots), and a 0-d flag, True
     where some root lost its precision in the cast back to ``a.dtype``."""
     xp = _xp.array_namespace(a)
-    spec, p = call.spec, call.p
+    solver, p = call.solver, call.p
     reg = _regularised(a, call, check_finite)
     b = reg.stack.shape[0]
     # A Lanczos run is needed only where a λmin estimate comes from the spectrum.
-    needs_ritz = spec.needs_lower_bound and (spec.lower_from_spectrum or (
+    needs_ritz = solver.needs_lower_bound and (solver.lower_from_spectrum or (
         call.eps == 0 and lambda_min_lower is None))
     sc = _scaled(reg, call, lambda_max_upper, needs_ritz)
     solver_kwargs: dict = dict(
@@ -69,7 +69,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         check_every=4 if _xp.is_accelerator(xp, a) else 1,
         matmul=_xp.Matmul(xp, None if call.matmul_dtype is None
                           else _xp.dtype_from_name(xp, call.matmul_dtype)))
-    if not spec.needs_scaling and call.eps > 0:
+    if not solver.needs_scaling and call.eps > 0:
         # A direct method adds the ridge itself, in the dtype it decomposes in (evd's
         # float64 eigh of a float32 stack gets the ridge in float64).
         solver_kwargs["ridge"] = reg.ridge
@@ -77,23 +77,23 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     floor = reg.ridge if lambda_min_lower is None else xp.maximum(
         reg.ridge, _per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
                                _xp.device_of(a)) / reg.magnitude)
-    if spec.needs_lower_bound:
+    if solver.needs_lower_bound:
         solver_kwargs["lower"], ritz = _lower_bound(
             sc.stack, floor / sc.scale, ritz, has_ridge=call.eps > 0 or lambda_min_lower
-            is not None, from_spectrum=spec.lower_from_spectrum and (
+            is not None, from_spectrum=solver.lower_from_spectrum and (
                 ritz is not None or lambda_min_lower is None))
-    out = spec.solve(sc.stack, p, **solver_kwargs)
+    out = solver.solve(sc.stack, p, **solver_kwargs)
     lam_max = out.lambda_max if sc.lambda_max is None else sc.lambda_max
     certify_cost = xp.zeros_like(lam_max) if sc.certify_cost is None else sc.certify_cost
 
     # Without a Lanczos run (the caller gave the bounds) the check's κ comes from
     # them and from the root (matroot.verify.kappa_from_root).
     kappa_bound = None
-    if ritz is None and spec.needs_scaling:
+    if ritz is None and solver.needs_scaling:
         positive_floor = floor > 0
         kappa_bound = xp.where(positive_floor, sc.scale / xp.where(
             positive_floor, floor, xp.ones_like(floor)), xp.full_like(floor, float("inf")))
-    check = out.check if out.check is not None else check_root(
+    check = out.check if out.check is not None else verify_root(
         sc.stack, out.root, p, unit_roundoff=call.unit_roundoff(xp), ritz=ritz,
         kappa_bound=kappa_bound, certificate=call.certificate)
     probed = out.check is None and isinstance(p, int) and call.certificate == "randomized"
@@ -104,7 +104,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     usable = reg.finite & (lam_max > 0)
     # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
     factor = _xp.inverse_root_entries(reg.magnitude, p)
-    if spec.needs_scaling:
+    if solver.needs_scaling:
         factor = factor * _xp.inverse_root_entries(sc.scale, p)
     root = out.root * xp.where(usable, factor, xp.full_like(factor, float("nan")))[:, None, None]
     returned = xp.astype(root, a.dtype, copy=False)
@@ -164,7 +164,7 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     magnitude = _xp.power_of_two_scale(stack, call.eps)
     stack = _xp.symmetric_part(stack / magnitude[:, None, None])
     ridge = call.eps / magnitude
-    if call.eps > 0 and call.spec.needs_scaling:
+    if call.eps > 0 and call.solver.needs_scaling:
         stack = _xp.add_scaled_identity(stack, ridge)
     return _Regularised(stack, finite, magnitude, ridge)
 
@@ -173,7 +173,7 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper, needs_ritz: boo
     stack = reg.stack
     xp = _xp.array_namespace(stack)
     dev = _xp.device_of(stack)
-    if not call.spec.needs_scaling:
+    if not call.solver.needs_scaling:
         # A direct method (eigh) takes the spectrum as it is: no bound to certify.
         return _Scaled(stack, xp.ones(stack.shape[:1], dtype=stack.dtype, device=dev),
                        None, None, None)

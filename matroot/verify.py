@@ -16,7 +16,8 @@ compute dtype, batched:
   eigenvalues far apart (``r`` up to ``κ^(1/p)``); symmetrising averages the
   (i, j) and (j, i) factors. Measured on the accuracy suite (float32, n = 48,
   κ = 1e2…1e6, p = 1, 2, 3, 4, 8, newton_db / coupled_newton / minimax) the
-  estimate is 0.8× to 3.1× the float64-oracle error, with 16-bit matmuls 1× to
+  estimate is 0.8× to 3.1× the float64-oracle error (down to 0.58× near the rounding
+  floor, κ ≥ 1e4: :data:`matroot.accuracy.ESTIMATE_UNDERSHOOT`), with 16-bit matmuls 1× to
   11× (the rounding of 16-bit products does not commute with A); the plain
   ``‖R‖_F/(p√n)`` overstates it by up to 40× in float32. Symmetrising is
   what makes it an upper bound to first order: the (i, j) factor becomes
@@ -37,6 +38,11 @@ compute dtype, batched:
   target. Ritz values lie inside the spectrum, so this is a lower bound on κ(A)
   (up to rounding) and picks the target of κ's bucket or a stricter one; it does
   not depend on the root, whose own errors would make a κ from X unreliable.
+  Where the call made no Lanczos run (nothing else needed one: the caller's
+  bounds, or a method that takes no λmin estimate), κ is
+  :func:`kappa_from_root`'s estimate instead: Rayleigh quotients of A and of X,
+  so it too stays below κ, up to the factor ``1 + ρ`` of the root's residual
+  (a root with ρ ≥ 1 gets an infinite error estimate whatever κ is);
 
 For even p the residual is formed in the balanced form ``X^(p/2)·A·X^(p/2) − I``
 (similar to ``X^p·A − I``): its first-order response to E grows like
@@ -45,15 +51,17 @@ oracle error at p = 8 too (``X^p·A − I``: up to 60× for coupled_newton).
 
 Cost: the products of ``X^(p/2)`` (or ``X^p``), then ``·A``, ``·X^(p/2)`` and
 ``·X`` (``p = 2``: 3, ``p = 4``: 4, ``p = 8``: 5), 1/6 matmul for the Cholesky
-(even p), ``LANCZOS_STEPS/n`` for the Lanczos run (one host transfer) and
+(even p), ``LANCZOS_STEPS/n`` for the Lanczos run (one host transfer; 40/n
+for :func:`kappa_from_root` where no run was made) and
 24/n (48/n for odd p) for the power steps on ``R``. With
 ``certificate="randomized"`` the products are replaced by (2p + 3) products of an
-n×n matrix with an n×24 probe block (:func:`check_root`, :mod:`matroot.probes`).
+n×n matrix with an n×24 probe block (:func:`verify_root`, :mod:`matroot.probes`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 from . import _xp
 import numpy as np
@@ -66,7 +74,7 @@ from .solvers._result import RootCheck
 from .solvers.registry import get_solver
 
 __all__ = ["BUCKET_SLACK", "CERTIFICATES", "DEFAULT_CERTIFICATE", "LOW_PRECISION_ROWS", "RootCheck",
-           "accuracy_target", "check_root", "kappa_from_root", "sandwich_bound"]
+           "accuracy_target", "check_root", "kappa_from_root", "sandwich_bound", "verify_root"]
 
 #: How the residual of a root is measured: every product formed ("deterministic"),
 #: or only its products with Gaussian probe vectors, bounded with a stated failure
@@ -240,7 +248,7 @@ _KAPPA_POWER_VECTORS = 4
 _KAPPA_POWER_STEPS = 5
 
 
-def check_root(scaled, root, p, *, unit_roundoff: float,
+def verify_root(scaled, root, p, *, unit_roundoff: float,
                ritz: RitzValues | None = None, kappa_bound=None,
                certificate: str = DEFAULT_CERTIFICATE, probe_seed: int = PROBE_SEED) -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
@@ -281,12 +289,12 @@ def check_root(scaled, root, p, *, unit_roundoff: float,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.verify import check_root
+    >>> from matroot.verify import verify_root
     >>> a = np.diag([1.0, 0.25])[None]
-    >>> good = check_root(a, np.diag([1.0, 2.0])[None], 2, unit_roundoff=2**-53)
+    >>> good = verify_root(a, np.diag([1.0, 2.0])[None], 2, unit_roundoff=2**-53)
     >>> float(good.residual[0]), float(good.error_estimate[0]), bool(good.positive[0])
     (0.0, 0.0, True)
-    >>> flipped = check_root(a, np.diag([-1.0, 2.0])[None], 2, unit_roundoff=2**-53)
+    >>> flipped = verify_root(a, np.diag([-1.0, 2.0])[None], 2, unit_roundoff=2**-53)
     >>> float(flipped.residual[0]), bool(flipped.positive[0])
     (0.0, False)
     """
@@ -359,3 +367,10 @@ def accuracy_target(method: str, precision: str, p, kappa):
     [0.0001, 0.001, 0.02, 0.02]
     """
     return row_target(get_solver(method).accuracy_row, precision, p, kappa)
+
+
+def check_root(*args, **kwargs) -> RootCheck:
+    """Deprecated name of :func:`verify_root` (``check_*`` are the input validators)."""
+    warnings.warn("matroot.verify.check_root is renamed verify_root", DeprecationWarning,
+                  stacklevel=2)
+    return verify_root(*args, **kwargs)

@@ -120,11 +120,11 @@ def test_underestimated_lambda_max_is_caught_by_the_check(monkeypatch, method, p
 
 
 def test_check_sees_a_wrong_branch_the_residual_cannot():
-    from matroot.verify import check_root
+    from matroot.verify import verify_root
 
     a = np.diag([1.0, 0.25, 0.01])[None]
     flipped = np.diag([-1.0, 2.0, 10.0])[None]   # X²·A = I exactly
-    check = check_root(a, flipped, 2, unit_roundoff=2.0**-53)
+    check = verify_root(a, flipped, 2, unit_roundoff=2.0**-53)
     assert float(check.residual[0]) == 0.0
     assert not bool(check.positive[0]) and np.isinf(check.error_estimate[0])
 

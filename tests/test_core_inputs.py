@@ -356,11 +356,11 @@ def test_chebyshev_lower_bound_that_misses_eigenvalues_is_not_converged():
     """Eigenvalues below the fitted interval are caught by the a-posteriori check."""
     from matroot import _xp
     from matroot.solvers import SOLVERS
-    from matroot.verify import check_root
+    from matroot.verify import verify_root
     a = spd_stack(np.random.default_rng(7), (2,), 16, 1e3, lam_max=1.0)[0]
     out = SOLVERS["chebyshev"].solve(a, 2, lower=np.array([1e-1, 1e-3 / 2]), tol=1e-6,
                                max_iter=400, matmul=_xp.Matmul(np))
-    check = check_root(a, out.root, 2, unit_roundoff=2.0**-53)
+    check = verify_root(a, out.root, 2, unit_roundoff=2.0**-53)
     assert check.error_estimate[0] > 1e-2 and check.residual[0] > 1e-2
     assert check.error_estimate[1] < 1e-5
     assert relative_error(out.root[1], oracle_inv_root(a[1], 2)) < 1e-5

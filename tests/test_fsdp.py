@@ -18,6 +18,7 @@ a lost update or a shard applied to the wrong rows moves them by about ``lr``.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 
 import pytest
@@ -57,8 +58,9 @@ def _batch(step):
     return torch.randint(0, 11, (16, 3), generator=gen), torch.randn(16, 5, generator=gen)
 
 
-def _models(world):
-    """An FSDP2 model and its unsharded twin with the same initial weights."""
+def _models(world, mesh_shape=None):
+    """An FSDP2 model and its unsharded twin with the same initial weights; a 2-D
+    ``mesh_shape`` (replicas, shards) makes it HSDP."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -66,7 +68,10 @@ def _models(world):
     reference = Tiny()
     sharded = Tiny()
     sharded.load_state_dict(reference.state_dict())
-    mesh = init_device_mesh("cpu", (world,))
+    mesh_shape = mesh_shape or (world,)
+    # FSDP2 asks a 2-D (HSDP) mesh for its dimensions' names.
+    names = ("replicate", "shard")[-len(mesh_shape):]
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     for layer in (sharded.embed, sharded.hidden, sharded.out):
         fully_shard(layer, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
@@ -80,7 +85,8 @@ def _extras(mesh):
     gen = torch.Generator().manual_seed(7)
     plain, replicated = torch.randn(4, 3, generator=gen), torch.randn(3, 4, generator=gen)
     mine = [torch.nn.Parameter(plain.clone()),
-            torch.nn.Parameter(distribute_tensor(replicated.clone(), mesh, [Replicate()]))]
+            torch.nn.Parameter(distribute_tensor(replicated.clone(), mesh,
+                                                 [Replicate()] * mesh.ndim))]
     twins = [torch.nn.Parameter(plain.clone()), torch.nn.Parameter(replicated.clone())]
     return mine, twins
 
@@ -133,8 +139,8 @@ def _local_digest(params) -> str:
     return _digest([(p.to_local() if isinstance(p, DTensor) else p).detach() for p in params])
 
 
-def _train(world, options, steps, nan_at=None, rank=0):
-    model, reference, mesh = _models(world)
+def _train(world, options, steps, nan_at=None, rank=0, mesh_shape=None):
+    model, reference, mesh = _models(world, mesh_shape)
     extras, twins = _extras(mesh)
     params = [*model.parameters(), *extras]
     ref_params = [*reference.parameters(), *twins]
@@ -267,6 +273,19 @@ def _scenarios(rank, world, tmpdir):
     return out
 
 
+#: HSDP: two replicas of a model sharded over two ranks each.
+HSDP_MESH = (2, 2)
+
+
+def _hsdp_scenarios(rank, world, tmpdir):
+    from torch.distributed.tensor import DTensor
+
+    opt, params, out = _train(world, OPTIONS, STEPS, mesh_shape=HSDP_MESH)
+    out["sharded"] = opt._families[0].sharding is not None
+    out["placements"] = sorted({str(p.placements) for p in params if isinstance(p, DTensor)})
+    return {"hsdp": out}
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return tmp_path_factory.mktemp("fsdp")
@@ -391,3 +410,20 @@ def test_planner_predicts_the_fsdp2_shards(ranks):
                   for r in results)
     assert planned["parameters"] == planned["gradients"] == 4 * largest
     assert planned["gradient_gather_bytes"] == 4 * sum(math.prod(s) for _, s in shapes)
+
+
+def test_hsdp_run_equals_single_process_to_rounding(base):
+    """HSDP (a 2×2 mesh: two replicas, each sharded over two ranks) takes the FSDP2
+    route: whole gradients, blocks split over all four ranks of the default group.
+    The parameters agree with one process to rounding and are the same on every rank."""
+    tmpdir = base / "hsdp"
+    tmpdir.mkdir()
+    results = [r["hsdp"] for r in run_on_ranks(_hsdp_scenarios, math.prod(HSDP_MESH),
+                                               str(tmpdir))]
+    for rank, r in enumerate(results):
+        assert r["sharded"] and r["refreshes"] >= 2, f"rank {rank}"
+        assert "(Replicate(), Shard(dim=0))" in r["placements"], r["placements"]
+        assert max(r["diffs"]) <= ROUNDING_ATOL, f"rank {rank}: {r['diffs']}"
+    assert len({r["digest"] for r in results}) == 1
+    # Replicas hold equal shards: two distinct local digests among four ranks.
+    assert len({r["local_digest"] for r in results}) == HSDP_MESH[1]

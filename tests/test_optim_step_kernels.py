@@ -9,8 +9,7 @@ import torch
 
 from matroot.optim import ShampooConfig
 from matroot.optim.gradients import nonfinite_flags
-from matroot.optim.grafting import grafting_direction
-from matroot.optim.preconditioner import block_norms
+from matroot.optim.grafting import block_norms, grafting_direction
 
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
 

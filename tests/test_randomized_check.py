@@ -27,7 +27,7 @@ import matroot
 from matroot.probes import (BOUNDS_PER_CHECK, FAILURE_PROBABILITY, FROBENIUS_FACTOR, PROBES,
                             SPECTRAL_FACTOR, probe_block)
 from matroot.testing import oracle_inv_root, random_orthogonal, relative_error
-from matroot.verify import check_root
+from matroot.verify import verify_root
 
 from conftest import to_numpy
 
@@ -79,8 +79,8 @@ def test_a_perturbed_root_is_judged_at_least_as_harshly(p, size):
     e = (e + e.T)[None]
     wrong = root + size * np.linalg.norm(root) / np.linalg.norm(e) * e
     true_error = float(relative_error(wrong, root)[0])
-    det = check_root(a, wrong, p, unit_roundoff=UNIT64)
-    rnd = check_root(a, wrong, p, unit_roundoff=UNIT64, certificate="randomized")
+    det = verify_root(a, wrong, p, unit_roundoff=UNIT64)
+    rnd = verify_root(a, wrong, p, unit_roundoff=UNIT64, certificate="randomized")
     assert float(rnd.error_estimate[0]) >= float(det.error_estimate[0])
     assert float(rnd.error_estimate[0]) >= 0.5 * true_error
     # A wrong root (10x a target of size/10) is rejected.
@@ -94,9 +94,9 @@ def test_a_root_wrong_in_one_direction_is_rejected_for_every_seed():
     a, root, q = _scaled_problem(48, 1e4, seed=3)
     v = q[:, :1]  # the direction of the smallest eigenvalue, where X is largest
     wrong = root + 1e-3 * np.linalg.norm(root) * (v @ v.T)[None]
-    det = float(check_root(a, wrong, 2, unit_roundoff=UNIT64).error_estimate[0])
+    det = float(verify_root(a, wrong, 2, unit_roundoff=UNIT64).error_estimate[0])
     estimates = np.array([
-        float(check_root(a, wrong, 2, unit_roundoff=UNIT64, certificate="randomized",
+        float(verify_root(a, wrong, 2, unit_roundoff=UNIT64, certificate="randomized",
                          probe_seed=seed).error_estimate[0]) for seed in range(300)])
     assert np.all(estimates >= det), (estimates.min(), det)
 
@@ -184,3 +184,13 @@ def test_converged_means_right_with_the_randomized_check(family, method, p):
         assert np.all(err[converged] <= np.broadcast_to(target, err.shape)[converged]), \
             (rtol, err, converged)
         assert converged[0], (rtol, err, np.asarray(res.error_estimate))
+
+
+def test_check_root_is_the_deprecated_name_of_verify_root():
+    import matroot.verify
+    a = np.diag([1.0, 0.25])[None]
+    root = np.diag([1.0, 2.0])[None]
+    with pytest.warns(DeprecationWarning, match="verify_root"):
+        old = matroot.verify.check_root(a, root, 2, unit_roundoff=UNIT64)
+    new = verify_root(a, root, 2, unit_roundoff=UNIT64)
+    assert np.array_equal(old.error_estimate, new.error_estimate)

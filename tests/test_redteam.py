@@ -4,10 +4,11 @@ hypothesis draws a method, a root order (p = 1, powers of two, odd p, large p fo
 coupled Newton, non-integer p for evd), a dtype, a size up to 512, a spectrum
 family of :mod:`matroot.testing.spectra` with κ up to the table's end, a scale
 across the dtype's range and a call (default tol, a tol near 1/n or larger, a
-fixed step count with ``tol=0``). Every matrix reported converged must be within
-``max(table(κ), tol)`` of the float64 oracle (:func:`matroot.verify.accuracy_target`
-at the matrix's true κ). The default run keeps to small sizes and a few dozen
-examples (about a minute); the ``slow`` profile searches longer and up to n = 512.
+fixed step count with ``tol=0``, an accuracy target ``rtol=``). Every matrix reported
+converged must be within ``rtol``, else ``max(table(κ), tol)``, of the float64 oracle
+(:func:`matroot.verify.accuracy_target` at the matrix's true κ). The default run keeps
+to small sizes and a few dozen examples (about a minute); the ``slow`` profile searches
+longer and up to n = 512.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ DEFAULT_TABLE_END = 1e6
 #: Where the earlier rounds found their cases: one direction far from the rest, an
 #: iterative method stopped early (a loose tol, a fixed step count), κ ≥ 1e3.
 HARD = {"families": ("tiny_one", "isolated_top", "clustered"), "low_kappa": 3.0,
-        "methods": ("coupled_newton", "newton_db", "minimax"), "modes": ("loose", "fixed")}
+        "methods": ("coupled_newton", "newton_db", "minimax"), "modes": ("loose", "fixed", "rtol")}
 ANY = {"families": tuple(sorted(FAMILIES)), "low_kappa": 0.0, "methods": tuple(sorted(SOLVERS)),
-       "modes": ("default", "loose", "fixed")}
+       "modes": ("default", "loose", "fixed", "rtol")}
+#: Accuracy targets asked with ``rtol=``, per dtype: loose, at the table, and near what
+#: the dtype can certify at κ = 1e4–1e6.
+RTOLS = {"float32": (3e-2, 1e-2, 3e-3, 1e-3), "float64": (1e-4, 1e-6, 1e-8)}
 
 
 @st.composite
@@ -56,8 +60,11 @@ def calls(draw, max_n: int, where: dict = ANY):
     family = draw(st.sampled_from(where["families"]))
     scale = 2.0 ** draw(st.integers(-60, 60) if dtype == "float32" else st.integers(-400, 400))
     options: dict = {}
+    modes = where["modes"] if SOLVERS[method].iterative else ("default", "rtol")
+    mode = draw(st.sampled_from(modes))
+    if mode == "rtol":
+        options["rtol"] = draw(st.sampled_from(RTOLS[dtype]))
     if SOLVERS[method].iterative:
-        mode = draw(st.sampled_from(where["modes"]))
         if mode == "loose":
             options["tol"] = draw(st.sampled_from([1.0 / n, 2.0 / n, 0.05, 0.1]))
         elif mode == "fixed":
@@ -83,8 +90,11 @@ def _check_call(method, p, dtype, n, kappa, family, scale, options, seed):
     # The oracle of the exactly rescaled values, scaled back (no subnormal eigenvalues).
     ref = oracle_inv_root(passed / scale, p) * scale ** (-1.0 / p)
     err = relative_error(np.asarray(res.root, dtype=np.float64), ref)
-    target = np.maximum(accuracy_target(method, dtype, p, true_kappa),
-                        options.get("tol", 0.0))
+    if "rtol" in options:  # the caller's target, whatever the table says
+        target = np.full_like(true_kappa, options["rtol"])
+    else:
+        target = np.maximum(accuracy_target(method, dtype, p, true_kappa),
+                            options.get("tol", 0.0))
     bad = converged & ~(err <= target)
     assert not bad.any(), (f"{method} p={p} {dtype} n={n} κ={true_kappa} {family} "
                            f"scale={scale:g} {options}: error {err} > target {target}, "

@@ -2,7 +2,7 @@
 
 Every :func:`matroot.inv_root_info` call certifies its λmax bound
 (:func:`matroot.scaling.certified_lambda_max`) and checks the root it returns
-(:func:`matroot.verify.check_root`). The solver benchmark times that work on its
+(:func:`matroot.verify.verify_root`). The solver benchmark times that work on its
 own, interleaved with the whole call, so the overhead shows as a measured time
 ratio next to ``check_matmuls`` (its cost in matmul equivalents).
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from array_api_compat import array_namespace
 from ..scaling import certified_lambda_max
-from ..verify import check_root
+from ..verify import verify_root
 
 __all__ = ["certification_call"]
 
@@ -43,7 +43,7 @@ def certification_call(a, p, result) -> Callable:
     def certify():
         bound = certified_lambda_max(stack).bound
         scaled = stack / bound[:, None, None]
-        return check_root(scaled, root * (bound ** (1.0 / p))[:, None, None], p,
+        return verify_root(scaled, root * (bound ** (1.0 / p))[:, None, None], p,
                           unit_roundoff=unit)
 
     return certify

@@ -155,8 +155,8 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
         xp.zeros(tuple(p.shape), dtype=getattr(xp, compute_dtype_name(xp, p.dtype)),
                  device=device) for p in params]
 
-    def zeros_like_moments(keep):
-        return [xp.zeros_like(m) if keep and m is not None else None for m in moments]
+    def zeros_like_moments(wanted):
+        return [xp.zeros_like(m) if wanted and m is not None else None for m in moments]
 
     return ShampooState(
         step=0,
@@ -284,12 +284,12 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
         if on_phase is not None:
             on_phase(name)
 
-    keep = finite
-    step = _advance(xp, state.step, keep)
-    param_steps = tuple(_advance(xp, s, keep) if p else s
+    step_taken = finite
+    step = _advance(xp, state.step, step_taken)
+    param_steps = tuple(_advance(xp, s, step_taken) if p else s
                         for s, p in zip(state.param_steps, present))
     ctx = StepContext(xp, plan, config, Schedule(*(config.schedule_at(step) if schedule is None
-                                                   else schedule)), in_place, keep)
+                                                   else schedule)), in_place, step_taken)
     moments = accumulate_moments(ctx, grads, params, decays, state.exp_avg, state.exp_avg_sq,
                                  param_steps)
     phase("moments")
@@ -306,8 +306,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     phase("updates")
 
     skipped = state.skipped_steps
-    if keep is not None:
-        skipped = _advance(xp, skipped, ~keep)
+    if step_taken is not None:
+        skipped = _advance(xp, skipped, ~step_taken)
     new_state = state._replace(
         step=step, param_steps=param_steps, exp_avg=moments.exp_avg,
         exp_avg_sq=moments.exp_avg_sq, factors=stacks.factors, roots=stacks.roots,

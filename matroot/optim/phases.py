@@ -22,12 +22,11 @@ from typing import Any, NamedTuple
 from .. import _xp
 from .blocking import ELEMENTWISE, BlockPlan, subgroup
 from .config import ShampooConfig
-from .grafting import effective_gradient, final_update, grafting_direction
+from .grafting import effective_gradient, final_update, graft, grafting_direction
 from .preconditioner import (
     FactorStacks,
     empty_stack,
     gather_blocks,
-    graft,
     identity_roots,
     precondition_blocks,
     refresh_inverse_roots,
@@ -79,7 +78,7 @@ class Schedule(NamedTuple):
 class StepContext(NamedTuple):
     """What every phase of one step reads.
 
-    ``keep``: a 0-d boolean array, False where the step is skipped on the device
+    ``step_taken``: a 0-d boolean array, False where the step is skipped on the device
     (non-finite gradients), or None; ``in_place``: overwrite the state's arrays.
     """
 
@@ -88,7 +87,7 @@ class StepContext(NamedTuple):
     config: ShampooConfig
     schedule: Schedule
     in_place: bool
-    keep: Any
+    step_taken: Any
 
 
 class Moments(NamedTuple):
@@ -157,7 +156,7 @@ def accumulate_moments(ctx: StepContext, grads, params, decays, exp_avg, exp_avg
         effective[i] = effective_gradient(xp, g, params[i], decays[i], config)
         exp_avg[i], exp_avg_sq[i], m_hat[i], adam[i] = grafting_direction(
             xp, effective[i], exp_avg[i], exp_avg_sq[i], param_steps[i], config,
-            in_place=ctx.in_place, keep=ctx.keep)
+            in_place=ctx.in_place, step_taken=ctx.step_taken)
     return Moments(exp_avg, exp_avg_sq, effective, m_hat, adam)
 
 
@@ -196,7 +195,8 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
                 roots[stack] = identity_roots(spec, xp, device, root_dtype(xp, config, spec),
                                               packed=config.symmetric_packing)
         factors, bounds = update_factors(run, gather_blocks(run, views, xp), factors, bounds,
-                                         config.betas[1], in_place=ctx.in_place, keep=ctx.keep)
+                                         config.betas[1], in_place=ctx.in_place,
+                                         step_taken=ctx.step_taken)
     return FactorStacks(factors, roots, failures, bounds), runs
 
 
@@ -307,7 +307,7 @@ def final_updates(ctx: StepContext, grads, directions, momentum, params, lrs,
     """Phase 5: ``−lr·(direction + weight_decay·param)`` (momentum on the direction
     first), zeros for the parameters a sharded rank leaves to others and for a step
     skipped on the device. Returns the updates and the momentum buffers."""
-    xp, config, keep = ctx.xp, ctx.config, ctx.keep
+    xp, config, step_taken = ctx.xp, ctx.config, ctx.step_taken
     updates = [None] * len(grads)
     momentum = list(momentum)
     for i in ctx.plan.remote_params:
@@ -321,7 +321,7 @@ def final_updates(ctx: StepContext, grads, directions, momentum, params, lrs,
             momentum[i] = xp.zeros_like(d)
         updates[i], momentum[i] = final_update(xp, d, momentum[i], params[i], lrs[i],
                                                decays[i], config, in_place=ctx.in_place,
-                                               keep=keep)
-        if keep is not None:
-            updates[i] = xp.where(keep, updates[i], xp.zeros_like(updates[i]))
+                                               step_taken=step_taken)
+        if step_taken is not None:
+            updates[i] = xp.where(step_taken, updates[i], xp.zeros_like(updates[i]))
     return updates, momentum

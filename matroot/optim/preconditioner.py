@@ -13,8 +13,8 @@ them for the groups and stacks a rank owns:
    stack, given the carried bounds where they are tight; matrices whose root
    failed keep their previous root.
 3. :func:`precondition_blocks` — ``L^(-1/4) M R^(-1/4)`` (``L^(-1/2) m`` for
-   vector blocks) for all blocks of a group, then :func:`graft` rescales each
-   block to the norm of its Adam direction.
+   vector blocks) for all blocks of a group; :func:`matroot.optim.grafting.graft`
+   then rescales each block to the norm of its Adam direction.
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ __all__ = [
     "refresh_inverse_roots",
     "usable_roots",
     "precondition_blocks",
-    "block_norms",
-    "graft",
 ]
 
 
@@ -145,17 +143,17 @@ def gather_blocks(group: BlockGroup, views, xp):
     return xp.stack([views[b.param][b.index] for b in group.blocks])
 
 
-def assign(array, index, value, *, in_place: bool, keep=None):
+def assign(array, index, value, *, in_place: bool, step_taken=None):
     """``array[index] = value``, in ``array`` itself when ``in_place`` (NumPy, CuPy,
     PyTorch), else on a copy, and always functionally on JAX. Returns the result.
 
-    ``keep``, a 0-d boolean array, writes ``value`` only where it holds (the old
+    ``step_taken``, a 0-d boolean array, writes ``value`` only where it holds (the old
     entries stay otherwise): a step skipped on the device, without a host read.
     The one seam between the functional core and its in-place fast paths.
     """
-    if keep is not None:
+    if step_taken is not None:
         xp = _xp.array_namespace(array)
-        value = xp.where(keep, value, array[index])
+        value = xp.where(step_taken, value, array[index])
     if in_place and _xp.is_torch_namespace(_xp.array_namespace(array)):
         # Plain __setitem__: array-api-extra's checks break torch.compile's graph.
         array[index] = value
@@ -176,7 +174,7 @@ def scatter_blocks(group: BlockGroup, blocks, outputs, *, in_place: bool = True)
 
 
 def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
-                in_place: bool, keep):
+                in_place: bool, step_taken):
     """One side's factors and bounds after folding in ``statistic`` (a product over
     ``inner`` terms per entry), in the group's slots.
 
@@ -191,13 +189,13 @@ def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
         updated = stack[slots] + entries
     else:
         updated = beta2 * stack[slots] + (1.0 - beta2) * entries
-    stack = assign(stack, slots, updated, in_place=in_place, keep=keep)
+    stack = assign(stack, slots, updated, in_place=in_place, step_taken=step_taken)
     margin = rounding_margin(xp, statistic.dtype, inner, n)
     new_bounds = advanced_bounds(bounds[slots], statistic, diagonals(updated, n), beta2,
                                  margin)
-    return stack, assign(bounds, slots, new_bounds, in_place=in_place, keep=keep)
+    return stack, assign(bounds, slots, new_bounds, in_place=in_place, step_taken=step_taken)
 def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float, *,
-                   in_place: bool = True, keep=None) -> FactorUpdate:
+                   in_place: bool = True, step_taken=None) -> FactorUpdate:
     """Fold one step's gradients into the group's factors and their λmax bounds.
 
     ``L ← β₂L + (1−β₂)GGᵀ`` and ``R ← β₂R + (1−β₂)GᵀG`` (for vector blocks
@@ -216,7 +214,7 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     in_place : bool
         Overwrite the group's slots of ``factors`` and ``bounds`` (not possible on
         JAX) or leave them untouched.
-    keep : 0-d boolean array, optional
+    step_taken : 0-d boolean array, optional
         Where False the factors keep their values (see :func:`assign`).
 
     Returns
@@ -239,7 +237,7 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
             sides.append((group.right, transposed @ grad_blocks, grad_blocks.shape[-2]))
     for (stack, first), statistic, inner in sides:
         factors[stack], bounds[stack] = _accumulate(factors[stack], bounds[stack], first,
-                                                    statistic, inner, beta2, in_place, keep)
+                                                    statistic, inner, beta2, in_place, step_taken)
     return FactorUpdate(factors, bounds)
 
 
@@ -347,57 +345,3 @@ def precondition_blocks(group: BlockGroup, blocks, roots):
     if group.right is not None:
         blocks = blocks @ root_slots(group.right)
     return blocks
-
-
-#: Largest power of two :func:`block_norms` scales by: 2^±120 stays normal in float32.
-_SCALE_EXPONENT = 120.0
-
-
-def block_norms(blocks):
-    """Frobenius norm of each block of a ``(k, ...)`` array, without overflow in the squares.
-
-    Each block is scaled by the power of two that brings its largest entry near 1
-    (two passes and one temporary: the largest magnitude, then the norm of the scaled
-    block), so neither huge nor tiny entries overflow or vanish in their squares.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> block_norms(np.array([[3e30, 4e30], [3e-30, 4e-30]], dtype=np.float32))
-    array([5.e+30, 5.e-30], dtype=float32)
-    """
-    xp = _xp.array_namespace(blocks)
-    axes = tuple(range(1, blocks.ndim))
-    peak = xp.linalg.vector_norm(blocks, axis=axes, ord=xp.inf)
-    nonzero = xp.where(peak > 0, peak, xp.ones_like(peak))       # log2(0) would warn
-    exponent = xp.clip(xp.floor(xp.log2(nonzero)), min=-_SCALE_EXPONENT, max=_SCALE_EXPONENT)
-    scale = xp.pow(xp.asarray(2.0, dtype=blocks.dtype, device=_xp.device_of(blocks)), -exponent)
-    expand = (slice(None),) + (None,) * (blocks.ndim - 1)
-    return xp.linalg.vector_norm(blocks * scale[expand], axis=axes) / scale
-
-
-def graft(directions, adam_directions):
-    """Rescale each block's Shampoo direction to the norm of its Adam direction.
-
-    A zero Shampoo direction stays zero (its Adam direction is zero too, since
-    both come from the same first moment); a block whose Shampoo direction is
-    not finite takes its Adam direction instead.
-
-    Parameters
-    ----------
-    directions, adam_directions : array, shape (k, ...)
-
-    Returns
-    -------
-    array, shape (k, ...)
-    """
-    xp = _xp.array_namespace(directions)
-    norms = block_norms(directions)
-    finite = xp.isfinite(norms)
-    usable = finite & (norms > 0)
-    scale = xp.where(usable, block_norms(adam_directions) / xp.where(usable, norms,
-                                                                    xp.ones_like(norms)),
-                     xp.zeros_like(norms))
-    expand = (slice(None),) + (None,) * (directions.ndim - 1)
-    grafted = directions * scale[expand]
-    return xp.where(finite[expand], grafted, adam_directions)

@@ -8,7 +8,7 @@ from .._typing import Array
 
 
 class RootCheck(NamedTuple):
-    """Per-matrix results of checking roots (:func:`matroot.verify.check_root`, or a
+    """Per-matrix results of checking roots (:func:`matroot.verify.verify_root`, or a
     solver's own check), each of shape (b,) but ``matmul_equivalents``, their cost."""
 
     residual: Array
@@ -27,7 +27,7 @@ class SolverOutput(NamedTuple):
     ``lambda_max`` is the largest eigenvalue of the given stack where the solver
     computed it (evd), else None. ``check`` is the solver's own check of its
     root where it can bound its error without products (evd, from its
-    eigenvalues), else None: :func:`matroot.verify.check_root` then checks it.
+    eigenvalues), else None: :func:`matroot.verify.verify_root` then checks it.
     ``converged`` is the solver's stop verdict, one input of
     :func:`matroot.accuracy.is_converged`.
     """
