@@ -41,7 +41,7 @@ from matroot.optim.distributed import (
     slot_map,
 )
 from matroot.cli import main as matroot_main
-from matroot.optim.plan import MODELS, parse_shapes, plan_summary
+from matroot.optim.cluster_sizing import MODELS, parse_shapes, plan_summary
 from matroot.optim.sharding import (
     COMPUTE_SLACK,
     best_balance,

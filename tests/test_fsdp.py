@@ -400,7 +400,7 @@ def test_planner_predicts_the_fsdp2_shards(ranks):
     """``matroot plan --fsdp2``'s parameter bytes are the largest rank's real shards."""
     import math
 
-    from matroot.optim.plan import plan_summary
+    from matroot.optim.cluster_sizing import plan_summary
 
     world, results = ranks
     shapes = [(name, tuple(p.shape)) for name, p in Tiny().named_parameters()]

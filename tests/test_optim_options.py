@@ -355,7 +355,7 @@ def test_roots_not_kept_need_every_step_refreshes_and_no_root_storage_dtype():
                                      {"symmetric_packing": True, "root_storage_dtype": "bfloat16"},
                                      {"keep_roots": False, "precondition_frequency": 1}])
 def test_the_planner_counts_the_preconditioner_bytes_the_state_holds(storage):
-    from matroot.optim.plan import plan_summary
+    from matroot.optim.cluster_sizing import plan_summary
 
     shapes = [(40, 12), (12,), (300, 20), (20, 20)]
     config = ShampooConfig(block_size=32, precondition_1d=True, **storage)

@@ -1,4 +1,4 @@
-"""``matroot plan``: the command line of the sharding planner (:mod:`matroot.optim.plan`)."""
+"""``matroot plan``: the command line of the cluster sizer (:mod:`matroot.optim.cluster_sizing`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ DESCRIPTION = ("Split a model's Shampoo blocks over torch.distributed ranks from
 
 
 def configure(parser) -> None:
-    from matroot.optim.plan import MODELS
+    from matroot.optim.cluster_sizing import MODELS
 
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", choices=sorted(MODELS),
@@ -46,7 +46,7 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    from matroot.optim.plan import (
+    from matroot.optim.cluster_sizing import (
         MODELS,
         format_fsdp2,
         format_summary,
