@@ -9,7 +9,8 @@ from .blocking import (
     BlockGroup,
     BlockPlan,
     FactorPolicy,
-    StackSpec,
+    FactorStackShape,
+    StackSpec,  # noqa: F401  (the former name of FactorStackShape)
     matrix_view_shape,
     plan_blocks,
 )
@@ -44,7 +45,7 @@ __all__ = [
     "BlockPlan",
     "BlockGroup",
     "FactorPolicy",
-    "StackSpec",
+    "FactorStackShape",
     "plan_blocks",
     "matrix_view_shape",
 ]

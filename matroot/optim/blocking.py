@@ -32,6 +32,7 @@ __all__ = [
     "Block",
     "FactorPolicy",
     "BlockGroup",
+    "FactorStackShape",
     "StackSpec",
     "ParamLayout",
     "BlockPlan",
@@ -172,13 +173,17 @@ def factor_ratio(view: tuple[int, int], dim: int, block_size: float) -> float:
 
 
 @dataclass(frozen=True)
-class StackSpec:
+class FactorStackShape:
     """A ``(count, size, size)`` stack of factors that share one ``inv_root`` call."""
 
     size: int
     root: int
     dtype: str
     count: int
+
+
+#: The former name of :class:`FactorStackShape` ("spec" is the solvers' registry entry).
+StackSpec = FactorStackShape
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,7 @@ class BlockPlan:
 
     params: tuple[ParamLayout, ...]
     groups: tuple[BlockGroup, ...]
-    stacks: tuple[StackSpec, ...]
+    stacks: tuple[FactorStackShape, ...]
     block_size: float
 
     @property
@@ -397,7 +402,7 @@ def plan_blocks(shapes, dtypes, *, block_size: float = 1024,
 
     stack_keys = sorted(stack_counts, key=lambda k: (k[0], k[1], k[2]) + tuple(k[3:]))
     stack_index = {k: i for i, k in enumerate(stack_keys)}
-    stacks = tuple(StackSpec(size=k[2], root=k[1], dtype=k[0], count=stack_counts[k])
+    stacks = tuple(FactorStackShape(size=k[2], root=k[1], dtype=k[0], count=stack_counts[k])
                    for k in stack_keys)
     groups = []
     for dtype, shape, blocks, sides in claims:

@@ -206,8 +206,8 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         entry = blocks.setdefault(group.shape, {"count": 0, "cost": block_cost(group.shape)})
         entry["count"] += len(group.blocks)
     stacks: dict[int, int] = {}
-    for spec in plan.stacks:
-        stacks[spec.size] = stacks.get(spec.size, 0) + spec.count
+    for stack_shape in plan.stacks:
+        stacks[stack_shape.size] = stacks.get(stack_shape.size, 0) + stack_shape.count
 
     worlds = []
     for w in world_sizes:

@@ -125,9 +125,9 @@ def compute_dtype(xp, array):
     return getattr(xp, compute_dtype_name(xp, array.dtype))
 
 
-def root_dtype(xp, config: ShampooConfig, spec):
+def root_dtype(xp, config: ShampooConfig, stack_shape):
     """The dtype a stack's inverse roots are stored in."""
-    name = config.root_storage_dtype or spec.dtype
+    name = config.root_storage_dtype or stack_shape.dtype
     dtype = getattr(xp, name, None)
     if dtype is None:
         raise ValueError(
@@ -186,13 +186,14 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
     for run in runs:
         device = _xp.device_of(effective[run.blocks[0].param])
         for stack, _ in run.factor_slots:
-            spec = plan.stacks[stack]
+            stack_shape = plan.stacks[stack]
             if factors[stack] is None:
                 factors[stack], roots[stack], failures[stack], bounds[stack] = empty_stack(
-                    spec, xp, device, root_dtype=root_dtype(xp, config, spec),
+                    stack_shape, xp, device, root_dtype=root_dtype(xp, config, stack_shape),
                     packed=config.symmetric_packing, keep_roots=config.keeps_roots)
             elif roots[stack] is None and config.keeps_roots:  # from a keep_roots=False state
-                roots[stack] = identity_roots(spec, xp, device, root_dtype(xp, config, spec),
+                roots[stack] = identity_roots(stack_shape, xp, device,
+                                              root_dtype(xp, config, stack_shape),
                                               packed=config.symmetric_packing)
         factors, bounds = update_factors(run, gather_blocks(run, views, xp), factors, bounds,
                                          config.betas[1], in_place=ctx.in_place,

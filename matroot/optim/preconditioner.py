@@ -25,7 +25,7 @@ import array_api_extra as xpx
 
 from .. import _xp
 from ..roots import InvRootResult, inv_root_info, usable_roots
-from .blocking import BlockGroup, BlockPlan, StackSpec
+from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
 from .factor_bounds import (
     advanced_bounds,
@@ -87,31 +87,33 @@ class RootRefresh(NamedTuple):
     result: InvRootResult
 
 
-def factor_shape(spec: StackSpec, packed: bool) -> tuple[int, ...]:
+def factor_shape(stack_shape: FactorStackShape, packed: bool) -> tuple[int, ...]:
     """Shape of a factor or root stack: ``(count, n, n)``, or ``(count, n(n+1)/2)`` packed."""
     if packed:
-        return (spec.count, spec.size * (spec.size + 1) // 2)
-    return (spec.count, spec.size, spec.size)
+        return (stack_shape.count, stack_shape.size * (stack_shape.size + 1) // 2)
+    return (stack_shape.count, stack_shape.size, stack_shape.size)
 
 
-def identity_roots(spec: StackSpec, xp, device, dtype=None, *, packed=False):
+def identity_roots(stack_shape: FactorStackShape, xp, device, dtype=None, *, packed=False):
     """The stack's roots before any refresh: identities, packed when ``packed``."""
-    dtype = getattr(xp, spec.dtype) if dtype is None else dtype
-    roots = xp.zeros((spec.count, spec.size, spec.size), dtype=dtype, device=device) + \
-        _xp.identity_stack(xp, spec.size, dtype, device)
+    dtype = getattr(xp, stack_shape.dtype) if dtype is None else dtype
+    count, size = stack_shape.count, stack_shape.size
+    roots = xp.zeros((count, size, size), dtype=dtype, device=device) + \
+        _xp.identity_stack(xp, size, dtype, device)
     return pack(roots) if packed else roots
 
 
-def empty_stack(spec: StackSpec, xp, device, *, root_dtype=None, packed=False,
+def empty_stack(stack_shape: FactorStackShape, xp, device, *, root_dtype=None, packed=False,
                 keep_roots=True) -> tuple:
     """Zero factors, identity roots (in ``root_dtype``, default the factors'; None
     unless ``keep_roots``), zero failure counts and zero λmax bounds for one stack;
     factors and roots as packed upper triangles when ``packed``."""
-    dtype = getattr(xp, spec.dtype)
-    factors = xp.zeros(factor_shape(spec, packed), dtype=dtype, device=device)
-    roots = identity_roots(spec, xp, device, root_dtype, packed=packed) if keep_roots else None
-    return (factors, roots, xp.zeros((spec.count,), dtype=xp.int32, device=device),
-            zero_bounds(spec.count, xp, dtype, device))
+    dtype = getattr(xp, stack_shape.dtype)
+    factors = xp.zeros(factor_shape(stack_shape, packed), dtype=dtype, device=device)
+    roots = (identity_roots(stack_shape, xp, device, root_dtype, packed=packed)
+             if keep_roots else None)
+    return (factors, roots, xp.zeros((stack_shape.count,), dtype=xp.int32, device=device),
+            zero_bounds(stack_shape.count, xp, dtype, device))
 
 
 def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
@@ -119,8 +121,8 @@ def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
     """Every stack of ``plan`` from :func:`empty_stack`, or None for each when ``lazy``."""
     stacks = FactorStacks([], [], [], [])
     root_dtypes = root_dtypes or [None] * len(plan.stacks)
-    for spec, root_dtype in zip(plan.stacks, root_dtypes):
-        arrays = (None,) * len(stacks) if lazy else empty_stack(spec, xp, device,
+    for stack_shape, root_dtype in zip(plan.stacks, root_dtypes):
+        arrays = (None,) * len(stacks) if lazy else empty_stack(stack_shape, xp, device,
                                                               root_dtype=root_dtype,
                                                               packed=packed,
                                                               keep_roots=keep_roots)
@@ -241,7 +243,7 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     return FactorUpdate(factors, bounds)
 
 
-def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
+def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failures, bounds, *,
                           method: str, eps: float, options) -> RootRefresh:
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
@@ -255,7 +257,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
 
     Parameters
     ----------
-    spec : StackSpec
+    stack_shape : FactorStackShape
         The stack's size and root order.
     factors, roots : array, shape (count, n, n) or packed (count, n(n+1)/2)
         ``roots`` None: none kept (``keep_roots=False``); the result is then an
@@ -276,10 +278,10 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
     """
     xp = _xp.array_namespace(factors)
     if factors.ndim == 2:
-        factors = unpack(factors, spec.size)
+        factors = unpack(factors, stack_shape.size)
 
     def solve(upper=None):
-        return inv_root_info(factors, spec.root, method=method, eps=eps, check_finite=False,
+        return inv_root_info(factors, stack_shape.root, method=method, eps=eps, check_finite=False,
                              lambda_max_upper=upper, **options.keywords())
 
     tight, upper = carried_lambda_max(bounds, eps)
@@ -290,7 +292,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
         carried = bool(tight)
         result = solve(upper if carried else None)
     ok = usable_roots(result, options.tol)
-    margin = rounding_margin(xp, factors.dtype, spec.size, spec.size)
+    margin = rounding_margin(xp, factors.dtype, stack_shape.size, stack_shape.size)
     new_bounds = bounds_after_refresh(
         bounds, result, ok, eps=eps, carried=carried,
         margin_traces=margin * xp.sum(xp.linalg.diagonal(factors), axis=-1))
@@ -298,7 +300,7 @@ def refresh_inverse_roots(spec: StackSpec, factors, roots, failures, bounds, *,
     if roots is None:
         # The fallback of a stack with no kept roots: one identity, broadcast by the
         # select below, not a stack of them.
-        roots = _xp.identity_stack(xp, spec.size, factors.dtype, _xp.device_of(factors))
+        roots = _xp.identity_stack(xp, stack_shape.size, factors.dtype, _xp.device_of(factors))
     root = xp.astype(result.root, roots.dtype, copy=False)
     if root.dtype != result.root.dtype:
         # A root fine in its compute dtype can overflow a 16-bit storage dtype (float16

@@ -99,24 +99,24 @@ def slot_map(plan: BlockPlan, split: ShardPlan, rank: int) -> list:
     return out
 
 
-def _empty_stacks(specs, name: str, like) -> list:
-    """CPU stacks for ``specs`` to copy the slots of ``name`` into, as a fresh state has
+def _empty_stacks(stack_shapes, name: str, like) -> list:
+    """CPU stacks for ``stack_shapes`` to copy the slots of ``name`` into, as a fresh state has
     them (zero factors, identity roots), packed if the saved stacks ``like`` are."""
     if name == "root_failures":
-        return [torch.zeros((spec.count,), dtype=torch.int32) for spec in specs]
+        return [torch.zeros((s.count,), dtype=torch.int32) for s in stack_shapes]
     present = [a for a in like if a is not None]
     if name == "factor_bounds":
         # Slots no rank filled never had a gradient: zero factors, bound 0 (exact).
         dtype = present[0].dtype if present else torch.float32
-        return [torch.zeros((spec.count, 2), dtype=dtype) for spec in specs]
+        return [torch.zeros((s.count, 2), dtype=dtype) for s in stack_shapes]
     if name == "roots" and not present:
         # Kept by no rank (keep_roots=False, or no gradient yet): the optimizer makes
         # them when it needs them.
-        return [None] * len(specs)
+        return [None] * len(stack_shapes)
     packed = bool(present) and present[0].ndim == 2
     dtype = present[0].dtype if present else None
-    return [empty_stack(spec, torch, "cpu", packed=packed,
-                        root_dtype=dtype)[0 if name == "factors" else 1] for spec in specs]
+    return [empty_stack(s, torch, "cpu", packed=packed,
+                        root_dtype=dtype)[0 if name == "factors" else 1] for s in stack_shapes]
 
 
 def _stack_names(entry: dict) -> tuple:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .blocking import BlockGroup, BlockPlan, StackSpec
+from .blocking import BlockGroup, BlockPlan, FactorStackShape
 
 __all__ = [
     "COMPUTE_SLACK",
@@ -319,7 +319,7 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
     # Keep the global stack order, dropping stacks the rank has no factor in.
     kept = sorted(stack_counts)
     renumber = {old: new for new, old in enumerate(kept)}
-    stacks = tuple(StackSpec(plan.stacks[s].size, plan.stacks[s].root, plan.stacks[s].dtype,
+    stacks = tuple(FactorStackShape(plan.stacks[s].size, plan.stacks[s].root, plan.stacks[s].dtype,
                              stack_counts[s]) for s in kept)
     groups = []
     for group, start, stop, firsts in claims:
