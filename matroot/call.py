@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from . import _xp
 from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from .accuracy import check_rtol, row_target, rtol_allowance, unit_roundoff
+from .accuracy import (ESTIMATE_UNDERSHOOT, check_rtol, row_target, rtol_allowance,
+                       unit_roundoff)
 from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from .probes import FROBENIUS_FACTOR
 from .solvers import get_solver
@@ -107,6 +108,11 @@ class RootCall:
             return rtol_allowance(self.rtol, kappa, self.p, self.unit_roundoff(xp),
                                   first_order=self.solver.iterative)
         target = row_target(self.solver.accuracy_row, self.precision, self.p, kappa)
+        if self.bound_certificate == "randomized" and self.solver.iterative:
+            # Its scaling leads some iterations to stall nearer the table's κ = 1e6
+            # edge, where the first-order estimate undershoots (a newton_db root 3.6%
+            # over 2e-2 was reported converged): the same allowance as for rtol.
+            target = target / ESTIMATE_UNDERSHOOT
         return xp.maximum(target, xp.full_like(target, self.tol))
 
 

@@ -157,3 +157,20 @@ def test_rtol_beyond_what_the_check_resolves_is_not_converged(method):
     converged = np.asarray(res.converged)
     assert converged.tolist() == [True, False, False], (err, converged)
     assert err[0] <= 1e-2
+
+
+def test_randomized_bound_keeps_the_table_at_its_last_bucket():
+    # bound_certificate="randomized" scales differently and one newton_db p=2 root at
+    # κ = 1e6 stalled 3.6% over the table's 2e-2 with a first-order estimate below it.
+    from matroot.accuracy import row_target
+
+    rng = np.random.default_rng(3)
+    a = np.stack([family_stack("isolated_top", rng, (), N, k)
+                  for k in (1e2, 3e3, 1e4, 1e5, 1e6)]).astype(np.float32)
+    lam = np.linalg.eigvalsh(a.astype(np.float64))
+    target = row_target("iterative", "float32", 2, lam[:, -1] / lam[:, 0])
+    res = matroot.inv_root_info(a, 2, method="newton_db", bound_certificate="randomized")
+    err = _errors(res, a, 2, 0.0)
+    converged = np.asarray(res.converged)
+    assert np.all(err[converged] <= target[converged]), (err, target, converged)
+    assert converged[:3].all(), (err, np.asarray(res.error_estimate))
