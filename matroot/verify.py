@@ -223,6 +223,10 @@ def _probed_norms(safe, scaled, p: int, seed: int):
     return spectral, times_x, rms, 2 * (p + 1) + 1
 
 
+_KAPPA_POWER_VECTORS = 4
+_KAPPA_POWER_STEPS = 5
+
+
 def kappa_from_root(scaled, root, p, kappa_bound):
     """A κ estimate for the check without a Lanczos run: the smaller of the caller's
     ``kappa_bound`` (λmax bound ÷ λmin bound, ≥ κ when the bounds are right) and
@@ -244,13 +248,9 @@ def kappa_from_root(scaled, root, p, kappa_bound):
     return kappa, 2 * min(_KAPPA_POWER_VECTORS, n) * _KAPPA_POWER_STEPS / n
 
 
-_KAPPA_POWER_VECTORS = 4
-_KAPPA_POWER_STEPS = 5
-
-
 def verify_root(scaled, root, p, *, unit_roundoff: float,
-               ritz: RitzValues | None = None, kappa_bound=None,
-               certificate: str = DEFAULT_CERTIFICATE, probe_seed: int = PROBE_SEED) -> RootCheck:
+                ritz: RitzValues | None = None, kappa_bound=None,
+                certificate: str = DEFAULT_CERTIFICATE, probe_seed: int = PROBE_SEED) -> RootCheck:
     """Check roots ``root ≈ scaled^(-1/p)`` of a ``(b, n, n)`` stack from the roots themselves.
 
     Parameters

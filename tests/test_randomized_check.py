@@ -97,7 +97,7 @@ def test_a_root_wrong_in_one_direction_is_rejected_for_every_seed():
     det = float(verify_root(a, wrong, 2, unit_roundoff=UNIT64).error_estimate[0])
     estimates = np.array([
         float(verify_root(a, wrong, 2, unit_roundoff=UNIT64, certificate="randomized",
-                         probe_seed=seed).error_estimate[0]) for seed in range(300)])
+                          probe_seed=seed).error_estimate[0]) for seed in range(300)])
     assert np.all(estimates >= det), (estimates.min(), det)
 
 

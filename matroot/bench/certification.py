@@ -44,6 +44,6 @@ def certification_call(a, p, result) -> Callable:
         bound = certified_lambda_max(stack).bound
         scaled = stack / bound[:, None, None]
         return verify_root(scaled, root * (bound ** (1.0 / p))[:, None, None], p,
-                          unit_roundoff=unit)
+                           unit_roundoff=unit)
 
     return certify
