@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from . import _xp
 from ._typing import Array
+from .accuracy import unit_roundoff
 from .krylov import (LANCZOS_STEPS, POWER_MATVECS, RitzValues, _entry_scale, _power_scaled,
                      ritz_values)
 
@@ -63,7 +64,7 @@ class CertifiedBound(NamedTuple):
 def _guaranteed_bound(xp, b):
     """min(‖B‖_F, ‖B‖_∞) with a relative margin for the rounding of the sums."""
     n = b.shape[-1]
-    u = float(xp.finfo(b.dtype).eps) / 2
+    u = unit_roundoff(xp, b.dtype)
     frob = _xp.frobenius_norm(b)
     inf_norm = xp.max(xp.sum(xp.abs(b), axis=-1), axis=-1)
     return xp.minimum(frob, inf_norm) * (1 + 2 * (n + 2) * u)
@@ -81,7 +82,7 @@ def verified_upper(a: Array, bound: Array) -> Array:
     """
     xp = _xp.array_namespace(a)
     n = a.shape[-1]
-    u = float(xp.finfo(a.dtype).eps) / 2
+    u = unit_roundoff(xp, a.dtype)
     # The largest diagonal entry of bound·I − a is bound − min a_ii.
     diag_max = bound - xp.min(xp.linalg.diagonal(a), axis=-1)
     margin = 2 * (n + 2) * u * xp.maximum(diag_max, xp.zeros_like(diag_max))
@@ -191,7 +192,7 @@ def _norm_bounds(xp, b):
     a margin for the rounding of the sums) and a lower bound on λmin, the Gershgorin
     ``min_i (b_ii − Σ_{j≠i} |b_ij|)`` where positive, else 0."""
     n = b.shape[-1]
-    u = float(xp.finfo(b.dtype).eps) / 2
+    u = unit_roundoff(xp, b.dtype)
     # One |b| pass serves the ∞-norm and the Gershgorin discs.
     rows = xp.sum(xp.abs(b), axis=-1)
     grown = 1 + 2 * (n + 2) * u
@@ -272,7 +273,7 @@ def randomized_lambda_max(a: Array, /, *, ritz: RitzValues | None = None,
                                                              device=dev)
     top = xp.reshape(top, scale.shape) / scale
     shortfall = randomized_margin(n, ritz.steps, failure_probability)
-    rounding = _LANCZOS_ROUNDING * (n + ritz.steps) * float(xp.finfo(a.dtype).eps) / 2
+    rounding = _LANCZOS_ROUNDING * (n + ritz.steps) * unit_roundoff(xp, a.dtype)
     bound = guaranteed
     if shortfall < 1:
         top = xp.maximum(top, shift) + rounding * guaranteed

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from . import _xp
 from ._checks import check_choice, check_matmul_dtype, check_max_iter, check_nonnegative
 from ._typing import Array
+from .accuracy import unit_roundoff
 from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
 from .polar_coefficients import band_lower, default_margin
 from .polar_solvers import get_polar_method, polar_method_names
@@ -224,7 +225,7 @@ def _scaled(x, gram, scaling: str, sigma_bound: str | None, matmul):
         # The product the first step needs anyway: σmax⁴ ≤ ‖A²‖_F (module docstring);
         # the margin covers the rounding of the sum of squares.
         gram_squared = matmul(gram, gram)
-        unit = float(xp.finfo(x.dtype).eps) / 2
+        unit = unit_roundoff(xp, x.dtype)
         square = xp.sqrt(_xp.frobenius_norm(gram_squared) * (1 + 2 * (x.shape[-1] + 2) * unit))
     else:
         return x, gram, None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from array_api_compat import array_namespace
+from ..accuracy import unit_roundoff
 from ..scaling import certified_lambda_max
 from ..verify import verify_root
 
@@ -38,7 +39,7 @@ def certification_call(a, p, result) -> Callable:
     stack = xp.reshape(a, (-1, n, n))
     stack = stack / 2 + xp.matrix_transpose(stack) / 2
     root = xp.astype(xp.reshape(result.root, (-1, n, n)), stack.dtype)
-    unit = float(xp.finfo(stack.dtype).eps) / 2
+    unit = unit_roundoff(xp, stack.dtype)
 
     def certify():
         bound = certified_lambda_max(stack).bound

@@ -9,6 +9,7 @@ isometry ``U_r·V_rᵀ`` on its range rather than an arbitrary completion.
 from __future__ import annotations
 
 from .. import _xp
+from ..accuracy import unit_roundoff
 
 
 def _rank_mask(values, top, count: int, unit_roundoff: float):
@@ -20,7 +21,7 @@ def svd_polar(x, gram, rows, matmul):
     """``U·Vᵀ`` over the singular values above the rank cut (no products counted)."""
     xp = _xp.array_namespace(x)
     u, s, vt = xp.linalg.svd(x, full_matrices=False)
-    unit = float(xp.finfo(x.dtype).eps) / 2
+    unit = unit_roundoff(xp, x.dtype)
     keep = xp.astype(_rank_mask(s, s[..., 0], x.shape[-1], unit), x.dtype)
     return (u * keep[..., None, :]) @ vt
 
@@ -30,7 +31,7 @@ def eigh_polar(x, gram, rows, matmul):
     (in σ², so ``n·u`` relative to λmax) give zero directions. Two products."""
     xp = _xp.array_namespace(x)
     lam, v = xp.linalg.eigh(_xp.symmetric_part(gram))
-    unit = float(xp.finfo(x.dtype).eps) / 2
+    unit = unit_roundoff(xp, x.dtype)
     keep = _rank_mask(lam, lam[..., -1], x.shape[-1], unit)
     safe = xp.where(keep, lam, xp.ones_like(lam))
     weights = xp.where(keep, 1.0 / xp.sqrt(safe), xp.zeros_like(lam))

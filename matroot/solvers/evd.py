@@ -20,7 +20,7 @@ eigh runs in float64 anyway (NumPy) never retry.
 from __future__ import annotations
 
 from .. import _xp
-from ..accuracy import BUCKET_SLACK, KAPPA_BUCKETS, row_target
+from ..accuracy import BUCKET_SLACK, KAPPA_BUCKETS, row_target, unit_roundoff
 from ._result import RootCheck, SolverOutput
 from .registry import ANY_REAL_P, SolverSpec
 
@@ -37,10 +37,6 @@ def _eigh_or_none(xp, a):
         return _xp.lapack_in_order(xp.linalg.eigh, a)
     except Exception:  # LinAlgError differs per backend; the retry handles all.
         return None
-
-
-def _unit_roundoff(xp, dtype) -> float:
-    return float(xp.finfo(dtype).eps) / 2
 
 
 def _estimated_error(kappa, n, p, eigh_unit_roundoff, unit_roundoff):
@@ -123,7 +119,7 @@ def float32_eigh_suffices(lam, p, tol: float = 0.0):
     ([True, False], [True, True])
     """
     xp = _xp.array_namespace(lam)
-    u = _unit_roundoff(xp, xp.float32)
+    u = unit_roundoff(xp, xp.float32)
     check = eigh_root_check(lam, p, xp.full(lam.shape[:1], u, dtype=lam.dtype,
                                             device=_xp.device_of(lam)), u)
     target = row_target("evd", "float32", p, check.kappa)
@@ -165,7 +161,7 @@ def surely_beyond_float32(a, p, tol: float = 0.0):
     usable = xp.isfinite(quotient) & (quotient > 0)
     top = xp.max(xp.linalg.diagonal(a), axis=-1)
     kappa = top / xp.where(usable, quotient, xp.ones_like(quotient))
-    u = _unit_roundoff(xp, xp.float32)
+    u = unit_roundoff(xp, xp.float32)
     # κ may be anywhere above the bound: float32 must fail at the bound and at the
     # start of every looser bucket of the table above it (the estimate grows with κ).
     missed_everywhere = xp.ones_like(usable)
@@ -269,8 +265,8 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     widen = a.dtype == xp.float32 and float64_retry and _xp.has_float64(xp)
     narrow = widen and not traced
     eigh_dtype = xp.float64 if _xp.eigh_runs_in_float64(xp) else a.dtype
-    eigh_unit = xp.full((b,), _unit_roundoff(xp, eigh_dtype), dtype=a.dtype, device=dev)
-    wide_unit = xp.full_like(eigh_unit, _unit_roundoff(xp, xp.float64))
+    eigh_unit = xp.full((b,), unit_roundoff(xp, eigh_dtype), dtype=a.dtype, device=dev)
+    wide_unit = xp.full_like(eigh_unit, unit_roundoff(xp, xp.float64))
     screened = narrow and eigh_dtype == xp.float32
     plain = a
     a = _with_ridge(xp, a, ridge, eigh_dtype)
@@ -301,11 +297,11 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     # once to the stack's: at most one unit roundoff of it per entry (twice that
     # covers the comparison with an oracle rounded the same way). Roots from the
     # float64 retry are formed in the stack's dtype.
-    formed_in = _unit_roundoff(xp, eigh_dtype if not widened else plain.dtype)
+    formed_in = unit_roundoff(xp, eigh_dtype if not widened else plain.dtype)
     check = eigh_root_check(lam, p, eigh_unit, formed_in)
     if eigh_dtype != plain.dtype:
         check = check._replace(error_estimate=check.error_estimate
-                               + 2 * _unit_roundoff(xp, plain.dtype))
+                               + 2 * unit_roundoff(xp, plain.dtype))
     # A root beyond the compute dtype's range (a tiny eigenvalue, a small p) stays
     # non-finite: the caller judges the returned root's range (and warns of it).
     if traced or not bool(xp.all(check.positive)):
