@@ -69,6 +69,8 @@ def calls(draw, max_n: int, where: dict = ANY):
             options["tol"] = draw(st.sampled_from([1.0 / n, 2.0 / n, 0.05, 0.1]))
         elif mode == "fixed":
             options.update(tol=0, max_iter=draw(st.integers(1, 8)))
+    if SOLVERS[method].needs_scaling:
+        options["bound_certificate"] = draw(st.sampled_from(["cholesky", "randomized"]))
     seed = draw(st.integers(0, 2**31 - 1))
     return method, p, dtype, n, kappa, family, scale, options, seed
 
