@@ -79,3 +79,7 @@ def test_overheads_profile_runs_its_phases():
     for row in report["runs"]:
         assert row["ms"]["lanczos"] > 0 and row["ms"]["root check"] > 0
         assert row["ratio"] > 0
+    # The Cholesky-bound call's n×n products are timed where they run: at least
+    # the check's three (p = 2) besides the solver's.
+    timed = next(row for row in report["runs"] if row["bound"] == "cholesky")
+    assert len(timed["products_ms"]) > 3 and timed["product_slowdown"]["median"] > 0
