@@ -264,6 +264,7 @@ def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bo
         return eps_scaled, ritz
     xp = _xp.array_namespace(scaled)
     if ritz is None:
-        ritz = ritz_values(scaled, entry_scaled=True)
+        # Its own entry scaling: a caller's λmax bound may lie far above λmax.
+        ritz = ritz_values(scaled)
     estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled), ritz=ritz)
     return xp.maximum(estimate, eps_scaled), ritz

@@ -42,6 +42,8 @@ def test_floor_and_evd_rows(tmp_path):
                                         budget_s=0.1)
     assert {r["method"] for r in floor} == {"newton_db", "coupled_newton", "minimax"}
     assert all(r["matmuls"] > 0 and r["time_over_floor"] > 0 for r in floor)
+    # The counted product-equivalents add the check's to the solver's matmuls.
+    assert all(r["counted"] > r["matmuls"] and r["time_over_counted"] > 0 for r in floor)
     evd = overheads.evd_rows([(8, 4)], repeats=1, budget_s=0.1)
     assert [(r["backend"], r["spectrum"]) for r in evd] == [
         ("torch", "wishart"), ("torch", "kappa1e4"), ("numpy", "wishart"), ("numpy", "kappa1e4")]
