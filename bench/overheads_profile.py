@@ -8,6 +8,9 @@ For each method, on one 8×384² float32 torch stack (by default):
   loop, the a-posteriori check, and the rest (validation, casts, scaling, small
   per-call operations). The phases are timed by wrapping the functions
   :mod:`matroot.stack_solve` calls (the wrappers only time; they do not change them);
+- with ``--passes``, what the call (the Cholesky bound) does to whole stacks,
+  counted rather than timed: products, fresh passes (operators that write a new
+  stack), reductions and in-place updates;
 - each n×n product of the call (the Cholesky bound) timed where it runs, ÷ the
   same-shaped product repeated alone: what the products themselves cost beyond
   the count (fresh output pages, operands that left the cache);
@@ -147,6 +150,46 @@ def _products_in_context(call, n: int, repeats: int) -> list[float]:
     return [min(c[i] for c in calls) for i in range(count)]
 
 
+#: Operators that only view, or change no entry of, a stack: not passes over it.
+_VIEWS = {"aten::diagonal", "aten::expand", "aten::view", "aten::reshape", "aten::select",
+          "aten::slice", "aten::transpose", "aten::swapaxes", "aten::unsqueeze",
+          "aten::broadcast_to", "aten::to", "aten::_to_copy", "aten::alias",
+          "aten::as_strided", "aten::detach"}
+_REDUCTIONS = {"aten::linalg_vector_norm", "aten::amax", "aten::amin", "aten::sum",
+               "aten::max", "aten::min", "aten::any", "aten::all"}
+
+
+def _stack_passes(call, shape: tuple[int, ...]) -> dict[str, int]:
+    """What one call does to whole ``shape`` stacks, counted (not timed) with
+    torch's profiler: n×n products, fresh passes (an operator that writes a new
+    stack: each costs memory traffic and, where the allocator hands back fresh
+    pages, page faults), reductions that only read one, and in-place updates."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        call()
+    counts = {"products": 0, "fresh passes": 0, "reductions": 0, "in place": 0}
+    whole = list(shape)
+    for event in prof.events():
+        parent = event.cpu_parent
+        if not event.name.startswith("aten::") or (
+                parent is not None and parent.name.startswith("aten::")):
+            continue  # only the operators matroot calls, not their insides
+        shapes = [s for s in event.input_shapes if isinstance(s, list)]
+        if whole not in shapes or event.name in _VIEWS:
+            continue
+        if event.name in ("aten::matmul", "aten::bmm", "aten::baddbmm"):
+            counts["products"] += all(s[-2:] == whole[-2:] for s in shapes[:2])
+        elif event.name.endswith("_"):
+            counts["in place"] += 1
+        elif event.name in _REDUCTIONS:
+            counts["reductions"] += 1
+        else:
+            counts["fresh passes"] += 1
+    return counts
+
+
 class _Call:
     def __init__(self, x, p, method):
         self.x, self.p, self.method = x, p, method
@@ -210,6 +253,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--evd", action="store_true", help="also time evd against a plain "
                         "float32 eigh root")
+    parser.add_argument("--passes", action="store_true", help="also count what each "
+                        "call does to whole stacks (products, fresh passes, reductions, "
+                        "in-place updates) with torch's profiler")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
@@ -237,6 +283,8 @@ def main(argv=None) -> dict:
                              "ms": {k: v * 1e3 for k, v in phases.items()}})
             runs[-2]["products_ms"] = [t * 1e3 for t in _products_in_context(
                 call, args.n, args.repeats)]
+            if args.passes:
+                runs[-2]["passes"] = _stack_passes(call, tuple(x.shape))
             product = min(product, _best_of(lambda: x @ x, args.repeats))
     print(f"one batched product ({args.batch}×{args.n}², float32, {args.threads} threads): "
           f"{product * 1e3:.2f} ms")
@@ -258,6 +306,9 @@ def main(argv=None) -> dict:
             print(f"{'':15s} its {len(slowdown)} n×n products, each ÷ one product alone: "
                   f"median {np.median(slowdown):.2f}, max {slowdown.max():.2f} "
                   f"({(slowdown - 1).sum():.1f} products of time in all)")
+        if "passes" in row:
+            print(f"{'':15s} over whole stacks: " + ", ".join(
+                f"{count} {kind}" for kind, count in row["passes"].items()))
     if args.evd:
         report["evd"] = _evd_ratios(args.batch, args.n, args.p[0], args.repeats)
     if args.json:

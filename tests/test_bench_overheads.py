@@ -76,7 +76,7 @@ def test_overheads_profile_runs_its_phases():
     silently once when they moved) and reports both λmax bounds."""
     profile = _script("overheads_profile")
     report = profile.main(["--batch", "2", "--n", "32", "--methods", "minimax", "--p", "2",
-                           "--repeats", "1", "--threads", "1"])
+                           "--repeats", "1", "--threads", "1", "--passes"])
     assert {row["bound"] for row in report["runs"]} == {"cholesky", "randomized"}
     for row in report["runs"]:
         assert row["ms"]["lanczos"] > 0 and row["ms"]["root check"] > 0
@@ -85,3 +85,6 @@ def test_overheads_profile_runs_its_phases():
     # the check's three (p = 2) besides the solver's.
     timed = next(row for row in report["runs"] if row["bound"] == "cholesky")
     assert len(timed["products_ms"]) > 3 and timed["product_slowdown"]["median"] > 0
+    # Counted, not timed: the profiler sees the same products the wrapper timed.
+    assert timed["passes"]["products"] == len(timed["products_ms"])
+    assert timed["passes"]["fresh passes"] > 0
