@@ -331,3 +331,24 @@ def test_past_the_table_the_last_column_still_holds(dtype, log_kappa):
                 target = accuracy_target(method, dtype, p, kappa)
                 bad = np.asarray(res.converged) & ~(err <= target)
                 assert not bad.any(), (method, p, n, kappa[bad], err[bad])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_root_that_underflows_inside_the_solve_is_not_converged(backend):
+    """evd with p = 0.5 of a float32 matrix at scale 4e22: the root (~1e-44) underflowed
+    to zero in the unscaling, with no cast to notice it, and was reported converged with
+    an estimate of 1e-7 (found by a search on Hilbert matrices)."""
+    i = np.arange(2)
+    a = (1.0 / (i[:, None] + i[None, :] + 1) * 3.77789e22).astype(np.float32)[None]
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        a = torch.from_numpy(a)
+    with pytest.warns(matroot.ConvergenceWarning, match="lose their precision"):
+        matroot.inv_root(a, 0.5, method="evd")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        info = matroot.inv_root_info(a, 0.5, method="evd")
+    assert not np.asarray(info.converged).any()
+    # The same matrix at an ordinary scale is solved and converged.
+    ordinary = matroot.inv_root_info(a / 3.77789e22, 0.5, method="evd")
+    assert np.asarray(ordinary.converged).all()
