@@ -235,14 +235,30 @@ def _cast_back_error(returned, root, computed):
     xp = _xp.array_namespace(root)
     if returned.dtype == root.dtype:
         zero = xp.zeros(root.shape[:1], dtype=root.dtype, device=_xp.device_of(root))
-        return zero, xp.ones(root.shape[:1], dtype=xp.bool, device=_xp.device_of(root))
+        return zero, _resolved(returned)
     safe = _xp.batched_where(computed, root, xp.ones_like(root))
     back = _xp.batched_where(computed, xp.astype(returned, root.dtype), safe)
     entry = xp.max(xp.abs(safe), axis=(-2, -1))
     entry = xp.where(entry > 0, entry, xp.ones_like(entry))[:, None, None]
     change = _xp.frobenius_norm((back - safe) / entry) / _xp.frobenius_norm(safe / entry)
     change = xp.where(xp.isfinite(change), change, xp.full_like(change, float("inf")))
-    return change, change <= unit_roundoff(xp, returned.dtype)
+    return change, (change <= unit_roundoff(xp, returned.dtype)) & _resolved(returned)
+
+
+def _resolved(returned):
+    """Per root: whether it keeps its relative precision in its dtype's range.
+
+    An entry below the smallest normal number is rounded by up to half the smallest
+    subnormal, ``u·tiny``; n² of them move the root by at most ``n·u·tiny`` in
+    Frobenius norm, within one unit roundoff of it while its largest entry is at
+    least ``n·tiny``. A root computed at a scale that underflows (evd's unscaling at
+    p < 1, a huge input) fails this, even where no cast happened."""
+    xp = _xp.array_namespace(returned)
+    n = returned.shape[-1]
+    if n == 0:
+        return xp.ones(returned.shape[:1], dtype=xp.bool, device=_xp.device_of(returned))
+    tiny = float(xp.finfo(returned.dtype).smallest_normal)
+    return xp.max(xp.abs(returned), axis=(-2, -1)) >= n * tiny
 
 
 def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bool):

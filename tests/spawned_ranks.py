@@ -48,6 +48,17 @@ def _rank_main(rank, world, port, tmpdir, scenarios):
             dist.destroy_process_group()
 
 
+def state_dict_bytes(tree) -> int:
+    """Bytes of every tensor in a (nested) state dict: how the tests count a rank's state."""
+    if torch.is_tensor(tree):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(state_dict_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(state_dict_bytes(v) for v in tree)
+    return 0
+
+
 def run_on_ranks(scenarios, world: int, tmpdir: str) -> list:
     """``scenarios(rank, world, tmpdir) -> dict`` on each of ``world`` gloo ranks.
 

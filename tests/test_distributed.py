@@ -23,13 +23,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 import os
 
 import pytest
 import torch
 import torch.distributed as dist
-from spawned_ranks import run_on_ranks
+from spawned_ranks import run_on_ranks, state_dict_bytes
 
 from matroot.optim import Shampoo, core
 from matroot.optim.blocking import ELEMENTWISE, plan_blocks
@@ -42,11 +41,11 @@ from matroot.optim.distributed import (
 )
 from matroot.cli import main as matroot_main
 from matroot.optim.cluster_sizing import MODELS, parse_shapes, plan_summary
+from matroot.optim.rank_part import local_plan
 from matroot.optim.sharding import (
     COMPUTE_SLACK,
     best_balance,
     block_cost,
-    local_plan,
     shard_plan,
 )
 
@@ -121,7 +120,13 @@ def _run_side_by_side(rank, options, steps, scale_at=None, split_groups=None):
     gathered = []
     if sharding is not None:
         share = sharding.share_updates
-        sharding.share_updates = lambda updates: gathered.append(share(updates))
+
+        def share_and_count(*args):
+            updates, count = share(*args)
+            gathered.append(count)
+            return updates, count
+
+        sharding.share_updates = share_and_count
     update_equal, first_mismatch = [], None
     for step in range(steps):
         scale = scale_at.get(step) if scale_at else None
@@ -143,7 +148,7 @@ def _run_side_by_side(rank, options, steps, scale_at=None, split_groups=None):
 
 
 #: The solver each world size runs: the CPU default (eigh) and the iterative one GPUs use.
-METHODS = {2: "auto", 3: "newton_db"}
+METHODS = {2: "auto", 3: "newton_db", 4: "auto"}
 
 
 def _scenario_equality(rank, world):
@@ -158,6 +163,9 @@ def _scenario_equality(rank, world):
             owned_blocks=sharding.local.num_blocks if sharding else None,
             total_blocks=ref._families[0].state.plan.num_blocks,
             state_bytes=st["total"], single_state_bytes=rt["total"],
+            state_dict_bytes=state_dict_bytes(opt.state_dict()),
+            single_state_dict_bytes=state_dict_bytes(ref.state_dict()),
+            step_counters=len(opt.state),
             stack_bytes=st["factors"] + st["roots"] + st["counters"],
             single_stack_bytes=rt["factors"] + rt["roots"] + rt["counters"],
             root_refreshes=ref.diagnostics()["root_refreshes"])
@@ -288,7 +296,42 @@ def _scenario_checkpoint(rank, world, tmpdir):
         opt4.step()
     out["resharded_diff"] = _max_diff(again, single)
 
-    # 4. A checkpoint of another rank is refused with a clear message.
+    # 4. A per-rank checkpoint of the layout before a rank kept only its own elements'
+    # moments: whole-parameter moments wherever a rank owned a block, the elementwise
+    # parameters' on every rank, no elementwise owners in the split. Loaded, it is cut
+    # to this rank's elements; consolidated, it merges as the new layout does.
+    def aged(shard, rank):
+        old = copy.deepcopy(shard)
+        family = old["shampoo_families"][0]
+        family["shard"]["split"].pop("elementwise")
+        plan = plan_blocks(SHAPES, ["float32"] * len(SHAPES), block_size=8)
+        local, _ = local_plan(plan, shard_plan(plan, world), rank)
+        touched = {b.param for g in local.groups for b in g.blocks} | \
+            {i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE}
+        old["state"] = {i: copy.deepcopy(ref_sd["state"][i]) for i in sorted(touched)}
+        return old
+
+    old_layout = [aged(shard_state_dict(ref_sd, world, r), r) for r in range(world)]
+    again = [torch.nn.Parameter(p.clone()) for p in saved_single]
+    opt5 = Shampoo(again, **OPTIONS)
+    opt5.load_state_dict(old_layout[rank])
+    kept = sum(v.numel() for entry in opt5.state.values() for v in entry.values())
+    for step in range(half, STEPS):
+        _set_grads(again, step)
+        opt5.step()
+    out["old_layout_diff"] = _max_diff(again, single)
+    out["old_layout_trimmed"] = kept == sum(
+        v.numel() for entry in shard_state_dict(ref_sd, world, rank)["state"].values()
+        for v in entry.values())
+    alone = [torch.nn.Parameter(p.clone()) for p in saved_single]
+    opt6 = Shampoo(alone, distributed=None, **OPTIONS)
+    opt6.load_state_dict(consolidate_state_dicts(old_layout))
+    for step in range(half, STEPS):
+        _set_grads(alone, step)
+        opt6.step()
+    out["old_layout_consolidated_diff"] = _max_diff(alone, single)
+
+    # 5. A checkpoint of another rank is refused with a clear message.
     other = shards[(rank + 1) % world]
     try:
         Shampoo(_params(), **OPTIONS).load_state_dict(other)
@@ -307,11 +350,35 @@ def _scenarios(rank, world, tmpdir):
             "checkpoint": _scenario_checkpoint(rank, world, tmpdir)}
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"{w}ranks")
-def ranks(request, tmp_path_factory):
+def _all_scenarios(world, tmp_path_factory):
+    return run_on_ranks(_scenarios, world, str(tmp_path_factory.mktemp(f"dist{world}")))
+
+
+@pytest.fixture(scope="module")
+def ranks_2(tmp_path_factory):
+    return _all_scenarios(2, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ranks_3(tmp_path_factory):
+    return _all_scenarios(3, tmp_path_factory)
+
+
+@pytest.fixture(params=[2, 3], ids=lambda w: f"{w}ranks")
+def ranks(request):
     """Every rank's results of one spawned run of all scenarios."""
     world = request.param
-    return world, run_on_ranks(_scenarios, world, str(tmp_path_factory.mktemp(f"dist{world}")))
+    return world, request.getfixturevalue(f"ranks_{world}")
+
+
+def _memory_scenario(rank, world, tmpdir):
+    return {"equality": _scenario_equality(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    """Four ranks run the equality scenario only: enough to measure the state per rank."""
+    return run_on_ranks(_memory_scenario, 4, str(tmp_path_factory.mktemp("dist4")))
 
 
 def test_backend_is_gloo(ranks):
@@ -343,22 +410,25 @@ def test_parameter_groups_with_their_own_stacks_are_sharded_too(ranks):
     _assert_matches_single_process(results, "two_families", f"{world} ranks")
 
 
-def test_memory_per_rank_is_below_single_process(ranks):
-    world, results = ranks
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_memory_per_rank_is_below_single_process(world, request):
+    """Counted by walking each rank's whole state dict: a rank keeps the stacks of its own
+    blocks and the moments of exactly the elements it owns (its blocks', its elementwise
+    parameters'), so only a step counter per parameter it owns part of is repeated."""
+    if world == 4:
+        results = request.getfixturevalue("four_ranks")
+    else:
+        results = request.getfixturevalue("ranks_" + str(world))
     eq = [r["equality"][METHODS[world]] for r in results]
-    # Every rank keeps the moments of the elementwise (AdamW) parameters, replicated.
-    plan = _plan()
-    replicated = 2 * 4 * sum(math.prod(SHAPES[i]) for i, layout in enumerate(plan.params)
-                             if layout.kind == ELEMENTWISE)
     for rank, e in enumerate(eq):
-        assert e["state_bytes"] < e["single_state_bytes"], f"rank {rank}"
         assert e["stack_bytes"] < e["single_stack_bytes"], f"rank {rank}"
-        assert e["state_bytes"] <= 1.2 / world * e["single_state_bytes"] + replicated, \
-            f"rank {rank}: {e['state_bytes']} of {e['single_state_bytes']} bytes"
-    # Factors and roots are split, not copied: they add up to the single-process ones.
+        counters = 8 * e["step_counters"]        # one float64 step per parameter kept
+        assert e["state_dict_bytes"] <= 1.1 / world * e["single_state_dict_bytes"] + counters, \
+            f"rank {rank}: {e['state_dict_bytes']} of {e['single_state_dict_bytes']} bytes"
+    # Factors, roots and moments are split, not copied: they add up to the single process's.
     assert sum(e["stack_bytes"] for e in eq) == eq[0]["single_stack_bytes"]
-    # The planner predicts the largest rank's stacks and moments (those of the
-    # parameters a rank owns blocks of, and the elementwise ones).
+    assert sum(e["state_bytes"] for e in eq) == eq[0]["single_state_bytes"]
+    # The planner predicts the largest rank's stacks and moments.
     planned = plan_summary([(str(i), s) for i, s in enumerate(SHAPES)], block_size=8,
                            world_sizes=[world])["worlds"][0]
     assert planned["preconditioner"] == max(e["stack_bytes"] for e in eq)
@@ -415,8 +485,9 @@ def test_checkpoint_restore_consolidate_and_reshard(ranks):
         assert ck["shard_record"] == world
         assert ck["resumed_equal"], f"rank {rank}: resuming its own shard is not bit-exact"
         assert ck["consolidated_failures_equal"], f"rank {rank}"
+        assert ck["old_layout_trimmed"], f"rank {rank}: old-layout moments not cut to its own"
         for name in ("resumed_diff_single", "consolidated_stacks_diff", "consolidated_diff",
-                     "resharded_diff"):
+                     "resharded_diff", "old_layout_diff", "old_layout_consolidated_diff"):
             assert ck[name] <= ROUNDING_ATOL, f"rank {rank}: {name} = {ck[name]:g}"
         assert "consolidate_state_dicts" in ck["wrong_rank"] or "rank" in ck["wrong_rank"]
 

@@ -555,47 +555,55 @@ finally:
     assert out.stdout.strip() == "True", out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_rank_keeps_moments_only_where_it_owns_blocks_and_its_blocks_match_one_process(
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_rank_keeps_moments_only_where_it_owns_elements_and_its_blocks_match_one_process(
         world):
     from matroot.optim import apply_updates, state_bytes
-    from matroot.optim.sharding import local_plan, shard_plan
+    from matroot.optim.rank_part import piece_plan, rank_pieces
+    from matroot.optim.sharding import factor_bytes, shard_plan
 
     rng = np.random.default_rng(12)
-    shapes = [(16, 16)] * 6 + [(16, 8), (8,)]
+    # Parameters of 3x3 and 2x3 blocks that the cuts fall inside at every world size
+    # here (some ranks own a partial stripe of block rows), and a vector left to the
+    # elementwise update.
+    shapes = [(40, 48), (32, 48), (16, 8), (8,)]
     params = [rng.standard_normal(s) for s in shapes]
     config = ShampooConfig(lr=0.05, block_size=16, precondition_frequency=2, momentum=0.5,
                            root_method="evd", matrix_eps=1e-6)
     plan = core.make_plan(params, config)
     split = shard_plan(plan, world)
-    parts = [local_plan(plan, split, r) for r in range(world)]
+    pieces = [rank_pieces(plan, split, r) for r in range(world)]
+
+    def parts(arrays, r):
+        return [p.of(arrays[p.param], plan.params[p.param]) for p in pieces[r]]
+
     single = init(params, config, lazy=True)
-    ranks = [init(params, config, plan=local, lazy=True) for local, _ in parts]
+    ranks = [init(parts(params, r), config, plan=piece_plan(plan, split, r, pieces[r]),
+                  lazy=True) for r in range(world)]
+    cut = {p.param for r in range(world) for p in pieces[r] if p.index is not None
+           and p.shape != plan.params[p.param].view}
+    assert cut, "some parameter must be cut between ranks"
     for _ in range(5):
         grads = [rng.standard_normal(s) for s in shapes]
         expected, single = update(grads, single, params, config)
-        per_rank = []
+        # What the all-gather does: every element from the one rank that owns it.
+        assembled = [np.full(s, np.nan) for s in shapes]
         for r in range(world):
-            updates, ranks[r] = update(grads, ranks[r], params, config)
-            per_rank.append(updates)
-        # What the all-gather does: every block from its owner (the elementwise vector
-        # is computed by every rank alike).
-        assembled = [u.copy() for u in per_rank[0]]
-        for r, (_, owned) in enumerate(parts):
-            for g, start, stop in owned:
-                for block in plan.groups[g].blocks[start:stop]:
-                    view = plan.params[block.param].view
-                    assembled[block.param].reshape(view)[block.index] = \
-                        per_rank[r][block.param].reshape(view)[block.index]
+            updates, ranks[r] = update(parts(grads, r), ranks[r], parts(params, r), config)
+            for piece, u in zip(pieces[r], updates):
+                piece.of(assembled[piece.param], plan.params[piece.param])[...] = u
         # A rank solves a smaller stack than one process: another batch size, which
         # need not round alike; the updates agree to float64 rounding (κ ≤ λmax/matrix_eps).
         for got, want in zip(assembled, expected):
             assert relative_distance(got, want) <= rounding_tolerance("float64", 1e9, 16)
         params = apply_updates(params, expected)
-    whole = state_bytes(single)["total"]
-    replicated = 3 * 8 * 8                  # the vector's two moments and momentum, float64
-    for state in ranks:
-        assert state_bytes(state)["total"] <= 1.2 * (whole - replicated) / world + replicated
+    # Nothing is kept twice: the ranks' states add up to the single process's.
+    per_rank = [state_bytes(state)["total"] for state in ranks]
+    assert sum(per_rank) == state_bytes(single)["total"]
+    # And they are balanced up to the granularity of the cut: one block (its factors and
+    # its three moments, float64) more than a fair share at most.
+    block = max(factor_bytes(g) + 3 * 8 * math.prod(g.shape) for g in plan.groups)
+    assert max(per_rank) <= state_bytes(single)["total"] / world + block
 
 
 def test_param_groups_hold_root_options_as_a_plain_dict_that_loads_weights_only():

@@ -143,14 +143,6 @@ class BlockPlan:
         """Number of preconditioned blocks."""
         return sum(len(g.blocks) for g in self.groups)
 
-    @property
-    def remote_params(self) -> frozenset[int]:
-        """Parameters with factors but no block in this plan: in a rank's part of a
-        sharded plan, those whose blocks other ranks own (empty for a whole plan)."""
-        local = {b.param for g in self.groups for b in g.blocks}
-        return frozenset(i for i, layout in enumerate(self.params)
-                         if layout.kind != ELEMENTWISE and i not in local)
-
 
 def matrix_view_shape(shape) -> tuple[int, ...]:
     """The shape Shampoo works on for a parameter of shape ``shape``.

@@ -28,7 +28,7 @@ from .sharding import (
     block_cost,
     factor_bytes,
     gather_buckets,
-    local_plan,
+    moment_bytes,
     shard_plan,
 )
 
@@ -171,8 +171,9 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         world size the blocks per rank (min, max), ``balance`` (max/mean cost),
         ``best_balance`` (a lower bound for any split), memory per rank in bytes
         (``preconditioner`` — sharded factors and roots, the largest rank —
-        ``moments`` — the Adam moments of the parameters a rank owns blocks of and of
-        the elementwise ones, the largest rank — and ``total``, the largest rank's sum),
+        ``moments`` — the Adam moments of the elements a rank owns: its blocks' and
+        its elementwise parameters', the largest rank — and ``total``, the largest
+        rank's sum),
         ``allgather_bytes`` (output of the per-step all-gathers on each rank,
         padding included), ``padding_bytes``, ``collectives`` per step and
         ``fsdp2`` (:func:`fsdp2_per_rank`).
@@ -215,14 +216,15 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
         per_rank_blocks = [sum(c[r] for c in split.counts) for r in range(w)]
         precond = [sum(split.counts[g][r] * factor_bytes(group, **storage)
                        for g, group in enumerate(plan.groups)) for r in range(w)]
-        # A rank keeps the moments of the parameters it owns a block of, and of the
-        # elementwise ones (every rank).
-        moments = [2 * nbytes * (elements - sum(math.prod(dims[i]) for i in
-                                                local_plan(plan, split, r)[0].remote_params))
-                   for r in range(w)]
+        # A rank keeps the moments of the elements it owns: its blocks' and its
+        # elementwise parameters'.
+        moments = [moment_bytes(sum(split.counts[g][r] * math.prod(group.shape)
+                                    for g, group in enumerate(plan.groups))
+                                + sum(math.prod(dims[i]) for i in split.elementwise_of(r)),
+                                dtype) for r in range(w)]
         gathered = padding = collectives = 0
         if w > 1:
-            for bucket in gather_buckets(plan, split):
+            for bucket in gather_buckets(plan, split, [dtype] * len(dims)):
                 gathered += w * bucket.padded * nbytes
                 padding += (w * bucket.padded - bucket.elements) * nbytes
                 collectives += 1
@@ -354,8 +356,8 @@ def format_summary(summary: dict, title: str) -> str:
             f"roots in {storage['root_dtype'] or s['dtype']}")
     lines.append(f"  precond: factors ({'packed' if storage['packed'] else 'n x n'}, "
                  f"{s['dtype']}) + inverse roots ({kept}), sharded (largest rank); moments: "
-                 "Adam m and v of the parameters a rank owns blocks of, and of the elementwise "
-                 "ones")
+                 "Adam m and v of the elements a rank owns (its blocks', its elementwise "
+                 "parameters')")
     lines.append("  all-gather/step: output of the per-step all-gather on each rank, one per "
-                 "dtype of the flattened blocks")
+                 "dtype of the flattened block and elementwise updates")
     return "\n".join(lines)

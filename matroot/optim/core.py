@@ -144,14 +144,15 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
     [None, None]
     """
     params = list(params)
-    xp = _namespace(params, "params")
-    device = _xp.device_of(params[0])
+    # A sharded rank may own nothing of a small family: no parameters, no stacks.
+    xp = _namespace(params, "params") if params or plan is None else None
+    device = _xp.device_of(params[0]) if params else None
     plan = make_plan(params, config) if plan is None else plan
     stacks = init_stacks(plan, xp, device, lazy=lazy, packed=config.symmetric_packing,
                          root_dtypes=[root_dtype(xp, config, s) for s in plan.stacks],
                          keep_roots=config.keeps_roots)
     count = len(params)
-    moments = [None] * count if lazy else [
+    moments = [None] * count if lazy or xp is None else [
         xp.zeros(tuple(p.shape), dtype=getattr(xp, compute_dtype_name(xp, p.dtype)),
                  device=device) for p in params]
 

@@ -4,14 +4,13 @@ Under data parallelism every rank holds the same (averaged) gradients, so every
 rank would compute the same factors, inverse roots and preconditioned blocks.
 :class:`BlockSharding` splits that work instead: with the balanced, contiguous split
 of :func:`matroot.optim.sharding.shard_plan`, each rank keeps factor and root stacks
-for its own blocks only (the core runs on the rank's
-:func:`~matroot.optim.sharding.local_plan`), computes their updates, and one
-all-gather per dtype (:func:`~matroot.optim.sharding.gather_buckets`)
-copies every block's update from its owner to all ranks, at every step. A rank
-keeps the moments of the parameters it owns a block of (each rank owns one piece
-of the model, so most parameters have one owner) and of the elementwise
-(AdamW) parameters, which stay replicated; a parameter whose blocks all belong to
-other ranks costs this rank nothing but its transient update.
+for its own blocks only, moments for exactly the elements of its blocks and of its
+elementwise (AdamW) parameters, each owned whole by one rank. Its core runs on the
+rank's :func:`~matroot.optim.rank_part.piece_plan`, whose parameters are the
+rectangles of the model it owns, and one all-gather per dtype
+(:func:`~matroot.optim.sharding.gather_buckets`) copies every block's and every
+elementwise parameter's update from its owner to all ranks, at every step. No
+moment is kept twice: of a parameter cut between ranks, each keeps its own elements'.
 
 Every rank enters the same collectives in the same order at every step,
 whatever happens locally: the buckets and their sizes depend on the plan alone,
@@ -30,10 +29,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from .blocking import ELEMENTWISE, BlockPlan
+from .blocking import BlockPlan
 # Re-exported: the state dicts of sharded runs are this module's public API too.
 from .resharding import check_shard, consolidate_state_dicts, shard_state_dict, slot_map
-from .sharding import gather_buckets, local_plan, shard_plan
+from .rank_part import local_plan, piece_plan, rank_pieces
+from .sharding import gather_buckets, shard_plan
 
 __all__ = [
     "BlockSharding",
@@ -52,6 +52,13 @@ def _all_gather(output, tensor, group) -> None:
     # torch 2.13 renamed all_gather_into_tensor to all_gather_single.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(output, tensor, group=group)
+
+
+def _size(layout, index) -> int:
+    """Elements of a block at ``index`` of a parameter's view (the whole one: None)."""
+    if index is None:
+        return math.prod(layout.shape)
+    return math.prod(s.stop - s.start for s in index)
 
 
 class GradientMismatchError(RuntimeError):
@@ -160,95 +167,127 @@ class BlockSharding:
     plan : BlockPlan
         The family's full plan (:func:`matroot.optim.core.make_plan`).
     group : ProcessGroup
+    dtypes : sequence of str
+        Each parameter's update dtype (:func:`~matroot.optim.core.compute_dtype_name`).
 
     Attributes
     ----------
     plan : BlockPlan
         The full plan, as a single process would use it.
     split : ShardPlan
-        Blocks of each group per rank.
+        Blocks of each group per rank, and the owner of each elementwise parameter.
+    pieces : tuple of Piece
+        The rectangles of the parameters this rank owns (its blocks, its elementwise
+        parameters): where it keeps moments (:mod:`matroot.optim.rank_part`).
     local : BlockPlan
-        This rank's part: the plan its core state is built on.
+        The plan this rank's core state is built on: one parameter per piece.
     buckets : list of GatherBucket
         The all-gathers of :meth:`share_updates`, in order.
     """
 
-    def __init__(self, plan: BlockPlan, group):
+    def __init__(self, plan: BlockPlan, group, dtypes):
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.plan = plan
         self.split = shard_plan(plan, self.world_size)
-        self.local, self.owned = local_plan(plan, self.split, self.rank)
-        self.buckets = gather_buckets(plan, self.split)
+        self.pieces = rank_pieces(plan, self.split, self.rank)
+        self.local = piece_plan(plan, self.split, self.rank, self.pieces)
+        self.buckets = gather_buckets(plan, self.split, list(dtypes))
+        owned = local_plan(plan, self.split, self.rank)[1]
+        self._local_group = {g: j for j, (g, _, _) in enumerate(owned)}
 
-    def _bucket_blocks(self, bucket, rank):
-        """``(block, shape)`` of the blocks of ``bucket`` that ``rank`` owns, in the order
-        it packs them."""
-        out = []
+    def pieces_of(self, param: int) -> list:
+        """This rank's pieces of parameter ``param`` (none where it owns no element)."""
+        return [piece for piece in self.pieces if piece.param == param]
+
+    def local_parts(self, arrays) -> list:
+        """This rank's pieces of whole-parameter ``arrays`` (None stays None), in the
+        order of :attr:`local`'s parameters."""
+        return [None if arrays[piece.param] is None
+                else piece.of(arrays[piece.param], self.plan.params[piece.param])
+                for piece in self.pieces]
+
+    def _received_items(self, bucket, rank) -> list:
+        """``(param, index)`` of what ``rank`` packs into ``bucket``, in order: its blocks
+        (``index`` the block's place in the parameter's view), then its elementwise
+        parameters (``index`` None: the whole parameter)."""
+        out: list[tuple[int, tuple | None]] = []
         for g in bucket.groups:
             start, stop = self.split.ranges(g)[rank]
-            group = self.plan.groups[g]
-            out.extend((block, group.shape) for block in group.blocks[start:stop])
-        return out
+            out.extend((block.param, block.index)
+                       for block in self.plan.groups[g].blocks[start:stop])
+        owner = dict(self.split.elementwise)
+        return out + [(i, None) for i in bucket.elementwise if owner[i] == rank]
 
-    def share_updates(self, updates) -> int:
-        """Give every rank the updates of all blocks, each from the rank that owns it.
+    def _sent_items(self, bucket) -> list:
+        """This rank's items of :meth:`_received_items`, as ``(piece number, index in
+        the piece)``."""
+        out: list[tuple[int, tuple | None]] = []
+        for g in bucket.groups:
+            if g in self._local_group:
+                out.extend((block.param, block.index)
+                           for block in self.local.groups[self._local_group[g]].blocks)
+        whole = {piece.param: k for k, piece in enumerate(self.pieces) if piece.index is None}
+        return out + [(whole[i], None) for i in bucket.elementwise if i in whole]
 
-        On entry each rank's ``updates`` are right for its own blocks (and for
-        the elementwise parameters, which every rank computes); on return every
-        block of every rank holds its owner's values, bit for bit. One
-        ``all_gather`` per bucket (per dtype), entered by every rank in the same order.
+    def share_updates(self, local_updates, present, device) -> tuple[list, int]:
+        """Every parameter's whole update, each block and elementwise parameter from the
+        rank that owns it.
+
+        One ``all_gather`` per bucket (per dtype), entered by every rank in the same
+        order whatever it owns; every rank ends with the same updates, bit for bit.
 
         Parameters
         ----------
-        updates : list of tensors or None
-            Parameter-shaped updates in the family's order, changed in place
-            (a non-contiguous entry is replaced by a contiguous copy first).
-            None (no gradient this step, on every rank) is skipped.
+        local_updates : list of tensors or None
+            This rank's updates, one per piece (:attr:`local`'s parameters).
+        present : sequence of bool
+            Per parameter, whether it has a gradient this step (the same on every rank).
+        device : torch.device
+            The parameters' device.
 
         Returns
         -------
-        int
+        updates : list of tensors or None
+            Parameter-shaped updates in the family's order (None where not ``present``).
+        gathered : int
             Bytes of the all-gather outputs on this rank (padding included).
         """
-        present = [u for u in updates if u is not None]
-        if not present:
-            return 0
-        device = present[0].device
+        updates: list = [None] * len(self.plan.params)
+        if not any(present):
+            return updates, 0
         _check_device(self.group, device)
-        views = [None] * len(updates)
-        for i, (u, layout) in enumerate(zip(updates, self.plan.params)):
-            if u is not None and layout.kind != ELEMENTWISE:
-                # Blocks are written through a view, so the update must be contiguous;
-                # the caller applies the list entries, so replacing one is seen.
-                updates[i] = u if u.is_contiguous() else u.contiguous()
-                views[i] = updates[i].view(layout.view)
         gathered = 0
         for bucket in self.buckets:
             dtype = getattr(torch, bucket.dtype)
             send = torch.zeros(bucket.padded, dtype=dtype, device=device)
             offset = 0
-            for block, shape in self._bucket_blocks(bucket, self.rank):
-                size = math.prod(shape)
-                if views[block.param] is not None:
-                    send[offset:offset + size] = views[block.param][block.index].reshape(-1)
+            for number, index in self._sent_items(bucket):
+                update = local_updates[number]
+                size = _size(self.local.params[number], index)
+                if update is not None:
+                    send[offset:offset + size] = (update if index is None
+                                                  else update[index]).reshape(-1)
                 offset += size
             recv = torch.empty(self.world_size * bucket.padded, dtype=dtype, device=device)
             _all_gather(recv, send, self.group)
             gathered += recv.numel() * recv.element_size()
             recv = recv.view(self.world_size, bucket.padded)
             for rank in range(self.world_size):
-                if rank == self.rank:
-                    continue
                 offset = 0
-                for block, shape in self._bucket_blocks(bucket, rank):
-                    size = math.prod(shape)
-                    if views[block.param] is not None:
-                        received = recv[rank, offset:offset + size]
-                        views[block.param][block.index] = received.view(shape)
+                for param, index in self._received_items(bucket, rank):
+                    layout = self.plan.params[param]
+                    size = _size(layout, index)
+                    if present[param]:
+                        if updates[param] is None:
+                            updates[param] = torch.empty(layout.shape, dtype=dtype,
+                                                         device=device)
+                        target = updates[param] if index is None else \
+                            updates[param].view(layout.view)[index]
+                        target.copy_(recv[rank, offset:offset + size].view(target.shape))
                     offset += size
-        return gathered
+        return updates, gathered
 
     def record(self) -> dict:
         """The split as it goes into this rank's state dict."""

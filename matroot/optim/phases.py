@@ -91,7 +91,7 @@ class StepContext(NamedTuple):
 
 
 class Moments(NamedTuple):
-    """Per parameter (None where it has no gradient, or on a rank that keeps none):
+    """Per parameter (None where it has no gradient):
     the moments after this step, the effective gradient, the bias-corrected first
     moment and the grafting direction."""
 
@@ -139,14 +139,14 @@ def root_dtype(xp, config: ShampooConfig, stack_shape):
 
 def accumulate_moments(ctx: StepContext, grads, params, decays, exp_avg, exp_avg_sq,
                        param_steps) -> Moments:
-    """Phase 1, elementwise. A sharded rank keeps no moments of parameters whose blocks
-    all belong to other ranks: their updates arrive by the all-gather."""
+    """Phase 1, elementwise: the moments and grafting directions of every parameter
+    with a gradient (on a sharded rank, of every piece it owns)."""
     xp, config = ctx.xp, ctx.config
     count = len(grads)
     exp_avg, exp_avg_sq = list(exp_avg), list(exp_avg_sq)
     effective, m_hat, adam = [None] * count, [None] * count, [None] * count
     for i, g in enumerate(grads):
-        if g is None or i in ctx.plan.remote_params:
+        if g is None:
             continue
         g = xp.astype(g, compute_dtype(xp, g), copy=False)
         if exp_avg[i] is None:
@@ -306,15 +306,11 @@ def precondition(ctx: StepContext, runs, moments: Moments, stacks: FactorStacks)
 def final_updates(ctx: StepContext, grads, directions, momentum, params, lrs,
                   decays) -> tuple:
     """Phase 5: ``−lr·(direction + weight_decay·param)`` (momentum on the direction
-    first), zeros for the parameters a sharded rank leaves to others and for a step
-    skipped on the device. Returns the updates and the momentum buffers."""
+    first), zeros for a step skipped on the device. Returns the updates and the
+    momentum buffers."""
     xp, config, step_taken = ctx.xp, ctx.config, ctx.step_taken
     updates = [None] * len(grads)
     momentum = list(momentum)
-    for i in ctx.plan.remote_params:
-        if grads[i] is not None:
-            updates[i] = xp.zeros(grads[i].shape, dtype=compute_dtype(xp, grads[i]),
-                                  device=_xp.device_of(grads[i]))
     for i, d in enumerate(directions):
         if d is None:
             continue

@@ -17,7 +17,8 @@ import torch
 from .blocking import ELEMENTWISE, BlockPlan, FactorPolicy, plan_blocks
 from .checkpoint import plan_from_layout
 from .preconditioner import empty_stack
-from .sharding import ShardPlan, local_plan, shard_plan
+from .rank_part import MOMENT_KEYS, Piece, local_plan, own_part, place_part, rank_pieces
+from .sharding import ShardPlan, shard_plan
 
 __all__ = ["check_shard", "slot_map", "consolidate_state_dicts", "shard_state_dict"]
 
@@ -54,9 +55,12 @@ def check_shard(saved, sharding) -> None:
             f"this state dict is rank {saved['rank']}'s shard of a {saved['world_size']}-rank "
             f"run, loaded on rank {sharding.rank} of {sharding.world_size}; use "
             "consolidate_state_dicts and shard_state_dict to change the world size")
-    if ShardPlan.from_dict(saved["split"]) != sharding.split:
+    # Splits saved before elementwise parameters had one owner name none: the blocks decide.
+    if ShardPlan.from_dict(saved["split"]).counts != sharding.split.counts:
         raise ValueError("the state dict was saved under a different split of the blocks "
-                         "(other parameters or block_size?)")
+                         "(other parameters or block_size, or an older matroot's split?); "
+                         "merge every rank's state dict with consolidate_state_dicts and "
+                         "load shard_state_dict(merged, world_size, rank)")
 
 
 def _plan_of_family(state_dict: dict, entry: dict) -> BlockPlan:
@@ -200,27 +204,31 @@ def consolidate_state_dicts(state_dicts) -> dict:
 def _merge_param_state(numbers, plan: BlockPlan, split: ShardPlan, dicts: dict) -> dict:
     """One family's per-parameter state from every rank's state dict.
 
-    Moments come from any rank that keeps them (every such rank computed them from the
-    same gradients); a momentum buffer follows its parameter's updates, right on each
-    block's owner only, so it is put together block by block.
+    Each rank's moments are written at the places of its pieces (those it keeps of
+    a parameter cut between ranks are flat). State dicts saved before a rank kept only
+    its own elements hold whole-parameter moments, right on the rank's blocks (a
+    momentum buffer follows its parameter's updates, right on each block's owner only),
+    and every rank's copy of an elementwise parameter's: any one is right.
     """
     merged: dict = {}
     for rank, sd in sorted(dicts.items()):
-        local, owned = local_plan(plan, split, rank)
+        pieces = rank_pieces(plan, split, rank)
         for i, number in enumerate(numbers):
             entry = sd.get("state", {}).get(number)
-            if entry is None or i in local.remote_params:
+            layout = plan.params[i]
+            mine = [piece for piece in pieces if piece.param == i]
+            if layout.kind == ELEMENTWISE:    # from its owner, or the first of the ranks
+                mine = [] if number in merged else [Piece(i, None, layout.shape, 0)]
+            if entry is None or not mine:
                 continue
-            if number not in merged:
-                merged[number] = {k: (v.clone() if torch.is_tensor(v) else v)
-                                  for k, v in entry.items()}
-            if "momentum_buffer" in entry and plan.params[i].kind != ELEMENTWISE:
-                target = merged[number]["momentum_buffer"].view(plan.params[i].view)
-                source = entry["momentum_buffer"].view(plan.params[i].view)
-                for g, start, stop in owned:
-                    for block in plan.groups[g].blocks[start:stop]:
-                        if block.param == i:
-                            target[block.index] = source[block.index]
+            out = merged.setdefault(number, {})
+            for key, value in entry.items():
+                if key not in MOMENT_KEYS:
+                    out.setdefault(key, value.clone() if torch.is_tensor(value) else value)
+                    continue
+                if key not in out:
+                    out[key] = torch.zeros(layout.shape, dtype=value.dtype)
+                place_part(out[key], value.cpu(), mine, layout)
     return merged
 
 
@@ -250,13 +258,18 @@ def shard_state_dict(state_dict: dict, world_size: int, rank: int) -> dict:
             continue
         plan = _plan_of_family(state_dict, entry)
         split = shard_plan(plan, world_size)
-        local, _ = local_plan(plan, split, rank)
-        for i in local.remote_params:          # moments this rank does not keep
-            out["state"].pop(entry["params"][i], None)
+        pieces = rank_pieces(plan, split, rank)
+        for i, number in enumerate(entry["params"]):
+            kept = out["state"].pop(number, None)
+            mine = [piece for piece in pieces if piece.param == i]
+            if kept is not None and mine:
+                out["state"][number] = {
+                    key: own_part(value, mine, plan.params[i]) if key in MOMENT_KEYS
+                    else value for key, value in kept.items()}
         names = _stack_names(entry)
         sharded = {k: v for k, v in entry.items() if k not in names}
         for name in names:
-            stacks = _empty_stacks(local.stacks, name, entry[name])
+            stacks = _empty_stacks(local_plan(plan, split, rank)[0].stacks, name, entry[name])
             for ls, lslots, fs, fslots in slot_map(plan, split, rank):
                 if entry[name][fs] is not None:
                     stacks[ls][lslots] = entry[name][fs][fslots].cpu()

@@ -6,10 +6,10 @@ Pure metadata, no arrays and no torch: the same code sizes a cluster in
 
 Every rank owns one contiguous piece of the model: the blocks in model order
 (parameter by parameter, each parameter's blocks row by row) are cut into
-``world_size`` runs balancing compute and memory (:func:`shard_plan`). A parameter
-therefore has one owner unless a cut falls inside it (at most ``world_size − 1``
-parameters), and a rank keeps the moments of its own parameters only, so per-rank
-memory is close to 1/world of one process's. Restricted to one group, model order
+``world_size`` runs balancing compute and memory (:func:`shard_plan`), and each
+elementwise (unpreconditioned) parameter is owned whole by one rank. A rank keeps
+moments for exactly the elements of what it owns (:mod:`matroot.optim.owned_pieces`),
+so per-rank memory is close to 1/world of one process's. Restricted to one group, model order
 is the group's block order, so each rank still owns a contiguous run of every
 group's blocks (rank 0 first) and a split is stored as counts per group.
 """
@@ -19,16 +19,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .blocking import BlockGroup, BlockPlan, FactorStackShape
+from .blocking import ELEMENTWISE, BlockGroup, BlockPlan
 
 __all__ = [
     "COMPUTE_SLACK",
+    "moment_bytes",
     "block_cost",
     "factor_bytes",
     "best_balance",
     "ShardPlan",
     "shard_plan",
-    "local_plan",
     "GatherBucket",
     "gather_buckets",
     "DTYPE_BYTES",
@@ -95,11 +95,19 @@ class ShardPlan:
         ``r`` owns the contiguous run ``ranges(g)[r]`` of the group's blocks.
     costs : tuple of int
         Per-rank total :func:`block_cost`.
+    elementwise : tuple of (int, int)
+        ``(parameter, rank)``: the owner of each elementwise parameter (empty in
+        splits saved before elementwise parameters had one owner).
     """
 
     world_size: int
     counts: tuple[tuple[int, ...], ...]
     costs: tuple[int, ...]
+    elementwise: tuple[tuple[int, int], ...] = ()
+
+    def elementwise_of(self, rank: int) -> tuple[int, ...]:
+        """The elementwise parameters ``rank`` owns."""
+        return tuple(param for param, owner in self.elementwise if owner == rank)
 
     def ranges(self, group: int) -> list[tuple[int, int]]:
         """``(start, stop)`` of the blocks of ``group`` owned by each rank."""
@@ -123,14 +131,16 @@ class ShardPlan:
         """Plain-Python form, for a state dict."""
         return {"world_size": self.world_size,
                 "counts": [list(c) for c in self.counts],
-                "costs": list(self.costs)}
+                "costs": list(self.costs),
+                "elementwise": [list(pair) for pair in self.elementwise]}
 
     @classmethod
     def from_dict(cls, data) -> ShardPlan:
         """Inverse of :meth:`to_dict`."""
         return cls(int(data["world_size"]),
                    tuple(tuple(int(n) for n in c) for c in data["counts"]),
-                   tuple(int(c) for c in data["costs"]))
+                   tuple(int(c) for c in data["costs"]),
+                   tuple((int(p), int(r)) for p, r in data.get("elementwise", ())))
 
 
 def best_balance(plan: BlockPlan, world_size: int) -> float:
@@ -169,19 +179,16 @@ _BISECTIONS = 60
 COMPUTE_SLACK = 0.05
 
 
-def _pieces(blocks, cost_bound: float, memory_bound: float) -> list[int]:
+def _runs(blocks, cost_bound: float, memory_bound: float) -> list[int]:
     """The run of each block when a run is closed before one of its loads would exceed
-    its bound. ``blocks``: per block, its compute share, its factors' memory share, its
-    parameter and that parameter's moments' share (held once per run touching it)."""
-    piece, cost, memory, param = 0, 0.0, 0.0, None
+    its bound. ``blocks``: per block, its compute share and its memory share."""
+    run, cost, memory = 0, 0.0, 0.0
     out: list[int] = []
-    for block_cost_share, factor_share, block_param, moment_share in blocks:
-        added = factor_share + (moment_share if block_param != param else 0.0)
-        if out and (cost + block_cost_share > cost_bound or memory + added > memory_bound):
-            piece, cost, memory = piece + 1, 0.0, 0.0
-            added = factor_share + moment_share
-        cost, memory, param = cost + block_cost_share, memory + added, block_param
-        out.append(piece)
+    for cost_share, memory_share in blocks:
+        if out and (cost + cost_share > cost_bound or memory + memory_share > memory_bound):
+            run, cost, memory = run + 1, 0.0, 0.0
+        cost, memory = cost + cost_share, memory + memory_share
+        out.append(run)
     return out
 
 
@@ -200,20 +207,40 @@ def _smallest_bound(fits, world_size: int) -> float:
 
 
 
+def moment_bytes(elements: int, dtype: str) -> int:
+    """Bytes of the two moments (Adam grafting) of ``elements`` entries in ``dtype``."""
+    return 2 * elements * DTYPE_BYTES[dtype]
+
+
+def _elementwise_owners(plan: BlockPlan, memory: list[float]) -> tuple[tuple[int, int], ...]:
+    """An owner for each elementwise parameter: largest first, to the rank with the least
+    memory so far (``memory`` per rank, advanced). Their moments are weighed in the
+    dtype of the plan's blocks (float32 without any), as the plan keeps no other."""
+    dtype = plan.groups[0].dtype if plan.groups else "float32"
+    params = [i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE]
+    owners = []
+    for i in sorted(params, key=lambda i: (-math.prod(plan.params[i].shape), i)):
+        rank = min(range(len(memory)), key=lambda r: (memory[r], r))
+        memory[rank] += moment_bytes(math.prod(plan.params[i].shape), dtype)
+        owners.append((i, rank))
+    return tuple(sorted(owners))
+
+
 def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
-    """Cut the blocks of ``plan``, in model order, into ``world_size`` balanced runs.
+    """Cut the blocks of ``plan``, in model order, into ``world_size`` balanced runs, and
+    give each elementwise parameter one owner.
 
     A run has two loads, each a share of the single-process total times
     ``world_size`` (1.0 is a fair share): compute, the sum of its blocks'
     :func:`block_cost`, and memory, its blocks' :func:`factor_bytes` plus the two
-    moments of every parameter it touches (a parameter cut between two runs counts
-    in both, as its moments are kept by both owners). The cut first finds the
-    smallest largest compute load of any contiguous cut, then, allowing
-    :data:`COMPUTE_SLACK` more compute, the smallest largest memory load: each a
-    bisection on a bound whose trials are greedy fills, optimal because a part of a
-    run never loads more than the run. Deterministic: every rank computes the same
-    split from the same plan. The greedy fill leaves the last ranks light, or empty
-    when blocks are few.
+    moments of their elements (a rank keeps moments for the elements it owns only).
+    The cut first finds the smallest largest compute load of any contiguous cut,
+    then, allowing :data:`COMPUTE_SLACK` more compute, the smallest largest memory
+    load: each a bisection on a bound whose trials are greedy fills, optimal because
+    a part of a run never loads more than the run. The elementwise parameters (no
+    compute to speak of) then go, largest first, to the rank with the least memory.
+    Deterministic: every rank computes the same split from the same plan. The greedy
+    fill leaves the last ranks light, or empty when blocks are few.
 
     Parameters
     ----------
@@ -232,125 +259,67 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     Examples
     --------
     >>> from matroot.optim.blocking import plan_blocks
-    >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
+    >>> plan = plan_blocks([(8, 8), (8, 6), (5,)], ["float32"] * 3, block_size=4)
     >>> [(g.shape, len(g.blocks)) for g in plan.groups]
     [((4, 2), 2), ((4, 4), 6)]
     >>> split = shard_plan(plan, 2)
     >>> split.counts, split.costs  # rank 0 the 8×8 parameter, rank 1 the 8×6 one
     (((0, 2), (4, 2)), (1024, 752))
+    >>> split.elementwise  # the vector's owner: rank 1, the one with less memory
+    ((2, 1),)
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     unit = [block_cost(g.shape) for g in plan.groups]
+    held = [factor_bytes(g) + moment_bytes(math.prod(g.shape), g.dtype) for g in plan.groups]
     order = _model_order(plan)
     counts = [[0] * world_size for _ in plan.groups]
     loads = [0] * world_size
-    if not order:
-        return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
-    moments = {p: 2 * math.prod(plan.params[p].shape) * DTYPE_BYTES[plan.groups[g].dtype]
-               for g, p in order}
-    total_cost = sum(unit[g] for g, _ in order)
-    total_bytes = sum(factor_bytes(plan.groups[g]) for g, _ in order) + sum(moments.values())
-    blocks = [(unit[g] * world_size / total_cost,
-               factor_bytes(plan.groups[g]) * world_size / total_bytes,
-               p, moments[p] * world_size / total_bytes) for g, p in order]
-    def fits(cost_bound, memory_bound):
-        return _pieces(blocks, cost_bound, memory_bound)[-1] < world_size
+    memory = [0.0] * world_size
+    if order:
+        total_cost = sum(unit[g] for g, _ in order)
+        total_bytes = sum(held[g] for g, _ in order)
+        blocks = [(unit[g] * world_size / total_cost, held[g] * world_size / total_bytes)
+                  for g, _ in order]
 
-    cost_bound = (1 + COMPUTE_SLACK) * _smallest_bound(lambda b: fits(b, math.inf), world_size)
-    memory_bound = _smallest_bound(lambda b: fits(cost_bound, b), world_size)
-    for (g, _), rank in zip(order, _pieces(blocks, cost_bound, memory_bound)):
-        counts[g][rank] += 1
-        loads[rank] += unit[g]
-    return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads))
+        def fits(cost_bound, memory_bound):
+            return _runs(blocks, cost_bound, memory_bound)[-1] < world_size
 
-
-def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan, tuple]:
-    """The part of ``plan`` that rank ``rank`` owns, as a plan of its own.
-
-    Groups keep their order and keep only the rank's run of blocks; groups the
-    rank owns nothing of are left out. Factor-stack slots are renumbered so that
-    the rank's stacks hold its own factors only, in the order of
-    :func:`~matroot.optim.blocking.plan_blocks` (group by group).
-
-    Parameters
-    ----------
-    plan : BlockPlan
-    split : ShardPlan
-    rank : int
-
-    Returns
-    -------
-    local : BlockPlan
-    owned : tuple of (int, int, int)
-        ``(group in plan, start, stop)`` for each group of ``local``, in order.
-
-    Examples
-    --------
-    >>> from matroot.optim.blocking import plan_blocks
-    >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
-    >>> local, owned = local_plan(plan, shard_plan(plan, 2), 1)
-    >>> owned
-    ((0, 0, 2), (1, 4, 6))
-    >>> [(s.size, s.count) for s in local.stacks]
-    [(2, 2), (4, 6)]
-    """
-    if not 0 <= rank < split.world_size:
-        raise ValueError(f"rank {rank} is outside a world of {split.world_size}")
-    if len(split.counts) != len(plan.groups):
-        raise ValueError(f"the split covers {len(split.counts)} groups but the plan has "
-                         f"{len(plan.groups)}")
-    stack_counts: dict[int, int] = {}
-    claims, owned = [], []
-    for g, group in enumerate(plan.groups):
-        start, stop = split.ranges(g)[rank]
-        if start == stop:
-            continue
-        firsts: list[tuple[int, int] | None] = []
-        for side in (group.left, group.right):
-            if side is None:
-                firsts.append(None)
-                continue
-            stack = side[0]
-            firsts.append((stack, stack_counts.get(stack, 0)))
-            stack_counts[stack] = stack_counts.get(stack, 0) + stop - start
-        claims.append((group, start, stop, firsts))
-        owned.append((g, start, stop))
-    # Keep the global stack order, dropping stacks the rank has no factor in.
-    kept = sorted(stack_counts)
-    renumber = {old: new for new, old in enumerate(kept)}
-    stacks = tuple(FactorStackShape(plan.stacks[s].size, plan.stacks[s].root, plan.stacks[s].dtype,
-                             stack_counts[s]) for s in kept)
-    groups = []
-    for group, start, stop, firsts in claims:
-        left, right = (None if first is None else (renumber[first[0]], first[1])
-                       for first in firsts)
-        groups.append(BlockGroup(group.shape, group.dtype, group.blocks[start:stop],
-                                 left, right))
-    local = BlockPlan(plan.params, tuple(groups), stacks, plan.block_size)
-    return local, tuple(owned)
+        cost_bound = (1 + COMPUTE_SLACK) * _smallest_bound(lambda b: fits(b, math.inf),
+                                                           world_size)
+        memory_bound = _smallest_bound(lambda b: fits(cost_bound, b), world_size)
+        for (g, _), rank in zip(order, _runs(blocks, cost_bound, memory_bound)):
+            counts[g][rank] += 1
+            loads[rank] += unit[g]
+            memory[rank] += held[g]
+    return ShardPlan(world_size, tuple(tuple(c) for c in counts), tuple(loads),
+                     _elementwise_owners(plan, memory))
 
 
 @dataclass(frozen=True)
 class GatherBucket:
-    """One all-gather of a step: the updates of every block of one dtype, flattened.
+    """One all-gather of a step: the updates of every block, and of every elementwise
+    parameter, of one dtype, flattened.
 
     Attributes
     ----------
     dtype : str
     groups : tuple of int
         Indices into ``plan.groups``, in the order their blocks are packed.
+    elementwise : tuple of int
+        The elementwise parameters in the bucket, packed after the blocks by their owner.
     per_rank : tuple of int
-        Elements of the bucket's blocks each rank owns.
+        Elements of the bucket each rank owns.
     """
 
     dtype: str
     groups: tuple[int, ...]
+    elementwise: tuple[int, ...]
     per_rank: tuple[int, ...]
 
     @property
     def elements(self) -> int:
-        """Elements of all blocks in the bucket."""
+        """Elements of all blocks and parameters in the bucket."""
         return sum(self.per_rank)
 
     @property
@@ -359,27 +328,42 @@ class GatherBucket:
         return max(self.per_rank)
 
 
-def gather_buckets(plan: BlockPlan, split: ShardPlan) -> list[GatherBucket]:
+def gather_buckets(plan: BlockPlan, split: ShardPlan, dtypes) -> list[GatherBucket]:
     """The all-gathers that share one step's updates: one per dtype.
 
     Every rank packs the updates of the blocks it owns (group by group, each
-    group's run in block order) into one flat buffer, zero-padded to
-    :attr:`GatherBucket.padded` elements, so every rank sends the same number of
-    elements. Ranks own balanced pieces of the model, so the padding is small
-    whatever mix of block shapes each rank holds.
+    group's run in block order), then those of its elementwise parameters, into one
+    flat buffer, zero-padded to :attr:`GatherBucket.padded` elements, so every rank
+    sends the same number of elements. Ranks own balanced pieces of the model, so the
+    padding is small whatever mix of block shapes each rank holds.
+
+    Parameters
+    ----------
+    plan : BlockPlan
+    split : ShardPlan
+    dtypes : sequence of str
+        Each parameter's update dtype (that of its moments): the plan records it for
+        blocks only.
 
     Examples
     --------
     >>> from matroot.optim.blocking import plan_blocks
-    >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
-    >>> buckets = gather_buckets(plan, shard_plan(plan, 4))
-    >>> [(b.dtype, b.groups, b.per_rank, b.padded) for b in buckets]
-    [('float32', (0, 1), (32, 32, 24, 24), 32)]
+    >>> plan = plan_blocks([(8, 8), (8, 6), (5,)], ["float32"] * 3, block_size=4)
+    >>> buckets = gather_buckets(plan, shard_plan(plan, 4), ["float32"] * 3)
+    >>> [(b.dtype, b.groups, b.elementwise, b.per_rank, b.padded) for b in buckets]
+    [('float32', (0, 1), (2,), (32, 32, 29, 24), 32)]
     """
-    keyed: dict[str, list[int]] = {}
+    keyed: dict[str, tuple[list[int], list[int]]] = {}
     for g, group in enumerate(plan.groups):
-        keyed.setdefault(group.dtype, []).append(g)
-    return [GatherBucket(dtype, tuple(groups), tuple(
-                sum(split.counts[g][r] * math.prod(plan.groups[g].shape) for g in groups)
-                for r in range(split.world_size)))
-            for dtype, groups in sorted(keyed.items())]
+        keyed.setdefault(group.dtype, ([], []))[0].append(g)
+    owner = dict(split.elementwise)
+    for i in sorted(owner):
+        keyed.setdefault(dtypes[i], ([], []))[1].append(i)
+
+    def owned(groups, params, r):
+        return sum(split.counts[g][r] * math.prod(plan.groups[g].shape) for g in groups) + \
+            sum(math.prod(plan.params[i].shape) for i in params if owner[i] == r)
+
+    return [GatherBucket(dtype, tuple(groups), tuple(params),
+                         tuple(owned(groups, params, r) for r in range(split.world_size)))
+            for dtype, (groups, params) in sorted(keyed.items())]

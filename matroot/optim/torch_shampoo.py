@@ -26,6 +26,7 @@ runs outside any compiled graph.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any, NamedTuple
@@ -37,7 +38,8 @@ from . import core
 from .config import PER_PARAMETER
 from .distributed import BlockSharding, agree_on_gradients, resolve_process_group
 from .dtensor import add_to_local, is_dtensor, local_view, whole
-from .torch_state import STEP_DTYPE, ShampooStateDict, _Family
+from .rank_part import MOMENT_KEYS, kept_piece
+from .torch_state import STEP_DTYPE, ShampooStateDict, _Family, update_dtypes
 
 __all__ = ["Shampoo"]
 
@@ -58,7 +60,6 @@ def _hashable(value):
 
 
 _DEFAULTS = core.ShampooConfig()
-_STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
 
 
 class _Job(NamedTuple):
@@ -221,28 +222,63 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         detached = [p.detach() for p in members]
         if self._process_group is None:
             return _Family(members, core.init(detached, config, plan=plan, lazy=True))
-        sharding = BlockSharding(plan, self._process_group)
-        return _Family(members, core.init(detached, config, plan=sharding.local, lazy=True),
-                       sharding)
+        sharding = BlockSharding(plan, self._process_group, update_dtypes(members))
+        # A lazy init reads the arrays' library, device and count only: no piece of a
+        # DTensor is cut here (that would be a collective of its owners alone).
+        placeholders = [local_view(detached[piece.param]) for piece in sharding.pieces]
+        return _Family(members, core.init(placeholders, config, plan=sharding.local,
+                                          lazy=True), sharding)
 
     def _sync_family_state(self, family):
-        """The family's core state with the per-parameter entries of ``self.state``."""
+        """The family's core state with the per-parameter entries of ``self.state``
+        (sharded: one entry per piece, views into the parameter's kept moments)."""
         per_param = [self.state.get(p, {}) for p in family.params]
+        sharding = family.sharding
+        if sharding is None:
+            steps = [s.get("step") for s in per_param]
+            arrays = {key: [s.get(key) for s in per_param] for key in MOMENT_KEYS}
+        else:
+            steps = [per_param[piece.param].get("step") for piece in sharding.pieces]
+            arrays = {key: [None if key not in per_param[piece.param] else kept_piece(
+                per_param[piece.param][key], piece, sharding.plan.params[piece.param])
+                for piece in sharding.pieces] for key in MOMENT_KEYS}
+        device = family.params[0].device
         family.state = family.state._replace(
-            param_steps=tuple(s["step"] if "step" in s else
-                              torch.zeros((), dtype=STEP_DTYPE, device=p.device)
-                              for p, s in zip(family.params, per_param)),
-            **{key: [s.get(key) for s in per_param] for key in _STATE_KEYS})
+            param_steps=tuple(torch.zeros((), dtype=STEP_DTYPE, device=device)
+                              if t is None else t for t in steps), **arrays)
 
     def _publish_family_state(self, family):
-        """Per-parameter entries of ``self.state`` from the family's core state."""
+        """Per-parameter entries of ``self.state`` from the family's core state (sharded:
+        the pieces' moments written into the parameter's kept moments, made at its first
+        gradient)."""
         st = family.state
-        buffers = st.momentum_buffer or [None] * len(family.params)
-        for p, t, *arrays in zip(family.params, st.param_steps, st.exp_avg, st.exp_avg_sq,
-                                 buffers):
-            if arrays[0] is not None:
-                self.state[p] = {"step": t, **{k: a for k, a in zip(_STATE_KEYS, arrays)
-                                               if a is not None}}
+        buffers = st.momentum_buffer or [None] * len(st.exp_avg)
+        entries = zip(st.param_steps, st.exp_avg, st.exp_avg_sq, buffers)
+        if family.sharding is None:
+            for p, (t, *arrays) in zip(family.params, entries):
+                if arrays[0] is not None:
+                    self.state[p] = {"step": t, **{k: a for k, a in zip(MOMENT_KEYS, arrays)
+                                                   if a is not None}}
+            return
+        sharding = family.sharding
+        for piece, (t, *arrays) in zip(sharding.pieces, entries):
+            if arrays[0] is None:
+                continue
+            p = family.params[piece.param]
+            layout = sharding.plan.params[piece.param]
+            entry = self.state.setdefault(p, {})
+            entry["step"] = t
+            for key, array in zip(MOMENT_KEYS, arrays):
+                if array is None:
+                    continue
+                if key not in entry:
+                    size = sum(q.size for q in sharding.pieces_of(piece.param))
+                    entry[key] = torch.zeros(layout.shape if size == math.prod(layout.shape)
+                                             else (size,), dtype=array.dtype,
+                                             device=array.device)
+                kept = kept_piece(entry[key], piece, layout)
+                if kept.data_ptr() != array.data_ptr():      # made by this step
+                    kept.copy_(array)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -273,13 +309,25 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
             # A DTensor parameter is gathered only where weight decay reads it.
             params = [whole(p.detach()) if decay or not is_dtensor(p) else None
                       for p, decay in zip(family.params, job.decays)]
-            updates, family.state = core.update(
-                fam_grads, family.state, params, job.config,
-                lr=job.lrs, weight_decay=job.decays, check_grads=False, in_place=True,
-                schedule=job.schedule, finite=finite)
-            self._publish_family_state(family)
-            if family.sharding is not None:
-                family.sharding.share_updates(updates)
+            sharding = family.sharding
+            if sharding is not None:
+                present = [g is not None for g in fam_grads]
+                fam_grads, params = sharding.local_parts(fam_grads), \
+                    sharding.local_parts(params)
+                lrs, decays = ([values[piece.param] for piece in sharding.pieces]
+                               for values in (job.lrs, job.decays))
+            else:
+                lrs, decays = job.lrs, job.decays
+            if any(g is not None for g in fam_grads):  # none where a rank owns none
+                updates, family.state = core.update(
+                    fam_grads, family.state, params, job.config,
+                    lr=lrs, weight_decay=decays, check_grads=False, in_place=True,
+                    schedule=job.schedule, finite=finite)
+                self._publish_family_state(family)
+            else:
+                updates = []
+            if sharding is not None:
+                updates, _ = sharding.share_updates(updates, present, family.params[0].device)
             for p, u in zip(family.params, updates):
                 if u is not None:
                     add_to_local(p, u)

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from .. import _xp
 from . import core
 from .checkpoint import FORMAT, plan_from_layout, plan_layout
 from .distributed import BlockSharding, check_shard, resolve_process_group
 from .preconditioner import factor_shape
+from .rank_part import MOMENT_KEYS, own_part
 
 __all__ = ["STEP_DTYPE", "ShampooStateDict"]
 
@@ -42,6 +44,11 @@ def _step_tensor(value, device) -> torch.Tensor:
     """A per-parameter step count (an int from an older state dict, or a tensor) as
     a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
     return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
+
+
+def update_dtypes(params) -> list[str]:
+    """Each parameter's update (and moment) dtype name, as the core computes it."""
+    return [core.compute_dtype_name(_xp.array_namespace(p.detach()), p.dtype) for p in params]
 
 
 class _Family:
@@ -207,9 +214,11 @@ class ShampooStateDict:
         else:   # the first format predates the factor-ratio rule: every factor
             plan = core.make_plan([p.detach() for p in members],
                                   dataclasses.replace(config, max_factor_ratio=math.inf))
-        sharding = None if self._process_group is None else \
-            BlockSharding(plan, self._process_group)
+        sharding = None if self._process_group is None else BlockSharding(
+            plan, self._process_group, update_dtypes(members))
         check_shard(record.get("shard"), sharding)
+        if sharding is not None:
+            self._keep_own_moments(members, sharding)
         plan = plan if sharding is None else sharding.local
         device = members[0].device
         stacks = [factor_shape(s, config.symmetric_packing) for s in plan.stacks]
@@ -225,7 +234,7 @@ class ShampooStateDict:
                     for a in arrays]
 
         state = core.ShampooState(
-            step=int(record["step"]), param_steps=(0,) * len(members), exp_avg=[],
+            step=int(record["step"]), param_steps=(0,) * len(plan.params), exp_avg=[],
             exp_avg_sq=[], factors=restore("factors", stacks), roots=restore("roots", stacks),
             root_failures=restore("root_failures", [(s.count,) for s in plan.stacks]),
             root_refreshes=int(record["root_refreshes"]),
@@ -238,3 +247,19 @@ class ShampooStateDict:
         self._sync_family_state(family)
         return family
 
+    def _keep_own_moments(self, members, sharding) -> None:
+        """Moments loaded into a sharded optimizer, cut to the elements this rank owns:
+        state dicts saved before a rank kept only those hold whole-parameter moments
+        (and the elementwise parameters' on every rank)."""
+        for i, p in enumerate(members):
+            entry = self.state.get(p)
+            if entry is None:
+                continue
+            pieces = sharding.pieces_of(i)
+            if not pieces:
+                del self.state[p]
+                continue
+            layout = sharding.plan.params[i]
+            for key in MOMENT_KEYS:
+                if key in entry:
+                    entry[key] = own_part(entry[key], pieces, layout)
