@@ -258,7 +258,9 @@ def _resolved(returned):
     if n == 0:
         return xp.ones(returned.shape[:1], dtype=xp.bool, device=_xp.device_of(returned))
     tiny = float(xp.finfo(returned.dtype).smallest_normal)
-    return xp.max(xp.abs(returned), axis=(-2, -1)) >= n * tiny
+    # The largest |entry| from two reductions: no |root| stack is formed.
+    largest = xp.maximum(xp.max(returned, axis=(-2, -1)), -xp.min(returned, axis=(-2, -1)))
+    return largest >= n * tiny
 
 
 def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bool):
