@@ -45,7 +45,7 @@ from matroot.optim.rank_part import local_plan
 from matroot.optim.sharding import (
     COMPUTE_SLACK,
     best_balance,
-    block_cost,
+    group_cost,
     shard_plan,
 )
 
@@ -529,7 +529,7 @@ def test_split_owns_each_block_once_in_contiguous_balanced_pieces(world, shapes,
     assert split == shard_plan(plan, world), "the split must be the same on every rank"
     for g, group in enumerate(plan.groups):
         assert sum(split.counts[g]) == len(group.blocks)
-    total = sum(block_cost(g.shape) * len(g.blocks) for g in plan.groups)
+    total = sum(group_cost(g) * len(g.blocks) for g in plan.groups)
     assert sum(split.costs) == total
     assert split.balance >= best_balance(plan, world) - 1e-12
     # Each rank owns one contiguous piece of the model order (parameter by parameter,
@@ -544,7 +544,7 @@ def test_split_owns_each_block_once_in_contiguous_balanced_pieces(world, shapes,
     assert ranks_in_model_order == sorted(ranks_in_model_order)
     # Compute stays within COMPUTE_SLACK of the best contiguous cut, which carries less
     # than a fair share plus one block.
-    largest_cost = max(block_cost(g.shape) for g in plan.groups)
+    largest_cost = max(group_cost(g) for g in plan.groups)
     assert max(split.costs) < (1 + COMPUTE_SLACK) * (total / world + largest_cost)
 
 
