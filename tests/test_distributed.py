@@ -242,6 +242,25 @@ def _scenario_nonfinite(rank, world):
     return out
 
 
+def _scenario_idle_ranks(rank, world):
+    """A model of one block and one vector: the block's owner, the vector's owner and,
+    at 3 ranks, a rank that owns nothing all step, share updates and agree."""
+    gen = torch.Generator().manual_seed(3)
+    start = [torch.randn(6, 4, generator=gen), torch.randn(3, generator=gen)]
+    mine = [torch.nn.Parameter(t.clone()) for t in start]
+    alone = [torch.nn.Parameter(t.clone()) for t in start]
+    opt = Shampoo(mine, **OPTIONS)
+    ref = Shampoo(alone, distributed=None, **OPTIONS)
+    for step in range(4):
+        _set_grads(mine, step)
+        _set_grads(alone, step)
+        opt.step()
+        ref.step()
+    return {"pieces": len(opt._families[0].sharding.pieces), "kept": len(opt.state),
+            "digest": _digest(mine), "max_diff": _max_diff(mine, alone),
+            "updates_equal": []}
+
+
 def _scenario_checkpoint(rank, world, tmpdir):
     """Save at step 5, restore, run to 10; consolidate and re-shard the checkpoint."""
     half = STEPS // 2
@@ -347,6 +366,7 @@ def _scenarios(rank, world, tmpdir):
             "failed_roots": _scenario_failed_roots(rank, world),
             "nonfinite": _scenario_nonfinite(rank, world),
             "roots_not_kept": _scenario_roots_not_kept(rank, world),
+            "idle_ranks": _scenario_idle_ranks(rank, world),
             "checkpoint": _scenario_checkpoint(rank, world, tmpdir)}
 
 
@@ -465,6 +485,16 @@ def test_roots_not_kept_shard_like_kept_roots(ranks):
         assert all(r["roots_not_kept"]["roots"]) and r["roots_not_kept"]["refreshes"] >= 4
         assert r["roots_not_kept"]["updates_equal"][0]      # step 1: the Adam update
     _assert_matches_single_process(results, "roots_not_kept", f"{world} ranks")
+
+
+def test_a_rank_that_owns_nothing_still_shares_the_updates(ranks):
+    world, results = ranks
+    pieces = [r["idle_ranks"]["pieces"] for r in results]
+    assert sorted(pieces)[-2:] == [1, 1], pieces   # the block's owner, the vector's
+    assert [r["idle_ranks"]["kept"] for r in results] == pieces
+    if world == 3:
+        assert 0 in pieces
+    _assert_matches_single_process(results, "idle_ranks", f"{world} ranks")
 
 
 def test_nan_on_one_rank_makes_every_rank_raise_or_skip(ranks):
