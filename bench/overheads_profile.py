@@ -8,6 +8,9 @@ For each method, on one 8×384² float32 torch stack (by default):
   loop, the a-posteriori check, and the rest (validation, casts, scaling, small
   per-call operations). The phases are timed by wrapping the functions
   :mod:`matroot.stack_solve` calls (the wrappers only time; they do not change them);
+- each n×n product of the call (the Cholesky bound) timed where it runs, ÷ the
+  same-shaped product repeated alone: what the products themselves cost beyond
+  the count (fresh output pages, operands that left the cache);
 - the call with each λmax bound, ``bound_certificate="cholesky"`` (a Lanczos
   estimate proven by Cholesky tests) and ``"randomized"`` (the same run's Ritz
   value with Kuczyński and Woźniakowski's margin), interleaved.
@@ -116,6 +119,34 @@ def _profile_variants(call, repeats: int) -> dict[str, dict[str, float]]:
             for variant, kept in runs.items()}
 
 
+def _products_in_context(call, n: int, repeats: int) -> list[float]:
+    """Per n×n product of one call, in call order: its fastest time over
+    ``repeats`` calls (seconds). The products are timed by wrapping
+    ``torch.Tensor.__matmul__`` (the wrapper only times)."""
+    import torch
+
+    original = torch.Tensor.__matmul__
+    calls: list[list[float]] = []
+
+    def timed(left, right):
+        start = time.perf_counter()
+        out = original(left, right)
+        if left.shape[-2:] == (n, n) and right.shape[-2:] == (n, n):
+            calls[-1].append(time.perf_counter() - start)
+        return out
+
+    call()
+    torch.Tensor.__matmul__ = timed
+    try:
+        for _ in range(repeats):
+            calls.append([])
+            call()
+    finally:
+        torch.Tensor.__matmul__ = original
+    count = min(len(c) for c in calls)
+    return [min(c[i] for c in calls) for i in range(count)]
+
+
 class _Call:
     def __init__(self, x, p, method):
         self.x, self.p, self.method = x, p, method
@@ -175,7 +206,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--kappa", type=float, default=1e3)
     parser.add_argument("--p", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--methods", nargs="+", default=["newton_db", "coupled_newton", "minimax"])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--evd", action="store_true", help="also time evd against a plain "
                         "float32 eigh root")
@@ -204,6 +235,8 @@ def main(argv=None) -> dict:
                 counted = float((res.matmuls + res.check_matmuls).max())
                 runs.append({"method": method, "p": p, "bound": variant, "counted": counted,
                              "ms": {k: v * 1e3 for k, v in phases.items()}})
+            runs[-2]["products_ms"] = [t * 1e3 for t in _products_in_context(
+                call, args.n, args.repeats)]
             product = min(product, _best_of(lambda: x @ x, args.repeats))
     print(f"one batched product ({args.batch}×{args.n}², float32, {args.threads} threads): "
           f"{product * 1e3:.2f} ms")
@@ -215,6 +248,16 @@ def main(argv=None) -> dict:
         print(f"{row['method']:15s} p={row['p']} bound={row['bound']:10s} "
               f"counted={row['counted']:5.1f} time={total:7.1f} ms ratio={row['ratio']:.2f} "
               f"| {shares}")
+        if "products_ms" in row:
+            # A product inside the call can take longer than the same product
+            # repeated alone (fresh output pages, operands out of cache).
+            slowdown = np.array(row["products_ms"]) / (product * 1e3)
+            row["product_slowdown"] = {"median": float(np.median(slowdown)),
+                                       "max": float(slowdown.max()),
+                                       "excess_products": float((slowdown - 1).sum())}
+            print(f"{'':15s} its {len(slowdown)} n×n products, each ÷ one product alone: "
+                  f"median {np.median(slowdown):.2f}, max {slowdown.max():.2f} "
+                  f"({(slowdown - 1).sum():.1f} products of time in all)")
     if args.evd:
         report["evd"] = _evd_ratios(args.batch, args.n, args.p[0], args.repeats)
     if args.json:

@@ -54,10 +54,12 @@ LOW_PRECISION_ROWS = {
 ESTIMATE_UNDERSHOOT = 2.0
 
 #: The product check cannot see a root's error below about u·κ/p: its own products
-#: carry that much rounding (float32 inverses at κ ≈ 8e5 were reported with an
-#: estimate of 1e-3 and an oracle error of 1e-2 ≈ 0.2·u·κ). A caller's ``rtol`` is
-#: certified by it only where ``CHECK_RESOLUTION·u·κ/p ≤ rtol``.
-CHECK_RESOLUTION = 0.5
+#: carry that much rounding, and near that floor the estimate sees only part of the
+#: error (float32 inverses at κ ≈ 8e5 reported at 1e-3 with an oracle error of 1e-2;
+#: float64 square roots at κ ≈ 3e10 at 3.9e-7 with 1.2e-6 ≈ 0.65·u·κ/p). A target
+#: the table's measurements do not cover is certified where
+#: ``ESTIMATE_UNDERSHOOT·estimate + CHECK_RESOLUTION·u·κ/p ≤ target``.
+CHECK_RESOLUTION = 1.0
 
 #: κ bucket edges are widened by this factor towards the stricter target: the
 #: Ritz values carry rounding of about n·u·λmax, a few percent at κ = 1e4 in float32.
@@ -161,28 +163,31 @@ def check_rtol(rtol, unit: float) -> float:
     return value
 
 
-def rtol_allowance(rtol: float, kappa: Array, p, unit: float, first_order: bool) -> Array:
-    """Per matrix, the largest error estimate that certifies a caller's ``rtol``.
+def rtol_allowance(rtol: float | Array, kappa: Array, p, unit: float,
+                   first_order: bool) -> Array:
+    """Per matrix, the largest error estimate that certifies a target ``rtol`` (a
+    caller's, or one per matrix) the table's measurements do not cover.
 
     ``rtol`` itself for an estimate that bounds the error (``evd``'s); for the product
-    check's first-order estimate ``rtol / ESTIMATE_UNDERSHOOT``, and ``-inf`` (nothing
-    certifies) at a κ where the check's rounding, ``CHECK_RESOLUTION·u·κ/p``, exceeds
-    ``rtol``.
+    check's first-order estimate ``(rtol − CHECK_RESOLUTION·u·κ/p) / ESTIMATE_UNDERSHOOT``,
+    and ``-inf`` (nothing certifies) where that is not positive: the check's own
+    rounding already reaches ``rtol``.
 
     Examples
     --------
     >>> import numpy as np
     >>> from matroot.accuracy import rtol_allowance
-    >>> rtol_allowance(1e-2, np.array([1e2, 1e6]), 1, 2.0 ** -24, True).tolist()
-    [0.005, -inf]
+    >>> rtol_allowance(1e-2, np.array([1e2, 1e6]), 1, 2.0 ** -24, True).round(6).tolist()
+    [0.004997, -inf]
     >>> rtol_allowance(1e-2, np.array([1e2, 1e6]), 1, 2.0 ** -24, False).tolist()
     [0.01, 0.01]
     """
     xp = _xp.array_namespace(kappa)
+    allowed = xp.zeros_like(kappa) + rtol  # rtol: a float or one target per matrix
     if not first_order:
-        return xp.full_like(kappa, rtol)
-    resolvable = CHECK_RESOLUTION * unit * kappa / p <= rtol
-    return xp.where(resolvable, xp.full_like(kappa, rtol / ESTIMATE_UNDERSHOOT),
+        return allowed
+    unseen = allowed - CHECK_RESOLUTION * unit * kappa / p
+    return xp.where(unseen > 0, unseen / ESTIMATE_UNDERSHOOT,
                     xp.full_like(kappa, -float("inf")))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import _xp
 from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from .accuracy import (ESTIMATE_UNDERSHOOT, check_rtol, row_target, rtol_allowance,
+from .accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, check_rtol, row_target, rtol_allowance,
                        unit_roundoff)
 from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from .probes import FROBENIUS_FACTOR
@@ -100,20 +100,32 @@ class RootCall:
         return unit_roundoff(xp, getattr(xp, self.work_dtype))
 
     def accuracy(self, kappa):
-        """Per matrix, the error estimate ``converged`` allows: what certifies
-        ``rtol`` (:func:`matroot.accuracy.rtol_allowance`), else the table's target
-        for each κ (:func:`matroot.accuracy.row_target`) or a looser ``tol``."""
+        """Per matrix, the error estimate ``converged`` allows.
+
+        The table's target for each κ (:func:`matroot.accuracy.row_target`), whose
+        entries hold the first-order estimate's undershoot where they were measured
+        (κ ≤ 1e6). Any other target — a caller's ``rtol``, a ``tol`` looser than the
+        table, the last column's target past κ = 1e6, every target with the randomized
+        λmax bound (its scaling stalls some iterations nearer the rounding floor) —
+        is certified by an iterative method's estimate only as
+        :func:`matroot.accuracy.rtol_allowance` allows (half of it, and nothing where
+        the check's rounding exceeds it)."""
         xp = _xp.array_namespace(kappa)
+        first_order = self.solver.iterative
+        unit = self.unit_roundoff(xp)
         if self.rtol is not None:
-            return rtol_allowance(self.rtol, kappa, self.p, self.unit_roundoff(xp),
-                                  first_order=self.solver.iterative)
+            return rtol_allowance(self.rtol, kappa, self.p, unit, first_order)
         target = row_target(self.solver.accuracy_row, self.precision, self.p, kappa)
-        if self.bound_certificate == "randomized" and self.solver.iterative:
-            # Its scaling leads some iterations to stall nearer the table's κ = 1e6
-            # edge, where the first-order estimate undershoots (a newton_db root 3.6%
-            # over 2e-2 was reported converged): the same allowance as for rtol.
-            target = target / ESTIMATE_UNDERSHOOT
-        return xp.maximum(target, xp.full_like(target, self.tol))
+        if not first_order:
+            return xp.maximum(target, xp.full_like(target, self.tol))
+        unmeasured = kappa > KAPPA_BUCKETS[-1] * BUCKET_SLACK
+        if self.bound_certificate == "randomized":
+            unmeasured = xp.ones_like(unmeasured)
+        guarded = xp.where(unmeasured, rtol_allowance(target, kappa, self.p, unit, True), target)
+        if self.tol <= 0:
+            return guarded
+        loose = rtol_allowance(xp.full_like(target, self.tol), kappa, self.p, unit, True)
+        return xp.where(self.tol > target, xp.maximum(guarded, loose), guarded)
 
 
 def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: str = "power",

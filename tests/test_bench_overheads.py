@@ -42,6 +42,8 @@ def test_floor_and_evd_rows(tmp_path):
                                         budget_s=0.1)
     assert {r["method"] for r in floor} == {"newton_db", "coupled_newton", "minimax"}
     assert all(r["matmuls"] > 0 and r["time_over_floor"] > 0 for r in floor)
+    # The counted product-equivalents add the check's to the solver's matmuls.
+    assert all(r["counted"] > r["matmuls"] and r["time_over_counted"] > 0 for r in floor)
     evd = overheads.evd_rows([(8, 4)], repeats=1, budget_s=0.1)
     assert [(r["backend"], r["spectrum"]) for r in evd] == [
         ("torch", "wishart"), ("torch", "kappa1e4"), ("numpy", "wishart"), ("numpy", "kappa1e4")]
@@ -79,3 +81,7 @@ def test_overheads_profile_runs_its_phases():
     for row in report["runs"]:
         assert row["ms"]["lanczos"] > 0 and row["ms"]["root check"] > 0
         assert row["ratio"] > 0
+    # The Cholesky-bound call's n×n products are timed where they run: at least
+    # the check's three (p = 2) besides the solver's.
+    timed = next(row for row in report["runs"] if row["bound"] == "cholesky")
+    assert len(timed["products_ms"]) > 3 and timed["product_slowdown"]["median"] > 0

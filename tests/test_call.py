@@ -10,7 +10,7 @@ import pytest
 import matroot
 import matroot.call
 import matroot.stack_solve
-from matroot.accuracy import ESTIMATE_UNDERSHOOT, row_target
+from matroot.accuracy import CHECK_RESOLUTION, ESTIMATE_UNDERSHOOT, row_target
 from matroot.call import RootCall, resolve_call
 from matroot.probes import FROBENIUS_FACTOR
 from matroot.solvers import get_solver
@@ -48,12 +48,32 @@ def test_accuracy_is_rtol_or_the_table():
     table = resolve_call(np, A32, 2, method="minimax")
     expected = np.maximum(row_target("iterative", "float32", 2, kappa), table.tol)
     assert np.array_equal(table.accuracy(kappa), expected)
-    # The iterative methods' first-order estimate must come in under rtol/2; evd's at rtol.
+    # The iterative methods' first-order estimate must come in under rtol/2, less the
+    # check's own rounding; evd's at rtol.
     minimax = resolve_call(np, A32, 2, method="minimax", rtol=0.3)
-    assert np.all(minimax.accuracy(kappa) == 0.3 / ESTIMATE_UNDERSHOOT)
+    unseen = 0.3 - CHECK_RESOLUTION * 2.0**-24 * kappa / 2
+    assert np.allclose(minimax.accuracy(kappa), unseen / ESTIMATE_UNDERSHOOT, rtol=1e-12)
     assert np.all(resolve_call(np, A32, 2, method="evd", rtol=0.3).accuracy(kappa) == 0.3)
     low = resolve_call(np, A32, 2, method="minimax", matmul_dtype="float16")
     assert low.precision == "float16"
+
+
+def test_targets_the_table_did_not_measure_get_the_rtol_allowance():
+    """Past κ = 1e6 (the last column), and for a tol looser than the table, the
+    first-order estimate is held to half the target less the check's rounding: float32
+    square roots at κ = 2e6 cannot be certified at 2e-2 (u·κ/p = 0.06)."""
+    kappa = np.array([1e3, 1e6, 2e6, 2e8])
+    table = resolve_call(np, A32, 2, method="minimax").accuracy(kappa)
+    assert table[:2].tolist() == [1e-3, 2e-2] and np.all(table[2:] == -np.inf)
+    wide = resolve_call(np, A32.astype(np.float64), 2, method="minimax").accuracy(kappa)
+    unseen = 1e-6 - CHECK_RESOLUTION * 2.0**-53 * kappa[2:] / 2
+    assert np.allclose(wide[2:], unseen / ESTIMATE_UNDERSHOOT, rtol=1e-12)
+    loose = resolve_call(np, A32, 2, method="minimax", tol=0.1).accuracy(kappa)
+    allowed = (0.1 - CHECK_RESOLUTION * 2.0**-24 * kappa[:3] / 2) / ESTIMATE_UNDERSHOOT
+    assert np.allclose(loose[:3], allowed, rtol=1e-12) and loose[3] == -np.inf
+    # evd's estimate bounds its error: the table (or the tol) as it stands.
+    evd = resolve_call(np, A32, 2, method="evd").accuracy(kappa)
+    assert np.array_equal(evd, row_target("evd", "float32", 2, kappa))
 
 
 def test_one_resolution_and_one_lookup_per_call(monkeypatch):

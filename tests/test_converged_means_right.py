@@ -304,3 +304,51 @@ def test_isolated_top_at_n1024(method):
     res = matroot.inv_root_info(a, 4, method=method)
     _, converged = _assert_promise(res, a, 4, method, "float32")
     assert converged.all()
+
+
+@pytest.mark.parametrize("dtype, log_kappa", [("float32", (6.2, 8.0)),
+                                              ("float64", (9.5, 12.0))])
+def test_past_the_table_the_last_column_still_holds(dtype, log_kappa):
+    """Past κ = 1e6 the last column's target applies (2e-2 / 5e-2 float32, 1e-6 float64).
+    Small random matrices there were reported converged up to 17× (float32) and 141×
+    (float64) over it: near the rounding floor the first-order estimate sees a third of
+    the error. Found by a search outside matroot.testing's families (n = 2–32)."""
+    rng = np.random.default_rng(7)
+    for n in (2, 3, 8, 32):
+        q = random_orthogonal(rng, (6,), n)
+        lam = 10.0 ** rng.uniform(0, log_kappa[1], (6, n))
+        lam[:, 0], lam[:, -1] = 1.0, 10.0 ** rng.uniform(*log_kappa, 6)
+        a = ((q * lam[:, None, :]) @ np.swapaxes(q, -1, -2)).astype(dtype)
+        a = (a + np.swapaxes(a, -1, -2)) / 2
+        w = np.linalg.eigvalsh(a.astype(np.float64))
+        kappa = w[:, -1] / w[:, 0]
+        for method in ITERATIVE:
+            for p in (1, 2, 4, 8):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = matroot.inv_root_info(a, p, method=method)
+                err = _worst_error(res, a, p)
+                target = accuracy_target(method, dtype, p, kappa)
+                bad = np.asarray(res.converged) & ~(err <= target)
+                assert not bad.any(), (method, p, n, kappa[bad], err[bad])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_root_that_underflows_inside_the_solve_is_not_converged(backend):
+    """evd with p = 0.5 of a float32 matrix at scale 4e22: the root (~1e-44) underflowed
+    to zero in the unscaling, with no cast to notice it, and was reported converged with
+    an estimate of 1e-7 (found by a search on Hilbert matrices)."""
+    i = np.arange(2)
+    a = (1.0 / (i[:, None] + i[None, :] + 1) * 3.77789e22).astype(np.float32)[None]
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        a = torch.from_numpy(a)
+    with pytest.warns(matroot.ConvergenceWarning, match="lose their precision"):
+        matroot.inv_root(a, 0.5, method="evd")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        info = matroot.inv_root_info(a, 0.5, method="evd")
+    assert not np.asarray(info.converged).any()
+    # The same matrix at an ordinary scale is solved and converged.
+    ordinary = matroot.inv_root_info(a / 3.77789e22, 0.5, method="evd")
+    assert np.asarray(ordinary.converged).all()
