@@ -244,10 +244,11 @@ def _scenario_nonfinite(rank, world):
 
 
 def _scenario_idle_ranks(rank, world):
-    """A model of one block and one vector: the block's owner, the vector's owner and,
-    at 3 ranks, a rank that owns nothing all step, share updates and agree."""
+    """A model of one block and one float64 vector: the block's owner, the vector's owner
+    and, at 3 ranks, a rank that owns nothing all step, share updates and agree."""
     gen = torch.Generator().manual_seed(3)
-    start = [torch.randn(6, 4, generator=gen), torch.randn(3, generator=gen)]
+    # The vector in float64: its update travels in an all-gather of its own dtype.
+    start = [torch.randn(6, 4, generator=gen), torch.randn(3, generator=gen).double()]
     mine = [torch.nn.Parameter(t.clone()) for t in start]
     alone = [torch.nn.Parameter(t.clone()) for t in start]
     opt = Shampoo(mine, **OPTIONS)
