@@ -215,8 +215,6 @@ def _smallest_bound(fits, world_size: int) -> float:
     return high
 
 
-
-
 def moment_bytes(elements: int, dtype: str) -> int:
     """Bytes of the two moments (Adam grafting) of ``elements`` entries in ``dtype``."""
     return 2 * elements * DTYPE_BYTES[dtype]
