@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from . import _xp
 from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from .accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, check_rtol, row_target, rtol_allowance,
-                       unit_roundoff)
+from .accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, check_rtol, row_target,
+                       rtol_allowance, unit_roundoff)
 from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from .probes import FROBENIUS_FACTOR
 from .solvers import get_solver
@@ -108,8 +108,9 @@ class RootCall:
         table, the last column's target past κ = 1e6, every target with the randomized
         λmax bound (its scaling stalls some iterations nearer the rounding floor) —
         is certified by an iterative method's estimate only as
-        :func:`matroot.accuracy.rtol_allowance` allows (half of it, and nothing where
-        the check's rounding exceeds it)."""
+        :func:`matroot.accuracy.rtol_allowance` allows (half of it less the check's
+        rounding ``u·κ/p``); a loose ``tol`` at least twice that rounding stands as
+        it is."""
         xp = _xp.array_namespace(kappa)
         first_order = self.solver.iterative
         unit = self.unit_roundoff(xp)
@@ -124,7 +125,11 @@ class RootCall:
         guarded = xp.where(unmeasured, rtol_allowance(target, kappa, self.p, unit, True), target)
         if self.tol <= 0:
             return guarded
-        loose = rtol_allowance(xp.full_like(target, self.tol), kappa, self.p, unit, True)
+        # A tol far above the check's rounding is certified as it stands (the stopping
+        # rule stops on the same residual the estimate reads); near it, as rtol is.
+        loose = xp.where(2 * CHECK_RESOLUTION * unit * kappa / self.p <= self.tol,
+                         xp.full_like(target, self.tol),
+                         rtol_allowance(self.tol, kappa, self.p, unit, True))
         return xp.where(self.tol > target, xp.maximum(guarded, loose), guarded)
 
 

@@ -4,7 +4,8 @@ hypothesis draws a method, a root order (p = 1, powers of two, odd p, large p fo
 coupled Newton, non-integer p for evd), a dtype, a size up to 512, a spectrum
 family of :mod:`matroot.testing.spectra` with κ up to the table's end, a scale
 across the dtype's range and a call (default tol, a tol near 1/n or larger, a
-fixed step count with ``tol=0``, an accuracy target ``rtol=``). Every matrix reported
+fixed step count with ``tol=0``, an accuracy target ``rtol=``), at times a ridge ``eps``
+and, for the iterative methods, κ past the table (to 1e8 / 1e13). Every matrix reported
 converged must be within ``rtol``, else ``max(table(κ), tol)``, of the float64 oracle
 (:func:`matroot.verify.accuracy_target` at the matrix's true κ). The default run keeps
 to small sizes and a few dozen examples (about a minute); the ``slow`` profile searches
@@ -28,6 +29,8 @@ from matroot.verify import accuracy_target
 #: κ at most this (the README table's end; chebyshev's rows end at 1e4).
 TABLE_END = {"chebyshev": 1e4}
 DEFAULT_TABLE_END = 1e6
+#: How far past the table the iterative methods are driven (the last column applies).
+PAST_TABLE = {"float32": 1e8, "float64": 1e13}
 
 
 #: Where the earlier rounds found their cases: one direction far from the rest, an
@@ -55,6 +58,8 @@ def calls(draw, max_n: int, where: dict = ANY):
     dtype = draw(st.sampled_from(["float32", "float64"]))
     n = draw(st.integers(2, max_n))
     end = TABLE_END.get(method, DEFAULT_TABLE_END)
+    if SOLVERS[method].iterative and draw(st.booleans()):
+        end = PAST_TABLE[dtype]  # the last column's promise holds past κ = 1e6 too
     kappa = 10.0 ** draw(st.floats(min(where["low_kappa"], np.log10(end) - 1),
                                    np.log10(end) - 0.05))
     family = draw(st.sampled_from(where["families"]))
@@ -71,6 +76,8 @@ def calls(draw, max_n: int, where: dict = ANY):
             options.update(tol=0, max_iter=draw(st.integers(1, 8)))
     if SOLVERS[method].needs_scaling:
         options["bound_certificate"] = draw(st.sampled_from(["cholesky", "randomized"]))
+    if draw(st.integers(0, 3)) == 0:  # a ridge, relative to λmax (= scale)
+        options["eps"] = scale * draw(st.sampled_from([1e-12, 1e-8, 1e-6, 1e-3]))
     seed = draw(st.integers(0, 2**31 - 1))
     return method, p, dtype, n, kappa, family, scale, options, seed
 
@@ -87,10 +94,11 @@ def _check_call(method, p, dtype, n, kappa, family, scale, options, seed):
     if not converged.any():
         return
     passed = a.astype(np.float64)
-    lam = np.linalg.eigvalsh(passed / scale)
+    ridge = options.get("eps", 0.0) / scale
+    lam = np.linalg.eigvalsh(passed / scale) + ridge
     true_kappa = lam.max(-1) / lam.min(-1)
     # The oracle of the exactly rescaled values, scaled back (no subnormal eigenvalues).
-    ref = oracle_inv_root(passed / scale, p) * scale ** (-1.0 / p)
+    ref = oracle_inv_root(passed / scale, p, ridge) * scale ** (-1.0 / p)
     err = relative_error(np.asarray(res.root, dtype=np.float64), ref)
     if "rtol" in options:  # the caller's target, whatever the table says
         target = np.full_like(true_kappa, options["rtol"])

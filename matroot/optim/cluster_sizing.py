@@ -25,7 +25,7 @@ from .blocking import DEFAULT_MAX_FACTOR_RATIO, ELEMENTWISE, FactorPolicy, plan_
 from .sharding import (
     DTYPE_BYTES,
     best_balance,
-    block_cost,
+    group_cost,
     factor_bytes,
     gather_buckets,
     moment_bytes,
@@ -204,7 +204,7 @@ def plan_summary(shapes, *, block_size: int = 1024, world_sizes=(8,), dtype: str
     left_out = [i for i, layout in enumerate(plan.params) if layout.kind == ELEMENTWISE]
     blocks: dict[tuple[int, ...], dict[str, Any]] = {}
     for group in plan.groups:
-        entry = blocks.setdefault(group.shape, {"count": 0, "cost": block_cost(group.shape)})
+        entry = blocks.setdefault(group.shape, {"count": 0, "cost": group_cost(group)})
         entry["count"] += len(group.blocks)
     stacks: dict[int, int] = {}
     for stack_shape in plan.stacks:
@@ -350,7 +350,8 @@ def format_summary(summary: dict, title: str) -> str:
             f"{_bytes(w['allgather_bytes']):>17}{pad:>8.1%}")
     lines.append("")
     lines.append("  cost: r^3 + c^3 (inverse roots) + r*c*(r + c) (factor update) per r x c "
-                 "block; best: a lower bound on max/mean for any split")
+                 "block, a side without a factor costing nothing; best: a lower bound on "
+                 "max/mean for any split")
     storage = s["storage"]
     kept = ("no roots kept" if not storage["keep_roots"] else
             f"roots in {storage['root_dtype'] or s['dtype']}")

@@ -100,8 +100,6 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
     return local, tuple(owned)
 
 
-
-
 @dataclass(frozen=True)
 class Piece:
     """A rectangle of one parameter's view that one rank owns.

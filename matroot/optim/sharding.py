@@ -25,6 +25,7 @@ __all__ = [
     "COMPUTE_SLACK",
     "moment_bytes",
     "block_cost",
+    "group_cost",
     "factor_bytes",
     "best_balance",
     "ShardPlan",
@@ -38,27 +39,36 @@ __all__ = [
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
-def block_cost(shape) -> int:
+def block_cost(shape, factored=None) -> int:
     """Work of one block per optimizer step, in multiply-adds.
 
     An ``r×c`` block costs ``r³ + c³`` for the inverse roots of its two factors
     (every solver is a fixed multiple of one n×n matmul per factor; the
     multiple is the same for all blocks, so it drops out of the balance) plus
-    ``r·c·(r + c)`` for its factor update ``GGᵀ``, ``GᵀG``. A vector block of
-    length n costs ``n³ + n²`` (one root, one outer product).
+    ``r·c·(r + c)`` for its factor update ``GGᵀ``, ``GᵀG``. A side without a factor
+    (``factored``, per dimension; default all) costs nothing: a one-sided block with
+    a left factor costs ``r³ + r²c``. A vector block of length n costs ``n³ + n²``
+    (one root, one outer product).
 
     Examples
     --------
     >>> block_cost((1024, 1024)) == 4 * 1024 ** 3
     True
-    >>> block_cost((8,))
-    576
+    >>> block_cost((8,)), block_cost((10, 160), (True, False))
+    (576, 17000)
     """
-    if len(shape) == 1:
-        (n,) = shape
-        return n ** 3 + n ** 2
-    rows, cols = shape
-    return rows ** 3 + cols ** 3 + rows * cols * (rows + cols)
+    factored = (True,) * len(shape) if factored is None else factored
+    cost = 0
+    for n, has_factor in zip(shape, factored):
+        if has_factor:
+            cost += n ** 3 + n * math.prod(shape)
+    return cost
+
+
+def group_cost(group: BlockGroup) -> int:
+    """:func:`block_cost` of one block of ``group``, with the group's factored sides."""
+    sides = (group.left is not None, group.right is not None)[:len(group.shape)]
+    return block_cost(group.shape, sides)
 
 
 def factor_bytes(group: BlockGroup, *, packed: bool = False, root_dtype: str | None = None,
@@ -157,7 +167,7 @@ def best_balance(plan: BlockPlan, world_size: int) -> float:
     >>> best_balance(plan, 2)  # 3 equal blocks on 2 ranks: 2 against a mean of 1.5
     1.3333333333333333
     """
-    costs = sorted((block_cost(g.shape) for g in plan.groups for _ in g.blocks), reverse=True)
+    costs = sorted((group_cost(g) for g in plan.groups for _ in g.blocks), reverse=True)
     if not costs:
         return 1.0
     mean = sum(costs) / world_size
@@ -203,8 +213,6 @@ def _smallest_bound(fits, world_size: int) -> float:
         else:
             low = bound
     return high
-
-
 
 
 def moment_bytes(elements: int, dtype: str) -> int:
@@ -270,7 +278,7 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    unit = [block_cost(g.shape) for g in plan.groups]
+    unit = [group_cost(g) for g in plan.groups]
     held = [factor_bytes(g) + moment_bytes(math.prod(g.shape), g.dtype) for g in plan.groups]
     order = _model_order(plan)
     counts = [[0] * world_size for _ in plan.groups]

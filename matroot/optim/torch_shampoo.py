@@ -12,7 +12,8 @@ family of its own (its own step count and stacks).
 
 Per-parameter state (``step``, ``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``)
 lives in ``optimizer.state[p]`` as in torch's own optimizers, made at the
-parameter's first gradient; the factor and root stacks live with their family
+parameter's first gradient (sharded: on the ranks that own elements of it, for
+those elements only); the factor and root stacks live with their family
 and travel in ``state_dict()["shampoo_families"]`` with a per-parameter index of
 their slots (:mod:`matroot.optim.checkpoint`).
 
@@ -26,7 +27,6 @@ runs outside any compiled graph.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any, NamedTuple
@@ -38,8 +38,7 @@ from . import core
 from .config import PER_PARAMETER
 from .distributed import BlockSharding, agree_on_gradients, resolve_process_group
 from .dtensor import add_to_local, is_dtensor, local_view, whole
-from .rank_part import MOMENT_KEYS, kept_piece
-from .torch_state import STEP_DTYPE, ShampooStateDict, _Family, update_dtypes
+from .torch_state import ShampooStateDict, _Family, update_dtypes
 
 __all__ = ["Shampoo"]
 
@@ -228,57 +227,6 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         placeholders = [local_view(detached[piece.param]) for piece in sharding.pieces]
         return _Family(members, core.init(placeholders, config, plan=sharding.local,
                                           lazy=True), sharding)
-
-    def _sync_family_state(self, family):
-        """The family's core state with the per-parameter entries of ``self.state``
-        (sharded: one entry per piece, views into the parameter's kept moments)."""
-        per_param = [self.state.get(p, {}) for p in family.params]
-        sharding = family.sharding
-        if sharding is None:
-            steps = [s.get("step") for s in per_param]
-            arrays = {key: [s.get(key) for s in per_param] for key in MOMENT_KEYS}
-        else:
-            steps = [per_param[piece.param].get("step") for piece in sharding.pieces]
-            arrays = {key: [None if key not in per_param[piece.param] else kept_piece(
-                per_param[piece.param][key], piece, sharding.plan.params[piece.param])
-                for piece in sharding.pieces] for key in MOMENT_KEYS}
-        device = family.params[0].device
-        family.state = family.state._replace(
-            param_steps=tuple(torch.zeros((), dtype=STEP_DTYPE, device=device)
-                              if t is None else t for t in steps), **arrays)
-
-    def _publish_family_state(self, family):
-        """Per-parameter entries of ``self.state`` from the family's core state (sharded:
-        the pieces' moments written into the parameter's kept moments, made at its first
-        gradient)."""
-        st = family.state
-        buffers = st.momentum_buffer or [None] * len(st.exp_avg)
-        entries = zip(st.param_steps, st.exp_avg, st.exp_avg_sq, buffers)
-        if family.sharding is None:
-            for p, (t, *arrays) in zip(family.params, entries):
-                if arrays[0] is not None:
-                    self.state[p] = {"step": t, **{k: a for k, a in zip(MOMENT_KEYS, arrays)
-                                                   if a is not None}}
-            return
-        sharding = family.sharding
-        for piece, (t, *arrays) in zip(sharding.pieces, entries):
-            if arrays[0] is None:
-                continue
-            p = family.params[piece.param]
-            layout = sharding.plan.params[piece.param]
-            entry = self.state.setdefault(p, {})
-            entry["step"] = t
-            for key, array in zip(MOMENT_KEYS, arrays):
-                if array is None:
-                    continue
-                if key not in entry:
-                    size = sum(q.size for q in sharding.pieces_of(piece.param))
-                    entry[key] = torch.zeros(layout.shape if size == math.prod(layout.shape)
-                                             else (size,), dtype=array.dtype,
-                                             device=array.device)
-                kept = kept_piece(entry[key], piece, layout)
-                if kept.data_ptr() != array.data_ptr():      # made by this step
-                    kept.copy_(array)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -5,7 +5,10 @@ that share factor stacks. :class:`ShampooStateDict` is the part of the shell tha
 saves and restores them: ``state_dict()`` adds each family's stacks, counters and
 per-parameter ``"layout"`` (:mod:`matroot.optim.checkpoint`) to torch's state dict;
 ``load_state_dict()`` puts them back, uncast, before torch runs the load
-post-hooks; ``pickle`` and ``copy.deepcopy`` carry the same records.
+post-hooks; ``pickle`` and ``copy.deepcopy`` carry the same records. It also moves a
+family's per-parameter entries of ``optimizer.state`` into its core state and back
+at each step (sharded: the moments of the rank's pieces, as views into the elements
+it keeps of each parameter, :mod:`matroot.optim.rank_part`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from . import core
 from .checkpoint import FORMAT, plan_from_layout, plan_layout
 from .distributed import BlockSharding, check_shard, resolve_process_group
 from .preconditioner import factor_shape
-from .rank_part import MOMENT_KEYS, own_part
+from .rank_part import MOMENT_KEYS, kept_piece, own_part
 
 __all__ = ["STEP_DTYPE", "ShampooStateDict"]
 
@@ -83,7 +86,56 @@ class ShampooStateDict:
 
         def _group_config(self, group) -> core.ShampooConfig: ...
 
-        def _sync_family_state(self, family) -> None: ...
+    def _sync_family_state(self, family):
+        """The family's core state with the per-parameter entries of ``self.state``
+        (sharded: one entry per piece, views into the parameter's kept moments)."""
+        per_param = [self.state.get(p, {}) for p in family.params]
+        sharding = family.sharding
+        if sharding is None:
+            steps = [s.get("step") for s in per_param]
+            arrays = {key: [s.get(key) for s in per_param] for key in MOMENT_KEYS}
+        else:
+            steps = [per_param[piece.param].get("step") for piece in sharding.pieces]
+            arrays = {key: [None if key not in per_param[piece.param] else kept_piece(
+                per_param[piece.param][key], piece, sharding.plan.params[piece.param])
+                for piece in sharding.pieces] for key in MOMENT_KEYS}
+        device = family.params[0].device
+        family.state = family.state._replace(
+            param_steps=tuple(torch.zeros((), dtype=STEP_DTYPE, device=device)
+                              if t is None else t for t in steps), **arrays)
+
+    def _publish_family_state(self, family):
+        """Per-parameter entries of ``self.state`` from the family's core state (sharded:
+        the pieces' moments written into the parameter's kept moments, made at its first
+        gradient)."""
+        st = family.state
+        buffers = st.momentum_buffer or [None] * len(st.exp_avg)
+        entries = zip(st.param_steps, st.exp_avg, st.exp_avg_sq, buffers)
+        if family.sharding is None:
+            for p, (t, *arrays) in zip(family.params, entries):
+                if arrays[0] is not None:
+                    self.state[p] = {"step": t, **{k: a for k, a in zip(MOMENT_KEYS, arrays)
+                                                   if a is not None}}
+            return
+        sharding = family.sharding
+        for piece, (t, *arrays) in zip(sharding.pieces, entries):
+            if arrays[0] is None:
+                continue
+            p = family.params[piece.param]
+            layout = sharding.plan.params[piece.param]
+            entry = self.state.setdefault(p, {})
+            entry["step"] = t
+            for key, array in zip(MOMENT_KEYS, arrays):
+                if array is None:
+                    continue
+                if key not in entry:
+                    size = sum(q.size for q in sharding.pieces_of(piece.param))
+                    entry[key] = torch.zeros(layout.shape if size == math.prod(layout.shape)
+                                             else (size,), dtype=array.dtype,
+                                             device=array.device)
+                kept = kept_piece(entry[key], piece, layout)
+                if kept.data_ptr() != array.data_ptr():      # made by this step
+                    kept.copy_(array)
 
     def _family_records(self) -> list:
         """Each family's stacks, counters and the per-parameter ``"layout"`` index of their
