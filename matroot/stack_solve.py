@@ -75,8 +75,8 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         solver_kwargs["ridge"] = reg.ridge
     ritz = sc.ritz
     floor = reg.ridge if lambda_min_lower is None else xp.maximum(
-        reg.ridge, _per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
-                               _xp.device_of(a)) / reg.magnitude)
+        reg.ridge, _informative(_per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,
+                                            _xp.device_of(a))) / reg.magnitude)
     if solver.needs_lower_bound:
         solver_kwargs["lower"], ritz = _lower_bound(
             sc.stack, floor / sc.scale, ritz, has_ridge=call.eps > 0 or lambda_min_lower
@@ -227,6 +227,13 @@ def _per_matrix(xp, value, b, dtype, device):
     """A caller's scalar or batch-shaped bound as a flat ``(b,)`` array."""
     value = xp.asarray(value, dtype=dtype, device=device)
     return xp.reshape(xp.broadcast_to(value, (b,) if value.ndim == 0 else value.shape), (b,))
+
+
+def _informative(lower):
+    """A caller's per-matrix λmin bounds, NaN and ±Inf read as 0 (no information):
+    such a matrix is solved as if no bound were given, its neighbours unchanged."""
+    xp = _xp.array_namespace(lower)
+    return xp.where(xp.isfinite(lower), lower, xp.zeros_like(lower))
 
 
 def _cast_back_error(returned, root, computed):

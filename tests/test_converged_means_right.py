@@ -352,3 +352,23 @@ def test_a_root_that_underflows_inside_the_solve_is_not_converged(backend):
     # The same matrix at an ordinary scale is solved and converged.
     ordinary = matroot.inv_root_info(a / 3.77789e22, 0.5, method="evd")
     assert np.asarray(ordinary.converged).all()
+
+
+@pytest.mark.parametrize("method", ["chebyshev", "minimax"])
+def test_a_non_finite_caller_lower_bound_is_no_information(method):
+    """λmin bounds of inf (with an inf λmax bound) leaked NumPy's "cannot convert float
+    NaN to integer" from the degree/step choice; NaN or inf now reads as no bound,
+    for that matrix only (found by the red-team search's overflowing bounds)."""
+    a = np.stack([np.eye(3) * 2, np.diag([1.0, 2.0, 4.0])]).astype(np.float32)
+    plain = matroot.inv_root_info(a, 2, method=method)
+    for lower, upper in (([np.inf, 1.0], [np.inf, 4.0]), ([np.nan, 1.0], None)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = matroot.inv_root_info(
+                a, 2, method=method, lambda_min_lower=np.array(lower, np.float32),
+                lambda_max_upper=None if upper is None else np.array(upper, np.float32))
+        err = _worst_error(res, a, 2)
+        assert np.asarray(res.converged)[1] and err[1] <= 1e-4
+        if upper is None:  # the first matrix is solved as without a bound
+            assert np.asarray(res.converged)[0] == np.asarray(plain.converged)[0]
+            assert err[0] <= 1e-4
