@@ -137,26 +137,21 @@ def _power_scaled(b, num_vectors: int = _POWER_VECTORS, num_iter: int = _POWER_S
     return best
 
 
-def _lanczos_coefficients(a, num_steps: int, entry_scaled: bool = False):
+def _lanczos_coefficients(a, num_steps: int):
     """Batched Lanczos with full reorthogonalisation, on the device.
 
     Returns ``(coefficients, steps)``: a ``(b, 2m + 1)`` array holding the
     ``m = steps`` diagonal entries α of the tridiagonal matrix of ``a / scale``,
     its ``m`` couplings β (the last one couples to the next Lanczos vector: 0
-    once the Krylov space is exhausted) and the per-matrix entry scale (1 where
-    the caller says the entries are ``entry_scaled`` already).
+    once the Krylov space is exhausted) and the per-matrix entry scale.
     """
     xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     b = math.prod(batch)
     dev = _xp.device_of(a)
-    mat = xp.reshape(a, (b, n, n))
-    if entry_scaled:
-        scale = xp.ones((b,), dtype=a.dtype, device=dev)
-    else:
-        scale = xp.reshape(_entry_scale(xp, a), (b,))
-        mat = mat / scale[:, None, None]
+    scale = xp.reshape(_entry_scale(xp, a), (b,))
+    mat = xp.reshape(a, (b, n, n)) / scale[:, None, None]
     steps = max(1, min(int(num_steps), n))
     tiny = float(xp.finfo(a.dtype).smallest_normal)
     # Row vectors (vᵀA = (Av)ᵀ for symmetric A): a row times the stack streams it
@@ -183,14 +178,12 @@ def _next_vector(xp, w, reach, basis, restart, tiny: float):
     n = w.shape[-1]
     rows = xp.concat([w, xp.broadcast_to(restart, w.shape)], axis=-2)
     rows = rows - (rows @ xp.matrix_transpose(basis)) @ basis
-    # One reduction for both rows (the first norm is β) and one division that
-    # normalises both: the run is a chain of small dispatches, not of flops.
-    norms = xp.linalg.vector_norm(rows, axis=-1)
-    beta = norms[:, 0]
+    beta = xp.linalg.vector_norm(rows[:, :1, :], axis=(-2, -1))
     broke = beta <= n * float(xp.finfo(w.dtype).eps) * reach
     beta = xp.where(broke, xp.zeros_like(beta), beta)
-    units = rows / xp.clip(norms, min=tiny)[..., None]
-    return xp.where(broke[:, None, None], units[:, 1:, :], units[:, :1, :]), beta
+    w = xp.where(broke[:, None, None], rows[:, 1:, :], rows[:, :1, :])
+    v = w / xp.clip(xp.linalg.vector_norm(w, axis=(-2, -1)), min=tiny)[:, None, None]
+    return v, beta
 
 
 def _lanczos_growing(xp, mat, fresh, steps: int, tiny: float):
@@ -268,19 +261,13 @@ class RitzValues(NamedTuple):
         return RitzValues(self.low / scale, self.high / scale, self.spread / scale, self.steps)
 
 
-def ritz_values(a: Array, *, num_steps: int = LANCZOS_STEPS,
-                entry_scaled: bool = False) -> RitzValues:
+def ritz_values(a: Array, *, num_steps: int = LANCZOS_STEPS) -> RitzValues:
     """One batched Lanczos run's extreme Ritz values, for every matrix of a stack.
 
     Both consumers read the same run (no input validation): the λmin estimate
     of the minimax schedule (:func:`lambda_min_estimate`) and the κ estimate
     of the a-posteriori check (:func:`matroot.verify.verify_root`), so a call
     that needs both pays for one.
-
-    ``entry_scaled``: the caller's entries are O(1) already (the stack solve
-    divides each matrix by a power of two near its largest entry), so the run
-    skips its own per-matrix entry scaling, which guards its sums against
-    overflow and underflow (two reductions and a division of the stack).
 
     Examples
     --------
@@ -294,7 +281,7 @@ def ritz_values(a: Array, *, num_steps: int = LANCZOS_STEPS,
     if a.shape[-1] == 0 or 0 in batch:
         return RitzValues(np.zeros(batch), np.zeros(batch), np.zeros(batch), a.shape[-1])
     xp = _xp.array_namespace(a)
-    coefficients, m = _lanczos_coefficients(a, num_steps, entry_scaled)
+    coefficients, m = _lanczos_coefficients(a, num_steps)
     traced = _xp.is_traced(a)
     if traced:
         ns, dev = xp, _xp.device_of(a)

@@ -93,8 +93,7 @@ def verified_upper(a: Array, bound: Array) -> Array:
 
 
 def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY,
-                         estimate: Array | None = None,
-                         entry_scaled: bool = False) -> CertifiedBound:
+                         estimate: Array | None = None) -> CertifiedBound:
     """A proven upper bound on λmax of each symmetric matrix of a ``(b, n, n)`` stack.
 
     Power iteration (:func:`power_iteration`) gives a *lower* bound θ ≤ λmax: a
@@ -113,11 +112,6 @@ def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY,
     needs anyway (:func:`ritz_values`; 64 steps from one vector resolve the top
     better than 12 steps of 4). Only the Cholesky test makes a candidate the
     bound, so a poor estimate costs tightness, never the guarantee.
-
-    ``entry_scaled``: the entries of ``a`` are O(1) already (as in the stack
-    solve, which divides each matrix by a power of two near its largest entry),
-    so the division by the per-matrix largest entry, which keeps the norms and
-    the Cholesky test in range, is skipped.
 
     Returns
     -------
@@ -138,11 +132,8 @@ def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY,
     """
     xp = _xp.array_namespace(a)
     n = a.shape[-1]
-    if entry_scaled:
-        scale, b = xp.ones(a.shape[:-2], dtype=a.dtype, device=_xp.device_of(a)), a
-    else:
-        scale = _entry_scale(xp, a)
-        b = a / scale[..., None, None]
+    scale = _entry_scale(xp, a)
+    b = a / scale[..., None, None]
     guaranteed = _guaranteed_bound(xp, b)
     if estimate is None:
         estimate, cost = _power_scaled(b) * safety, POWER_MATVECS / n

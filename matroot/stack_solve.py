@@ -112,7 +112,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     # unscaled root can overflow where the scaled one did not), and changed by the
     # cast by at most one unit roundoff of that dtype.
     fits = _xp.finite_matrices(returned)
-    computed = usable & (fits if returned is root else _xp.finite_matrices(root))
+    computed = usable & _xp.finite_matrices(root)
     cast_error, cast_ok = _cast_back_error(returned, root, computed)
     error_estimate = xp.where(fits & computed, check.error_estimate + cast_error,
                               xp.full_like(cast_error, float("inf")))
@@ -156,23 +156,16 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
         raise ValueError(NONFINITE_INPUT)
     # Non-finite matrices are swapped for I, so no NaN enters the shared loop.
     if not all_finite:
-        stack = _xp.batched_where(finite, stack, _xp.identity_stack(xp, n, work_dtype,
-                                                                     _xp.device_of(a)))
+        eye = _xp.identity_stack(xp, n, work_dtype, _xp.device_of(a))
+        stack = _xp.batched_where(finite, stack, eye)
     # An exact power-of-two scale first, so that symmetrising (×0.5) cannot round
     # subnormal entries away nor overflow huge ones; the ridge is part of it, so
     # eps / magnitude stays in range.
     magnitude = _xp.power_of_two_scale(stack, call.eps)
-    # _xp.symmetric_part's arithmetic (halve, add the transpose), with the halving
-    # done in place (on torch) in the fresh quotient and the ridge added in place
-    # to the fresh sum: one pass over the stack fewer each, same bits.
-    eye = _xp.identity_stack(xp, n, work_dtype, _xp.device_of(a))
-    half = _xp.scaled_plus_identity(stack / magnitude[:, None, None], 0.5, (), eye,
-                                    overwrite=True)
-    stack = half + xp.matrix_transpose(half)
+    stack = _xp.symmetric_part(stack / magnitude[:, None, None])
     ridge = call.eps / magnitude
     if call.eps > 0 and call.solver.needs_scaling:
-        stack = _xp.scaled_plus_identity(stack, 1.0, (ridge[:, None, None],), eye,
-                                         overwrite=True)
+        stack = _xp.add_scaled_identity(stack, ridge)
     return _Regularised(stack, finite, magnitude, ridge)
 
 
@@ -196,12 +189,12 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper, needs_ritz: boo
     elif call.scaling == "power" and call.bound_certificate == "cholesky" and not needs_ritz:
         # Nothing else needs a Lanczos run (no λmin estimate; the check's κ comes
         # from the root): a block power estimate, proven by the Cholesky test.
-        certified = certified_lambda_max(stack, entry_scaled=True)
+        certified = certified_lambda_max(stack)
         lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     elif call.scaling == "power":
         # One Lanczos run serves the λmax bound, the λmin estimate and the check's κ
         # (Ritz values scale with the matrix).
-        ritz = ritz_values(stack, entry_scaled=True)
+        ritz = ritz_values(stack)
         if call.bound_certificate == "randomized":
             certified = randomized_lambda_max(stack, ritz=ritz)
             if randomized_margin(stack.shape[-1], ritz.steps) > 0:
@@ -209,17 +202,13 @@ def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper, needs_ritz: boo
         else:
             top = ritz.high if _xp.is_traced(stack) else _xp.from_numpy(
                 xp, ritz.high, dtype=stack.dtype, device=dev)
-            certified = certified_lambda_max(stack, estimate=top, entry_scaled=True)
+            certified = certified_lambda_max(stack, estimate=top)
         lam_max, certify_cost = certified.bound, certified.matmul_equivalents
     else:
         lam_max = lambda_max_bound_core(stack, scaling=call.scaling)
         certify_cost = xp.zeros_like(lam_max)
     scale = xp.where(lam_max > 0, lam_max, xp.ones_like(lam_max))
-    # The regularised stack is this call's own: scaled in place (on torch).
-    eye = _xp.identity_stack(xp, stack.shape[-1], stack.dtype, dev)
-    scaled = _xp.scaled_plus_identity(stack, (1 / scale)[:, None, None], (), eye,
-                                      overwrite=True)
-    return _Scaled(scaled, scale, lam_max, certify_cost,
+    return _Scaled(stack / scale[:, None, None], scale, lam_max, certify_cost,
                    None if ritz is None else ritz.divided(scale), failure)
 
 
@@ -265,9 +254,7 @@ def _resolved(returned):
     if n == 0:
         return xp.ones(returned.shape[:1], dtype=xp.bool, device=_xp.device_of(returned))
     tiny = float(xp.finfo(returned.dtype).smallest_normal)
-    # The largest |entry| from two reductions: no |root| stack is formed.
-    largest = xp.maximum(xp.max(returned, axis=(-2, -1)), -xp.min(returned, axis=(-2, -1)))
-    return largest >= n * tiny
+    return xp.max(xp.abs(returned), axis=(-2, -1)) >= n * tiny
 
 
 def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bool):
@@ -289,7 +276,6 @@ def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bo
         return eps_scaled, ritz
     xp = _xp.array_namespace(scaled)
     if ritz is None:
-        # Its own entry scaling: a caller's λmax bound may lie far above λmax.
         ritz = ritz_values(scaled)
     estimate = lambda_min_estimate_core(scaled, xp.ones_like(eps_scaled), ritz=ritz)
     return xp.maximum(estimate, eps_scaled), ritz

@@ -318,10 +318,7 @@ def verify_root(scaled, root, p, *, unit_roundoff: float,
     elif isinstance(p, int):
         product, residual_matrix, count = _products(safe, scaled, p)
         residual = _xp.frobenius_norm(residual_matrix) / math.sqrt(n)
-        # _xp.symmetric_part's arithmetic, halving the fresh product in place (on
-        # torch): one pass over the stack fewer, same bits.
-        half = _xp.scaled_plus_identity(product, 0.5, (), eye, overwrite=True)
-        estimate = (_xp.frobenius_norm(half + xp.matrix_transpose(half))
+        estimate = (_xp.frobenius_norm(_xp.symmetric_part(product))
                     / (p * _xp.frobenius_norm(safe)))
         spectral = residual_spectral_norm(residual_matrix, symmetric=p % 2 == 0)
         cost += count + _SPECTRAL_MATVECS * (1 if p % 2 == 0 else 2) / n

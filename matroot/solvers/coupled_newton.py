@@ -104,19 +104,15 @@ def coupled_newton(a, p: int, *, tol, max_iter, check_every, matmul, **_):
     def step(state, k, main):
         x, m = state
         rounded = matmul if low and main else matmul.full
-        eye_minus_m = eye - m
 
         def advance():
-            # N = ((p+1)I − M)/p = (I − M)/p + I, written over the residual's I − M
-            # (on torch): no pass and no fresh stack besides the one the residual needs.
-            step_matrix = _xp.scaled_plus_identity(eye_minus_m, 1.0 / p, (1.0,), eye,
-                                                   overwrite=True)
+            step_matrix = ((p + 1) * eye - m) / p
             # The first X·N is a scaling, not a product.
             first = main and isinstance(k, int) and k == 0  # k is traced from 1 on under jit
             new_x = x_scale * step_matrix if first else rounded(x, step_matrix)
             return new_x, matmul.full(matrix_power(step_matrix, p, rounded), m)
 
-        return _xp.frobenius_norm(eye_minus_m) / root_n, advance
+        return residual_of(state), advance
 
     start = (xp.broadcast_to(eye * x_scale, a.shape), a * t)
     phased = run_phases(start, step, residual_of, matmul=matmul, tol=tol,

@@ -40,7 +40,7 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
     def step(state, k):
         y, z = state
         e = matmul.shifted(1.5, -0.5, z, y, eye)
-        res = _distance_from_identity(e, eye) * (2 / root_n)
+        res = _xp.frobenius_norm(e - eye) * (2 / root_n)
         return res, lambda: (matmul(y, e), matmul(e, z))
 
     def residual_of(state):
@@ -54,23 +54,6 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
         stall_level = max(tol ** 0.5, LOW_PRECISION_STALL * u)
     return iterate_frozen((a, z0), step, residual_of, tol=tol, max_iter=max_iter,
                           check_every=check_every, stall_level=stall_level)
-
-
-def _distance_from_identity(e, eye):
-    """``‖E − I‖_F`` per matrix of the step matrix ``E = 1.5I − 0.5·ZY``.
-
-    On torch ``E``'s diagonal is shifted by −1 in place, the norm read, and the
-    diagonal shifted back: no fresh stack and no pass besides the norm's. The
-    round trip is exact where a diagonal entry lies in [0.5, 2] (Sterbenz), which
-    holds while ``ZY``'s spectrum stays in (0, 1], as it does from a λmax bound
-    (``x ↦ x(3 − x)²/4`` maps (0, 1] into itself); elsewhere it moves an entry by
-    at most one unit roundoff. Other backends form ``E − I``.
-    """
-    shifted = _xp.scaled_plus_identity(e, 1.0, (-1.0,), eye, overwrite=True)
-    distance = _xp.frobenius_norm(shifted)
-    if shifted is e:
-        _xp.scaled_plus_identity(e, 1.0, (1.0,), eye, overwrite=True)
-    return distance
 
 
 def newton_db(a, p: int, *, tol, max_iter, check_every, matmul, scaling="power", **_):
