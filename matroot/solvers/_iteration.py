@@ -65,6 +65,7 @@ def iterate_frozen(
     max_iter: int,
     check_every: int,
     stall_level: float | None = None,
+    residual_scale: float = 1.0,
 ) -> IterationOutcome:
     """Run ``state = step(state, k)`` per matrix until its residual is at most ``tol``.
 
@@ -81,6 +82,7 @@ def iterate_frozen(
         loop calls it only where some matrix goes on.
     residual_of : callable
         ``residual_of(state) -> residual``, used only when ``max_iter`` is hit.
+        Like ``step``'s, its residual is in units of ``1/residual_scale``.
     tol : float
         Per-matrix stop threshold; 0 runs exactly ``max_iter`` steps. A matrix
         counts as converged when it met ``tol`` or stalled at the rounding floor.
@@ -94,12 +96,18 @@ def iterate_frozen(
         judged only when every direction has converged. A 16-bit phase whose
         rounding floor lies far above ``tol`` passes a multiple of its unit
         roundoff (its working-precision polish steps then use the default).
+    residual_scale : float, optional
+        The factor from the residuals ``step`` returns (e.g. an unnormalised
+        Frobenius norm) to the reported residual that ``tol`` and ``stall_level``
+        refer to: the loop compares against thresholds divided by it and scales
+        the residual once at the end instead of every step.
     """
     xp = _xp.array_namespace(state[0])
     if stall_level is None:
         n = state[0].shape[-1]
         stall_level = min(tol ** 0.5, STALL_SPECTRAL_CEILING / math.sqrt(max(n, 1)))
-    judge = _Judge(xp, state[0], tol=tol, stall_level=stall_level)
+    judge = _Judge(xp, state[0], tol=tol / residual_scale,
+                   stall_level=stall_level / residual_scale)
     if _xp.is_traced(state[0]):
         state, residual, iterations, limited = _iterate_traced(
             xp, state, step, judge, max_iter=max_iter, check_every=check_every)
@@ -107,6 +115,8 @@ def iterate_frozen(
     else:
         state, residual, iterations, limited = _iterate_eager(
             xp, state, step, residual_of, judge, max_iter=max_iter, check_every=check_every)
+    if residual_scale != 1.0:
+        residual = residual * residual_scale
     finite = xp.isfinite(residual)
     # A matrix that stopped before max_iter with a finite residual above tol stalled.
     converged = finite & ((residual <= tol) | ~limited) if tol > 0 else xp.zeros_like(finite)

@@ -39,7 +39,7 @@ class PhasedOutcome(NamedTuple):
 
 def run_phases(start: tuple, step: Callable, residual_of: Callable, *, matmul, tol: float,
                main_steps: int, polish_steps: int, check_every: int,
-               phase: LowPrecisionPhase) -> PhasedOutcome:
+               phase: LowPrecisionPhase, residual_scale: float = 1.0) -> PhasedOutcome:
     """Iterate ``start`` with a (16-bit) main phase and, for 16-bit operands, a polish.
 
     Parameters
@@ -66,6 +66,8 @@ def run_phases(start: tuple, step: Callable, residual_of: Callable, *, matmul, t
         Steps between host-side early-exit checks.
     phase : LowPrecisionPhase
         The solver's 16-bit floor.
+    residual_scale : float, optional
+        As in :func:`~matroot.solvers._iteration.iterate_frozen`.
     """
     low = matmul.operand_dtype is not None
 
@@ -74,7 +76,8 @@ def run_phases(start: tuple, step: Callable, residual_of: Callable, *, matmul, t
             return step(state, k, main)
 
         return iterate_frozen(state, one_step, residual_of, tol=tol, max_iter=max_iter,
-                              check_every=check_every, stall_level=stall_level)
+                              check_every=check_every, stall_level=stall_level,
+                              residual_scale=residual_scale)
 
     xp = _xp.array_namespace(start[0])
     zero = xp.zeros((start[0].shape[0],), dtype=xp.int32, device=_xp.device_of(start[0]))

@@ -99,7 +99,8 @@ def coupled_newton(a, p: int, *, tol, max_iter, check_every, matmul, **_):
     per_step = 2 + power_matmuls(p)
 
     def residual_of(state):
-        return _xp.frobenius_norm(eye - state[1]) / root_n
+        # ‖I − M‖_F; the loop divides by √n once, at the end.
+        return _xp.frobenius_norm(eye - state[1])
 
     # N = ((p+1)·I − M)/p as (p+1)/p·I − M/p: one operation, the same bits for p a
     # power of two (the scalings are exact).
@@ -122,7 +123,7 @@ def coupled_newton(a, p: int, *, tol, max_iter, check_every, matmul, **_):
     phased = run_phases(start, step, residual_of, matmul=matmul, tol=tol,
                         main_steps=max_iter - 1 if low else max_iter,
                         polish_steps=POLISH_STEPS, check_every=check_every,
-                        phase=LOW_PRECISION)
+                        phase=LOW_PRECISION, residual_scale=1 / root_n)
     main = phased.main_iterations
     matmuls = xp.where(main > 0, per_step * main - 1, xp.zeros_like(main))
     outcome = phased.outcome

@@ -249,7 +249,8 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     table = xp.reshape(table, (*table.shape, 1, 1))
 
     def residual_of(state):
-        return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
+        # ‖I − ZY‖_F; the loop divides by √n once, at the end.
+        return _xp.frobenius_norm(eye - matmul.full(state[1], state[0]))
 
     # The ‖Z‖ bound needs host bounds; under jax.jit ZY and q·Z stay unrounded.
     z_rounding = None if traced else (
@@ -281,12 +282,12 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
             first=main and isinstance(k, int) and k == 0,  # k is traced from 1 on under jit
             z_product=matmul if round_z else matmul.full, y_product=matmul.full,
             polynomial=rounded_polynomial if sixteen_bit else fused_polynomial, eye=eye)
-        return _xp.frobenius_norm(x_minus_eye) / root_n, lambda: (*advance(), rows)
+        return _xp.frobenius_norm(x_minus_eye), lambda: (*advance(), rows)
 
     phased = run_phases((a, xp.broadcast_to(eye, a.shape), table), step, residual_of,
                         matmul=matmul, tol=tol, main_steps=steps,
                         polish_steps=max(max_iter - steps, 1), check_every=check_every,
-                        phase=LOW_PRECISION)
+                        phase=LOW_PRECISION, residual_scale=1 / root_n)
     main = phased.main_iterations
     # Accepted steps, plus the ZY that checked the last state.
     matmuls = xp.where(main > 0, STEP_MATMULS * main - (STEP_MATMULS - FIRST_STEP_MATMULS) + 1,

@@ -40,20 +40,21 @@ def newton_schulz_sqrt(a, *, tol, max_iter, check_every, matmul):
     def step(state, k):
         y, z = state
         e = matmul.shifted(1.5, -0.5, z, y, eye)
-        res = _xp.frobenius_norm(e - eye) * (2 / root_n)
-        return res, lambda: (matmul(y, e), matmul(e, z))
+        return _xp.frobenius_norm(e - eye), lambda: (matmul(y, e), matmul(e, z))
 
     def residual_of(state):
         y, z = state
-        return _xp.frobenius_norm(eye - matmul(z, y)) / root_n
+        return _xp.frobenius_norm(eye - matmul(z, y)) * 0.5
 
     z0 = xp.broadcast_to(eye, a.shape)
     stall_level = None
     if matmul.operand_dtype is not None and tol > 0:
         u = unit_roundoff(xp, matmul.operand_dtype)
         stall_level = max(tol ** 0.5, LOW_PRECISION_STALL * u)
+    # The loop judges ‖E − I‖_F = ‖I − ZY‖_F/2 and scales the record once.
     return iterate_frozen((a, z0), step, residual_of, tol=tol, max_iter=max_iter,
-                          check_every=check_every, stall_level=stall_level)
+                          check_every=check_every, stall_level=stall_level,
+                          residual_scale=2 / root_n)
 
 
 def newton_db(a, p: int, *, tol, max_iter, check_every, matmul, scaling="power", **_):
