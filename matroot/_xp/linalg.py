@@ -101,8 +101,9 @@ def add_product(base, a, b, *, beta: float = 1.0, alpha: float = 1.0):
     return (base if beta == 1.0 else beta * base) + product
 
 
-def add_scaled(x, alpha: float, y):
-    """Return ``x + alpha * y`` (``alpha`` a Python number): one ``add`` on torch.
+def add_scaled(x, alpha, y):
+    """Return ``x + alpha * y``: one ``add`` on torch (``addcmul`` where ``alpha`` is
+    an array that broadcasts against ``y``, e.g. per-matrix (b, 1, 1)).
 
     Examples
     --------
@@ -110,11 +111,14 @@ def add_scaled(x, alpha: float, y):
     >>> add_scaled(np.ones(2), -0.25, np.array([4.0, 8.0]))
     array([ 0., -1.])
     """
-    xp = array_namespace(x)
+    xp = array_namespace(y)
     if is_torch_namespace(xp) and x.dtype == y.dtype:
         import torch
 
-        return torch.add(x, y, alpha=alpha)
+        if isinstance(alpha, (int, float)):
+            return torch.add(x, y, alpha=alpha)
+        if alpha.dtype == y.dtype:
+            return torch.addcmul(x, alpha, y)
     return x + alpha * y
 
 

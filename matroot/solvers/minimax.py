@@ -95,18 +95,40 @@ Z_ROUNDING_LIMIT = 0.1
 STAGE_SLACK = 0.9
 
 
+def about_identity(rows):
+    """Coefficients ``(a, b, c)`` of ``q(X) = a + bX + cX²`` (host, (..., 3)) as those
+    of the same polynomial in ``D = X − I``: ``q = (a + b + c) + (b + 2c)·D + c·D²``.
+
+    The loop forms ``D`` for its residual anyway, and near convergence ``q ≈ I + βD``
+    suffers no cancellation between large terms.
+
+    Examples
+    --------
+    >>> about_identity(np.array([15 / 8, -10 / 8, 3 / 8])).tolist()
+    [1.0, -0.5, 0.375]
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    a, b, c = rows[..., 0], rows[..., 1], rows[..., 2]
+    return np.stack([a + b + c, b + 2 * c, c], axis=-1)
+
+
+#: :data:`TAIL` about the identity (see :func:`about_identity`).
+TAIL_ABOUT_IDENTITY = tuple(float(v) for v in about_identity(TAIL))
+
+
 def _padded(rows, steps):
-    """Schedule rows (..., K, 3) cut or padded with :data:`TAIL` to ``max(steps, 1)``."""
+    """Schedule rows (..., K, 3) cut or padded with :data:`TAIL` to ``max(steps, 1)``,
+    about the identity (:func:`about_identity`)."""
     out = np.empty((*rows.shape[:-2], max(steps, 1), 3))
     out[:] = TAIL
     kept = min(rows.shape[-2], out.shape[-2])
     out[..., :kept, :] = rows[..., :kept, :]
-    return out
+    return about_identity(out)
 
 
 def _host_coefficient_table(lowers, margin, steps):
-    """Host (steps, b, 3) per-step, per-matrix ``(a, b, c)``; past a schedule's end
-    :data:`TAIL`."""
+    """Host (steps, b, 3) per-step, per-matrix coefficients about the identity; past
+    a schedule's end :data:`TAIL`'s."""
     return np.stack([_padded(schedule(v, margin).coefficients, steps) for v in lowers], axis=1)
 
 
@@ -142,32 +164,35 @@ def z_norm_bounds(lowers, margin, steps):
     return bounds
 
 
-def minimax_step(y, z, coeff, *, first, z_product, y_product, polynomial, eye):
-    """One coupled step ``X = ZY``, ``q = a + bX + cX²``, ``Y ← Y·q``, ``Z ← q·Z``.
+def minimax_step(y, z, coeff, *, first, z_minus_eye, z_product, y_product, polynomial,
+                 eye):
+    """One coupled step ``D = ZY − I``, ``q = α + βD + γD²``, ``Y ← Y·q``, ``Z ← q·Z``.
 
-    ``coeff`` is ``(a, b, c)``: Python floats shared by the stack, or per-matrix
-    arrays of shape (b, 1, 1). ``polynomial(X, a, b, c)`` forms ``q`` (with its
-    ``X²`` product). ``first`` marks the step from ``Z = I`` (``X = Y``,
-    ``q·Z = q``: 2 matmuls instead of 4). The callables form the products, so
-    that a 16-bit policy can differ per product: ``z_product`` for ``ZY`` and
-    ``q·Z``, ``polynomial`` for ``X²``, ``y_product`` for ``Y·q``. Measured with
-    16-bit operands: rounding ``Y`` (``Y₀ = A``) moves its small eigenvalues by
-    ``u·λmax``, which no later step undoes (float16, κ = 1e4: 6e-2 relative
+    ``coeff`` is ``(α, β, γ)``, the step's polynomial about the identity
+    (:func:`about_identity`): Python floats shared by the stack, or per-matrix
+    arrays of shape (b, 1, 1). ``z_minus_eye(Z, Y)`` forms ``ZY − I`` (one fused
+    product on torch), ``polynomial(D, α, β, γ)`` forms ``q`` (with its product).
+    ``first`` marks the step from ``Z = I`` (``D = Y − I``, ``q·Z = q``: 2
+    matmuls instead of 4). The callables form the products, so that a 16-bit
+    policy can differ per product: ``z_minus_eye`` and ``z_product`` for ``ZY``
+    and ``q·Z``, ``polynomial`` for ``D²``, ``y_product`` for ``Y·q``. Measured
+    with 16-bit operands: rounding ``Y`` (``Y₀ = A``) moves its small eigenvalues
+    by ``u·λmax``, which no later step undoes (float16, κ = 1e4: 6e-2 relative
     error), rounding ``X`` costs a few ``u``, rounding ``Z`` costs about ``u·‖Z‖``.
 
     Returns
     -------
-    (X − I, advance)
-        The incoming ``X − I`` (for the residual) and a callable that forms the
+    (D, advance)
+        The incoming ``ZY − I`` (for the residual) and a callable that forms the
         next iterates ``(Y, Z)`` (the loop skips it once every matrix is done).
     """
-    x = y if first else z_product(z, y)
+    d = y - eye if first else z_minus_eye(z, y)
 
     def advance():
-        q = polynomial(x, *coeff)
+        q = polynomial(d, *coeff)
         return y_product(y, q), q if first else z_product(q, z)
 
-    return x - eye, advance
+    return d, advance
 
 
 def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
@@ -256,19 +281,19 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     z_rounding = None if traced else (
         u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT)
 
-    def fused_polynomial(x, c0, c1, c2):
-        # (c1·I + c2·X)·X + c0·I in one fused product: the same operations for
-        # shared floats and per-matrix arrays, so no matrix's bits depend on its
-        # neighbours' schedules.
-        return matmul.shifted(c0, 1.0, c2 * x + c1 * eye, x, eye, full=True)
+    def fused_polynomial(d, alpha, beta, gamma):
+        # α·I + D·(β·I + γ·D): two operations besides the fused product where the
+        # coefficients are shared floats (each full-size temporary costs a pass).
+        return matmul.shifted(alpha, 1.0, d, _xp.add_scaled(beta * eye, gamma, d), eye,
+                              full=True)
 
-    def rounded_polynomial(x, c0, c1, c2):
-        # X² from 16-bit operands, the sum in the working dtype.
-        return c0 * eye + c1 * x + c2 * matmul(x, x)
+    def rounded_polynomial(d, alpha, beta, gamma):
+        # D² from 16-bit operands, the sum in the working dtype.
+        return alpha * eye + beta * d + gamma * matmul(d, d)
 
     def coefficients(rows, k, main):
         if not main:
-            return TAIL
+            return TAIL_ABOUT_IDENTITY
         if host_table is not None and shared_rows[k]:
             return tuple(float(v) for v in host_table[k, 0])
         return xp.unstack(rows[:, k, ...], axis=1)
@@ -277,12 +302,14 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         y, z, rows = state
         sixteen_bit = low and main
         round_z = sixteen_bit and not traced and bool(z_rounding[k])
-        x_minus_eye, advance = minimax_step(
+        d, advance = minimax_step(
             y, z, coefficients(rows, k, main),
             first=main and isinstance(k, int) and k == 0,  # k is traced from 1 on under jit
+            z_minus_eye=lambda left, right: matmul.added(eye, left, right, beta=-1.0,
+                                                         full=not round_z),
             z_product=matmul if round_z else matmul.full, y_product=matmul.full,
             polynomial=rounded_polynomial if sixteen_bit else fused_polynomial, eye=eye)
-        return _xp.frobenius_norm(x_minus_eye), lambda: (*advance(), rows)
+        return _xp.frobenius_norm(d), lambda: (*advance(), rows)
 
     phased = run_phases((a, xp.broadcast_to(eye, a.shape), table), step, residual_of,
                         matmul=matmul, tol=tol, main_steps=steps,
