@@ -10,8 +10,9 @@ each step's quintic is the minimax approximation of 1 on the current interval of
 ``s`` (:mod:`matroot.solvers.minimax_coefficients`), which multiplies the smallest
 ``s`` by about 4.3 per step instead of 1.5 and ends with cubic convergence.
 
-Cost per step: ``X = ZY``, ``X²``, ``Y·q``, ``q·Z``: 4 matmuls, 2 in the first
-step (``X₀ = A``, ``q·Z₀ = q``). Steps to ``max |1 − s| ≤ 1e-3`` in exact
+Cost per step: ``X = ZY``, the product in ``q`` (evaluated in ``D = X − I``, see
+:func:`about_identity`), ``Y·q``, ``q·Z``: 4 matmuls, 2 in the first step
+(``X₀ = A``, ``q·Z₀ = q``). Steps to ``max |1 − s| ≤ 1e-3`` in exact
 arithmetic, with the margins used here: κ = 1e2: 3, 1e4: 5, 1e6: 7 (Newton–Schulz:
 9, 14, 20 at 3 matmuls each). Measured matmuls at the default tol (float32,
 n = 256, geometric spectra, eps = 0 so λmin is the Lanczos estimate), with
@@ -35,7 +36,7 @@ inverse square root (its ``Z``); each stage's lower bound is the square root of
 the previous one's, so the later stages are far better conditioned and cheap.
 p = 1 squares ``A^(-1/2)``.
 
-Low precision (``matmul_dtype``): ``X²`` rounds its operands to 16 bits, ``ZY``
+Low precision (``matmul_dtype``): ``D²`` rounds its operands to 16 bits, ``ZY``
 and ``q·Z`` do while ``u·‖Z‖`` is small (``‖Z‖`` grows towards ``√κ``, bounded on
 the host from the schedule), ``Y·q`` never does (see :func:`minimax_step`); the
 16-bit phase stops at its rounding floor and working-precision :data:`TAIL`
@@ -210,7 +211,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         As in :func:`matroot.solvers._iteration.iterate_frozen`; the residual is
         ``‖I − ZY‖_F/√n``. ``tol = 0`` runs exactly ``max_iter`` steps.
     matmul : matroot._xp.Matmul
-        Products. With a 16-bit operand dtype, ``X²`` always rounds its
+        Products. With a 16-bit operand dtype, ``D²`` always rounds its
         operands, ``ZY`` and ``q·Z`` while ``u·‖Z‖ ≤ Z_ROUNDING_LIMIT`` (bounded
         on the host from the schedule) and ``Y·q`` never. That phase runs until
         the residual reaches ``LOW_PRECISION.floor·u16`` or stalls, for at most
