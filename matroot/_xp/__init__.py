@@ -12,8 +12,8 @@ importing only those listed before it:
   under ``jax.jit`` and under ``torch.compile``, and LAPACK calls kept in order
   inside a JAX trace;
 - :mod:`~matroot._xp.linalg`: batched linear algebra on ``(b, n, n)`` stacks (the
-  fused ``c*I + alpha*(a @ b)`` product torch does in one pass, per-matrix
-  Cholesky success, finiteness);
+  products and ``beta*c + alpha*(a @ b)`` sums torch forms in one operation,
+  per-matrix Cholesky success, finiteness);
 - :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
   policy, counted.
 
@@ -24,7 +24,10 @@ one of its modules, so a helper can move between them freely.
 from __future__ import annotations
 
 from .linalg import (
+    add_product,
+    add_scaled,
     add_scaled_identity,
+    batched_matmul,
     batched_where,
     cholesky_succeeds,
     finite_matrices,
@@ -90,6 +93,9 @@ __all__ = [
     "lapack_in_order",
     "identity_stack",
     "add_scaled_identity",
+    "batched_matmul",
+    "add_product",
+    "add_scaled",
     "shifted_product",
     "scaled_plus_identity",
     "batched_where",

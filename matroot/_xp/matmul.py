@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .linalg import shifted_product
+from .linalg import add_product, batched_matmul, shifted_product
 from .namespace import is_torch_namespace
 from .precision import round_to
 
@@ -14,10 +14,10 @@ __all__ = [
 class Matmul:
     """Batched matmul under a precision policy.
 
-    With ``operand_dtype=None`` this is plain ``a @ b``. With a 16-bit dtype both
-    operands are rounded to it and the product is accumulated and returned in the
-    iterate's (float32) dtype, which is what tensor-core GEMMs with float32
-    accumulation compute. On CUDA torch the 16-bit GEMM itself runs.
+    With ``operand_dtype=None`` this is plain ``a @ b`` (one ``bmm`` on torch). With
+    a 16-bit dtype both operands are rounded to it and the product is accumulated
+    and returned in the iterate's (float32) dtype, which is what tensor-core GEMMs
+    with float32 accumulation compute. On CUDA torch the 16-bit GEMM itself runs.
 
     ``count`` records how many products were formed, for the diagnostics.
     """
@@ -30,7 +30,7 @@ class Matmul:
     def __call__(self, a, b):
         self.count += 1
         if self.operand_dtype is None:
-            return a @ b
+            return batched_matmul(a, b)
         xp = self.xp
         if is_torch_namespace(xp) and a.device.type == "cuda":
             return (a.to(self.operand_dtype) @ b.to(self.operand_dtype)).to(a.dtype)
@@ -43,7 +43,7 @@ class Matmul:
         iteration, where 16-bit operand rounding costs more than it saves.
         """
         self.count += 1
-        return a @ b
+        return batched_matmul(a, b)
 
     def shifted(self, c, alpha: float, a, b, eye, *, full: bool = False):
         """``c * I + alpha * (a @ b)`` under this policy (``full``: as :meth:`full`)."""
@@ -51,3 +51,11 @@ class Matmul:
             self.count += 1
             return shifted_product(c, alpha, a, b, eye)
         return c * eye + alpha * self(a, b)
+
+    def added(self, base, a, b, *, beta: float = 1.0, alpha: float = 1.0,
+              full: bool = False):
+        """``beta * base + alpha * (a @ b)`` under this policy (``full``: as :meth:`full`)."""
+        if self.operand_dtype is None or full:
+            self.count += 1
+            return add_product(base, a, b, beta=beta, alpha=alpha)
+        return beta * base + alpha * self(a, b)

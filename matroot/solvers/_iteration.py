@@ -9,10 +9,13 @@ norm ``√n·residual ≥ ‖I − M‖₂``: the normalised residual of one dir
 not converged is only about ``1/√n``, which a ``tol`` near ``1/n`` would take for
 the rounding floor. Its iterate is frozen, so it does
 not degrade while the others go on. Eagerly the loop reads which matrices are still
-active only every ``check_every`` steps, which bounds the host syncs; at those check
-points the stack is compacted to the active matrices (the finished ones are set
-aside), so the work shrinks as matrices converge and a step in which every matrix
-stays active writes no per-matrix select at all. A step hands back its residual
+active only every ``check_every`` steps, which bounds the host syncs (the iteration
+counts are kept on the host from those reads); at those check points the stack is
+compacted to the active matrices (the finished ones are set aside), so the work
+shrinks as matrices converge and a step in which every matrix stays active writes
+no per-matrix select at all. On a GPU a step's time is about the number of
+operations it dispatches, so the per-step verdict is a handful of elementwise
+operations (:class:`_Judge`). A step hands back its residual
 and a deferred update: when a check finds every matrix done, the update (all of
 a step's products but the one its residual shares) is never formed. Under ``jax.jit`` or
 ``torch.compile`` the shapes must stay fixed: the loop is
@@ -93,103 +96,139 @@ def iterate_frozen(
         roundoff (its working-precision polish steps then use the default).
     """
     xp = _xp.array_namespace(state[0])
-    traced = _xp.is_traced(state[0])
     if stall_level is None:
         n = state[0].shape[-1]
         stall_level = min(tol ** 0.5, STALL_SPECTRAL_CEILING / math.sqrt(max(n, 1)))
-    if traced:
-        state, residual, iterations, active, stalled = _iterate_traced(
-            xp, state, step, tol=tol, max_iter=max_iter, check_every=check_every,
-            stall_level=stall_level)
-        residual = xp.where(active, residual_of(state), residual)
+    judge = _Judge(xp, state[0], tol=tol, stall_level=stall_level)
+    if _xp.is_traced(state[0]):
+        state, residual, iterations, limited = _iterate_traced(
+            xp, state, step, judge, max_iter=max_iter, check_every=check_every)
+        residual = xp.where(limited, residual_of(state), residual)
     else:
-        state, residual, iterations, stalled = _iterate_compacting(
-            xp, state, step, residual_of, tol=tol, max_iter=max_iter,
-            check_every=check_every, stall_level=stall_level)
+        state, residual, iterations, limited = _iterate_eager(
+            xp, state, step, residual_of, judge, max_iter=max_iter, check_every=check_every)
     finite = xp.isfinite(residual)
-    converged = finite & ((residual <= tol) | stalled) if tol > 0 else xp.zeros_like(finite)
+    # A matrix that stopped before max_iter with a finite residual above tol stalled.
+    converged = finite & ((residual <= tol) | ~limited) if tol > 0 else xp.zeros_like(finite)
     return IterationOutcome(state, residual, iterations, converged)
 
 
-def _judge(xp, res, residual, active, stalled, *, tol, stall_level):
-    """One step's verdict: the new residual record, who stays active, who stalled."""
-    previous = residual
-    residual = xp.where(active, res, residual)
-    still = active & xp.isfinite(res)
-    if tol > 0:
-        stalled = stalled | (still & (res <= stall_level) & (res > previous / 2))
-        still = still & (res > tol) & ~stalled
-    return residual, still, stalled
+class _Judge:
+    """One step's verdict per matrix, in a handful of elementwise operations.
+
+    A matrix goes on while its residual is finite and above a threshold: ``tol``
+    after a step that at least halved the residual, ``max(tol, stall_level)`` after
+    one that did not (below ``stall_level`` that is a stall: the matrix stops, and
+    counts as converged). The residual is a norm, so ``res < inf`` is its finiteness
+    test (NaN fails every comparison). With ``tol = 0`` only non-finite residuals stop.
+    """
+
+    def __init__(self, xp, like, *, tol: float, stall_level: float):
+        self.xp = xp
+        self.stops = tol > 0
+        if self.stops:
+            dtype, device = like.dtype, _xp.device_of(like)
+            self.halved = xp.asarray(tol, dtype=dtype, device=device)
+            self.not_halved = xp.asarray(max(tol, stall_level), dtype=dtype, device=device)
+
+    def __call__(self, res, previous, active):
+        """``(record, still)`` for residuals ``res`` of a step, ``previous`` the record
+        (the last residual of each matrix while it iterated; inf before the first step)
+        and ``active`` the matrices that took the step (None: all of them)."""
+        xp = self.xp
+        still = res < math.inf
+        if self.stops:
+            threshold = xp.where(res * 2 > previous, self.not_halved, self.halved)
+            still = still & (res > threshold)
+        if active is None:
+            return res, still
+        return xp.where(active, res, previous), still & active
 
 
-def _fresh_records(xp, b, dtype, dev):
-    """Per-matrix records before the first step: residual (inf), iterations (0),
-    active (all), stalled (none)."""
-    return (xp.full((b,), float("inf"), dtype=dtype, device=dev),
-            xp.zeros((b,), dtype=xp.int32, device=dev),
-            xp.ones((b,), dtype=xp.bool, device=dev),
-            xp.zeros((b,), dtype=xp.bool, device=dev))
+def _select(xp, mask, new, old):
+    """Per matrix, the arrays of ``new`` where ``mask`` holds, else those of ``old``
+    (an array the step left as it was is not selected)."""
+    widened = {}
+
+    def pick(n, o):
+        if n is o:
+            return o
+        if n.ndim not in widened:
+            widened[n.ndim] = xp.reshape(mask, (-1,) + (1,) * (n.ndim - 1))
+        return xp.where(widened[n.ndim], n, o)
+
+    return tuple(pick(n, o) for n, o in zip(new, old))
 
 
-def _iterate_traced(xp, state, step, *, tol, max_iter, check_every, stall_level):
-    """Fixed shapes: frozen matrices pass through every step unchanged."""
+def _iterate_traced(xp, state, step, judge, *, max_iter, check_every):
+    """Fixed shapes: frozen matrices pass through every step unchanged. Returns the
+    state, residual record, iterations and which matrices were still iterating."""
     b, dev = state[0].shape[0], _xp.device_of(state[0])
 
     def advance(carry, k):
-        state, residual, iterations, active, stalled = carry
+        state, residual, iterations, active = carry
         res, updated = step(state, k)
-        residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
-                                          stall_level=stall_level)
-        state = tuple(_xp.batched_where(still, n, o) for n, o in zip(updated(), state))
-        return state, residual, iterations + xp.astype(still, xp.int32), still, stalled
+        residual, still = judge(res, residual, active)
+        state = _select(xp, still, updated(), state)
+        return state, residual, iterations + xp.astype(still, xp.int32), still
 
-    carry = (tuple(state), *_fresh_records(xp, b, state[0].dtype, dev))
+    carry = (tuple(state), xp.full((b,), math.inf, dtype=state[0].dtype, device=dev),
+             xp.zeros((b,), dtype=xp.int32, device=dev), xp.ones((b,), dtype=xp.bool, device=dev))
     return _xp.bounded_loop(advance, carry, max_iter=max_iter, running=lambda c: xp.any(c[3]),
                             check_every=check_every, traced=True)
 
 
-def _iterate_compacting(xp, state, step, residual_of, *, tol, max_iter, check_every,
-                        stall_level):
-    """Eager: at check points the finished matrices leave the stack (not on JAX)."""
+def _iterate_eager(xp, state, step, residual_of, judge, *, max_iter, check_every):
+    """Eager: the step masks of each check interval are read on the host at its
+    check point, which also counts the iterations there; then the finished
+    matrices leave the stack (not on JAX). Between check points a matrix that
+    stopped keeps its state by a per-matrix select."""
     b, dev = state[0].shape[0], _xp.device_of(state[0])
-    residual, iterations, active, stalled = _fresh_records(xp, b, state[0].dtype, dev)
+    residual = xp.full((b,), math.inf, dtype=state[0].dtype, device=dev)
+    active = None  # which matrices of the stack iterate; None: all of them
+    iterations = np.zeros(b, dtype=np.int32)  # host, by original position
+    keep = np.ones(b, dtype=bool)  # host: who went on at the last check point
     finished = _SetAside(xp, b, dev)
     # Eager JAX compiles each operation once per shape: a shrinking stack would
     # compile every step anew, so there the stack keeps its shape.
     compact = not _xp.is_jax_namespace(xp)
+    masks = []  # this check interval's per-step `still`
     for k in range(max_iter):
         res, advance = step(state, k)
-        residual, still, stalled = _judge(xp, res, residual, active, stalled, tol=tol,
-                                          stall_level=stall_level)
-        iterations = iterations + xp.astype(still, xp.int32)
+        residual, still = judge(res, residual, active)
+        masks.append(still)
         if (k + 1) % check_every and k + 1 < max_iter:
-            state = tuple(_xp.batched_where(still, n, o) for n, o in zip(advance(), state))
-            active = still
+            state, active = _select(xp, still, advance(), state), still
             continue
-        keep = _xp.to_numpy(still)
+        host = _xp.to_numpy(masks[0] if len(masks) == 1 else xp.stack(masks))
+        host = host.reshape(len(masks), -1)
+        masks = []
+        keep = host[-1]
+        iterations[finished.positions] += host.sum(axis=0, dtype=np.int32)
         if not keep.any():
             # Every matrix keeps its incoming state: the update is not formed.
-            active = still
             break
         new_state = advance()
         if keep.all():
-            state, active = new_state, still
-            continue
-        if not compact or k + 1 == max_iter:
-            state = tuple(_xp.batched_where(still, n, o) for n, o in zip(new_state, state))
-            active = still
-            continue
-        # The matrices that stopped now keep their incoming state; the others go on.
-        finished.add(~keep, state, residual, iterations, stalled)
-        state, residual, iterations, stalled = finished.select(
-            keep, new_state, residual, iterations, stalled)
-        active = xp.ones((int(keep.sum()),), dtype=xp.bool, device=dev)
+            state, active = new_state, None
+        elif not compact or k + 1 == max_iter:
+            state, active = _select(xp, still, new_state, state), still
+        else:
+            # The matrices that stopped now keep their incoming state; the others go on.
+            finished.add(~keep, state, residual)
+            state, residual = finished.select(keep, new_state, residual)
+            active = None
     else:
-        if bool(xp.any(active)):
+        if keep.any():
             # Matrices still active hit max_iter: their residual is of the state
             # before the last step, so form the final state's.
-            residual = xp.where(active, residual_of(state), residual)
-    return finished.merge(state, residual, iterations, stalled)
+            final = residual_of(state)
+            residual = final if active is None else xp.where(active, final, residual)
+    limited = np.zeros(b, dtype=bool)
+    limited[finished.positions] = keep
+    state, residual = finished.merge(state, residual)
+    return (state, residual, _xp.from_numpy(xp, iterations, device=dev),
+            _xp.from_numpy(xp, limited, device=dev))
 
 
 class _SetAside:
@@ -205,24 +244,24 @@ class _SetAside:
         rows = self.xp.asarray(mask.nonzero()[0], device=self.device)
         return tuple(self.xp.take(a, rows, axis=0) for a in arrays)
 
-    def add(self, mask, state, *per_matrix):
+    def add(self, mask, state, residual):
         if mask.any():
-            self.parts.append((self.positions[mask], self._take(mask, (*state, *per_matrix))))
+            self.parts.append((self.positions[mask], self._take(mask, (*state, residual))))
 
-    def select(self, keep, state, *per_matrix):
-        """``state`` and the per-matrix arrays restricted to the ``keep`` rows."""
+    def select(self, keep, state, residual):
+        """``state`` and ``residual`` restricted to the ``keep`` rows."""
         self.positions = self.positions[keep]
-        kept = self._take(keep, (*state, *per_matrix))
-        return (kept[:len(state)], *kept[len(state):])
+        kept = self._take(keep, (*state, residual))
+        return kept[:-1], kept[-1]
 
-    def merge(self, state, *per_matrix):
+    def merge(self, state, residual):
         """The full arrays, rows back in their original order."""
         if not self.parts:
-            return (state, *per_matrix)
+            return state, residual
         xp = self.xp
         order = np.concatenate([self.positions] + [pos for pos, _ in self.parts])
-        pieces = [(*state, *per_matrix)] + [arrays for _, arrays in self.parts]
+        pieces = [(*state, residual)] + [arrays for _, arrays in self.parts]
         inverse = xp.asarray(np.argsort(order), device=self.device)
         merged = tuple(xp.take(xp.concat([p[i] for p in pieces], axis=0), inverse, axis=0)
                        for i in range(len(pieces[0])))
-        return (merged[:len(state)], *merged[len(state):])
+        return merged[:-1], merged[-1]

@@ -101,12 +101,16 @@ def coupled_newton(a, p: int, *, tol, max_iter, check_every, matmul, **_):
     def residual_of(state):
         return _xp.frobenius_norm(eye - state[1]) / root_n
 
+    # N = ((p+1)·I − M)/p as (p+1)/p·I − M/p: one operation, the same bits for p a
+    # power of two (the scalings are exact).
+    shifted_eye = ((p + 1) / p) * eye
+
     def step(state, k, main):
         x, m = state
         rounded = matmul if low and main else matmul.full
 
         def advance():
-            step_matrix = ((p + 1) * eye - m) / p
+            step_matrix = _xp.add_scaled(shifted_eye, -1.0 / p, m)
             # The first X·N is a scaling, not a product.
             first = main and isinstance(k, int) and k == 0  # k is traced from 1 on under jit
             new_x = x_scale * step_matrix if first else rounded(x, step_matrix)

@@ -142,47 +142,32 @@ def z_norm_bounds(lowers, margin, steps):
     return bounds
 
 
-def minimax_step(y, z, coeff, *, first, z_product, x_product, y_product, eye,
-                 x_shifted=None):
+def minimax_step(y, z, coeff, *, first, z_product, y_product, polynomial, eye):
     """One coupled step ``X = ZY``, ``q = a + bX + cX²``, ``Y ← Y·q``, ``Z ← q·Z``.
 
-    ``coeff`` holds per-matrix rows ``(a, b, c)``, shape (b, 3), or one row of
-    Python floats shared by the stack (the same arithmetic per matrix). Given
-    ``x_shifted(c, alpha, A, B)`` (``c·I + alpha·A@B``, fused on torch),
-    ``q = (c(X − I) + (b + c)I)·X + aI`` reuses the residual's ``X − I`` in
-    place (on torch): one elementwise pass besides the product instead of four.
-    ``first`` marks
-    the step from ``Z = I`` (``X = Y``, ``q·Z = q``: 2 matmuls instead of 4).
-    The three callables form the products, so that a 16-bit policy can differ
-    per product: ``z_product`` for ``ZY`` and ``q·Z``, ``x_product`` for ``X²``,
-    ``y_product`` for ``Y·q``. Measured with 16-bit operands: rounding ``Y``
-    (``Y₀ = A``) moves its small eigenvalues by ``u·λmax``, which no later step
-    undoes (float16, κ = 1e4: 6e-2 relative error), rounding ``X`` costs a few
-    ``u``, rounding ``Z`` costs about ``u·‖Z‖``.
+    ``coeff`` is ``(a, b, c)``: Python floats shared by the stack, or per-matrix
+    arrays of shape (b, 1, 1). ``polynomial(X, a, b, c)`` forms ``q`` (with its
+    ``X²`` product). ``first`` marks the step from ``Z = I`` (``X = Y``,
+    ``q·Z = q``: 2 matmuls instead of 4). The callables form the products, so
+    that a 16-bit policy can differ per product: ``z_product`` for ``ZY`` and
+    ``q·Z``, ``polynomial`` for ``X²``, ``y_product`` for ``Y·q``. Measured with
+    16-bit operands: rounding ``Y`` (``Y₀ = A``) moves its small eigenvalues by
+    ``u·λmax``, which no later step undoes (float16, κ = 1e4: 6e-2 relative
+    error), rounding ``X`` costs a few ``u``, rounding ``Z`` costs about ``u·‖Z‖``.
 
     Returns
     -------
     (X − I, advance)
-        The incoming ``X − I`` (for the residual; ``advance`` may overwrite it)
-        and a callable that forms the next iterates ``(Y, Z)`` (the loop skips
-        it once every matrix is done).
+        The incoming ``X − I`` (for the residual) and a callable that forms the
+        next iterates ``(Y, Z)`` (the loop skips it once every matrix is done).
     """
     x = y if first else z_product(z, y)
-    x_minus_eye = x - eye
 
     def advance():
-        shared = isinstance(coeff, tuple)
-        c0, c1, c2 = coeff if shared else (coeff[:, j][:, None, None] for j in range(3))
-        if x_shifted is not None:
-            # c(X − I) + cI + bI: each coefficient rounded alone, whether shared or
-            # per matrix (no matrix's bits depend on its neighbours' schedules).
-            base = _xp.scaled_plus_identity(x_minus_eye, c2, (c2, c1), eye, overwrite=True)
-            q = x_shifted(c0, 1.0, base, x)
-        else:
-            q = c0 * eye + c1 * x + c2 * x_product(x, x)
+        q = polynomial(x, *coeff)
         return y_product(y, q), q if first else z_product(q, z)
 
-    return x_minus_eye, advance
+    return x - eye, advance
 
 
 def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
@@ -250,8 +235,9 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         longest = (schedule_grid(margin)[1].shape[1] if traced
                    else max(len(schedule(v, margin).errors) for v in lowers))
         steps = min(max_iter - 1, longest + LOW_PRECISION_EXTRA_STEPS)
-    # Per-matrix rows travel with the iterates (as (b, steps, 3)), so that the
-    # loop's compaction to the active matrices keeps them aligned.
+    # Per-matrix rows travel with the iterates (as (b, steps, 3, 1, 1): a step's
+    # coefficients are then (b, 1, 1) stacks in two operations), so that the loop's
+    # compaction to the active matrices keeps them aligned.
     if traced:
         host_table = shared_rows = None
         table = _device_coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
@@ -260,6 +246,7 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         shared_rows = np.all(host_table == host_table[:, :1], axis=(1, 2))
         table = _xp.from_numpy(xp, np.transpose(host_table, (1, 0, 2)), dtype=a.dtype,
                                device=dev)
+    table = xp.reshape(table, (*table.shape, 1, 1))
 
     def residual_of(state):
         return _xp.frobenius_norm(eye - matmul.full(state[1], state[0])) / root_n
@@ -268,15 +255,22 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     z_rounding = None if traced else (
         u * z_norm_bounds(lowers, margin, max(steps, 1)) <= Z_ROUNDING_LIMIT)
 
-    def full_shifted(c, alpha, left, right):
-        return matmul.shifted(c, alpha, left, right, eye, full=True)
+    def fused_polynomial(x, c0, c1, c2):
+        # (c1·I + c2·X)·X + c0·I in one fused product: the same operations for
+        # shared floats and per-matrix arrays, so no matrix's bits depend on its
+        # neighbours' schedules.
+        return matmul.shifted(c0, 1.0, c2 * x + c1 * eye, x, eye, full=True)
+
+    def rounded_polynomial(x, c0, c1, c2):
+        # X² from 16-bit operands, the sum in the working dtype.
+        return c0 * eye + c1 * x + c2 * matmul(x, x)
 
     def coefficients(rows, k, main):
         if not main:
             return TAIL
         if host_table is not None and shared_rows[k]:
             return tuple(float(v) for v in host_table[k, 0])
-        return rows[:, k, :]
+        return xp.unstack(rows[:, k, ...], axis=1)
 
     def step(state, k, main):
         y, z, rows = state
@@ -285,10 +279,8 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         x_minus_eye, advance = minimax_step(
             y, z, coefficients(rows, k, main),
             first=main and isinstance(k, int) and k == 0,  # k is traced from 1 on under jit
-            z_product=matmul if round_z else matmul.full,
-            x_product=matmul if sixteen_bit else matmul.full,
-            y_product=matmul.full, eye=eye,
-            x_shifted=None if sixteen_bit else full_shifted)
+            z_product=matmul if round_z else matmul.full, y_product=matmul.full,
+            polynomial=rounded_polynomial if sixteen_bit else fused_polynomial, eye=eye)
         return _xp.frobenius_norm(x_minus_eye) / root_n, lambda: (*advance(), rows)
 
     phased = run_phases((a, xp.broadcast_to(eye, a.shape), table), step, residual_of,
