@@ -130,7 +130,7 @@ def _power_scaled(b, num_vectors: int = _POWER_VECTORS, num_iter: int = _POWER_S
     tiny = xp.finfo(b.dtype).smallest_normal
     norms = []
     for _ in range(num_iter):
-        w = v @ b
+        w = _xp.batched_matmul(v, b)
         norms.append(xp.linalg.vector_norm(w, axis=-1, keepdims=True))
         v = w / xp.clip(norms[-1], min=tiny)
     # The largest ‖b·v‖ over every vector and step, read once at the end.
@@ -188,14 +188,15 @@ def _lanczos_step(xp, mat, v, previous, peak, basis, restart, limit: float):
     rounding and every Ritz value inside the spectrum.
     """
     tiny = xp.finfo(mat.dtype).smallest_normal
-    w = v @ mat
+    w = _xp.batched_matmul(v, mat)
     reach = xp.linalg.vector_norm(w, axis=-1, keepdims=True)
     peak = reach if peak is None else xp.maximum(peak, reach)
     if previous is not None:
         w = w - previous
     alpha = xp.sum(w * v, axis=-1, keepdims=True)
     rows = xp.concat([w - alpha * v, restart], axis=-2)
-    rows = rows - (rows @ xp.matrix_transpose(basis)) @ basis
+    coefficients = _xp.batched_matmul(rows, xp.matrix_transpose(basis))
+    rows = _xp.add_product(rows, coefficients, basis, alpha=-1.0)
     norms = xp.linalg.vector_norm(rows, axis=-1, keepdims=True)
     rows = rows / xp.clip(norms, min=tiny)
     beta = norms[:, :1, :]
