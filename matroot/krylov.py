@@ -165,19 +165,21 @@ def _lanczos_coefficients(a, num_steps: int):
     return xp.concat([alphas, betas, scale[:, None]], axis=-1), steps
 
 
-def _lanczos_step(xp, mat, v, previous, peak, basis, restart, limit: float):
-    """One Lanczos step from the row ``v``: ``(α, β, peak, next v)``, each ``(b, 1, ·)``.
+def _lanczos_step(xp, mat, v, pair, peak, basis, restart, limit: float):
+    """One Lanczos step from the row ``v = v_j``: ``(local, β, peak, next v)``, each
+    ``(b, 1, ·)``.
 
-    ``previous`` is ``β_j·v_(j−1)`` (None at the start), ``peak`` the largest
-    ``‖v·A‖`` so far (a lower bound on ‖A‖₂; None at the start), ``basis`` every
-    Lanczos vector so far (``v`` among them; rows of zeros count as none),
-    ``restart`` a fresh row.
+    ``pair`` holds ``(v_(j−1), v_j)`` as rows (a zero row before the first),
+    ``peak`` the largest ``‖v·A‖`` so far (a lower bound on ‖A‖₂; None at the
+    start), ``basis`` every Lanczos vector so far (rows of zeros count as none),
+    ``restart`` a fresh row. ``local`` is ``(β_j, α_j)``, the
+    coefficients of ``w = v_j·A`` on the pair.
 
-    The three-term recurrence takes the large, local part off ``w = v·A``; what
-    is left along the other basis vectors is rounding, of order ``u·‖A‖``, and
-    one Gram–Schmidt pass against the basis takes it off (the restart row rides
-    along in the same pair of products). Where β, read after that pass, is at
-    that rounding level, ``β ≤ n·ε·peak`` (``limit = n·ε``), the Krylov space is
+    The three-term recurrence takes the large, local part off ``w``; what is left
+    along the other basis vectors is rounding, of order ``u·‖A‖``, and one
+    Gram–Schmidt pass against the basis takes it off (the restart row rides along
+    in the same pair of products). Where β, read after that pass, is at that
+    rounding level, ``β ≤ n·ε·peak`` (``limit = n·ε``), the Krylov space is
     exhausted: the run goes on from the restart row and the tridiagonal decouples
     (β is zeroed by the caller). The threshold is relative to ‖A‖, not to
     ``‖v·A‖``: the rounding of ``v·A`` is ``u·|v|·|A|``, so for a v in a small
@@ -191,17 +193,15 @@ def _lanczos_step(xp, mat, v, previous, peak, basis, restart, limit: float):
     w = _xp.batched_matmul(v, mat)
     reach = xp.linalg.vector_norm(w, axis=-1, keepdims=True)
     peak = reach if peak is None else xp.maximum(peak, reach)
-    if previous is not None:
-        w = w - previous
-    alpha = xp.sum(w * v, axis=-1, keepdims=True)
-    rows = xp.concat([w - alpha * v, restart], axis=-2)
+    local = _xp.batched_matmul(w, xp.matrix_transpose(pair))
+    rows = xp.concat([_xp.add_product(w, local, pair, alpha=-1.0), restart], axis=-2)
     coefficients = _xp.batched_matmul(rows, xp.matrix_transpose(basis))
     rows = _xp.add_product(rows, coefficients, basis, alpha=-1.0)
     norms = xp.linalg.vector_norm(rows, axis=-1, keepdims=True)
     rows = rows / xp.clip(norms, min=tiny)
     beta = norms[:, :1, :]
     following = xp.where(beta <= limit * peak, rows[:, 1:, :], rows[:, :1, :])
-    return alpha, beta, peak, following
+    return local, beta, peak, following
 
 
 def _lanczos_growing(xp, mat, fresh, steps: int, limit: float):
@@ -211,23 +211,24 @@ def _lanczos_growing(xp, mat, fresh, steps: int, limit: float):
     # One unstack into (b, 1, n) rows, not a slice per step.
     restarts = xp.unstack(xp.broadcast_to(xp.reshape(fresh, (steps + 1, 1, 1, n)),
                                           (steps + 1, b, 1, n)))
-    v = restarts[0]
-    basis, previous, peak = v, None, None
-    alphas, betas, peaks = [], [], []
+    basis = v = restarts[0]
+    pair = xp.concat([xp.zeros_like(v), v], axis=-2)
+    peak = None
+    locals_, betas, peaks = [], [], []
     for j in range(steps):
-        alpha, beta, peak, following = _lanczos_step(xp, mat, v, previous, peak, basis,
-                                                     restarts[j + 1], limit)
-        alphas.append(alpha)
+        local, beta, peak, v = _lanczos_step(xp, mat, v, pair, peak, basis,
+                                             restarts[j + 1], limit)
+        locals_.append(local)
         betas.append(beta)
         peaks.append(peak)
         if j < steps - 1:
-            # β·v for the recurrence; after a restart β is rounding and the pass
-            # removes what is left along v anyway.
-            previous = beta * v
-            v = following
             basis = xp.concat([basis, v], axis=-2)
-    return tuple(xp.reshape(xp.concat(values, axis=-1), (mat.shape[0], steps))
-                 for values in (alphas, betas, peaks))
+            pair = basis[:, -2:, :]
+    alphas = xp.concat(locals_, axis=-2)[:, :, 1]
+    return alphas, *(xp.reshape(xp.concat(values, axis=-1), (b, steps))
+                     for values in (betas, peaks))
+
+
 def _lanczos_rolled(xp, mat, fresh, steps: int, limit: float):
     """The loop of :func:`_lanczos_coefficients` with shapes fixed from step to step,
     for tracing: under ``jax.jit`` one device loop (XLA compiled the unrolled
@@ -246,19 +247,19 @@ def _lanczos_rolled(xp, mat, fresh, steps: int, limit: float):
     zeros = xp.zeros((b, steps), dtype=mat.dtype, device=dev)
 
     def step(carry, j):
-        basis, v, previous, peak, alphas, betas, peaks = carry
+        basis, pair, peak, alphas, betas, peaks = carry
         index = xp.reshape(xp.asarray(j, device=dev), (1,))
-        alpha, beta, peak, following = _lanczos_step(
-            xp, mat, v, previous, peak, basis, xp.take(fresh, index + 1, axis=1), limit)
+        local, beta, peak, following = _lanczos_step(
+            xp, mat, pair[:, 1:, :], pair, peak, basis, xp.take(fresh, index + 1, axis=1), limit)
         at = rows == j
-        alphas, betas, peaks = (xp.where(at, new[:, 0, :], old) for new, old in
-                                ((alpha, alphas), (beta, betas), (peak, peaks)))
+        alphas, betas, peaks = (xp.where(at, new[:, 0, -1:], old) for new, old in
+                                ((local, alphas), (beta, betas), (peak, peaks)))
         basis = xp.where((rows == j + 1)[..., None], following, basis)
-        return basis, following, beta * v, peak, alphas, betas, peaks
+        return basis, xp.concat([pair[:, 1:, :], following], axis=-2), peak, alphas, betas, peaks
 
     no_peak = xp.zeros((b, 1, 1), dtype=mat.dtype, device=dev)
-    carry = (basis, v, xp.zeros_like(v), no_peak, zeros, zeros, zeros)
-    _, _, _, _, alphas, betas, peaks = _xp.counted_loop(step, carry, steps, roll_like=mat)
+    carry = (basis, xp.concat([xp.zeros_like(v), v], axis=-2), no_peak, zeros, zeros, zeros)
+    _, _, _, alphas, betas, peaks = _xp.counted_loop(step, carry, steps, roll_like=mat)
     return alphas, betas, peaks
 
 
