@@ -133,3 +133,52 @@ def test_no_float32_eigh_where_every_matrix_surely_needs_float64(monkeypatch):
     unscreened = matroot.inv_root(torch.asarray(a), 4, method="evd")
     assert dtypes[1:] == [torch.float32, torch.float64]
     assert torch.equal(res.root, unscreened)
+
+
+def _sloppy_eigh(real):
+    """An eigh whose eigenvectors are rotated by ~1e-4 (a GPU eigh stopped early)."""
+    def eigh(xp, a):
+        out = real(xp, a)
+        if out is None:
+            return None
+        lam, q = out
+        n = q.shape[-1]
+        rng = np.random.default_rng(n)
+        skew = rng.standard_normal((n, n)) * 1e-4 / np.sqrt(n)
+        skew = skew - skew.T
+        turn = xp.asarray(np.eye(n) + skew, dtype=q.dtype)
+        return type(out)(lam, q @ turn) if hasattr(out, "_fields") else (lam, q @ turn)
+    return eigh
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_measured_eigh_error_catches_an_inaccurate_eigh(monkeypatch, dtype):
+    """Off LAPACK (a GPU) the check measures each decomposition's backward error: an
+    eigh off by ~1e-4 is not reported converged, where the a-priori estimate (C·κ·u/p,
+    measured on LAPACK) would have passed it."""
+    rng = np.random.default_rng(5)
+    a, _, _ = spd_stack(rng, (3,), 32, 100.0)
+    a = a.astype(dtype)
+    exact = oracle_inv_root(a.astype(np.float64), 4)
+    monkeypatch.setattr(evd_module, "_eigh_or_none", _sloppy_eigh(evd_module._eigh_or_none))
+    trusting = matroot.inv_root_info(a, 4, method="evd")
+    assert np.all(trusting.converged)  # the hole: LAPACK's constant assumed
+    table = accuracy_tolerance(dtype, 100.0, 4, method="evd")
+    assert relative_error(trusting.root, exact).max() > table
+    monkeypatch.setattr(evd_module, "eigh_is_measured", lambda xp, a: False)
+    measured = matroot.inv_root_info(a, 4, method="evd")
+    assert not np.any(measured.converged)
+    assert np.all(measured.error_estimate >= relative_error(measured.root, exact))
+
+
+def test_measured_eigh_error_keeps_accurate_roots_converged(monkeypatch):
+    """With an accurate eigh the measured bound stays inside the table: float32 stacks
+    that need no retry converge as before, with the estimate above the true error."""
+    monkeypatch.setattr(evd_module, "eigh_is_measured", lambda xp, a: False)
+    for kappa in (10.0, 1e3, 1e5):
+        a, _, _ = spd_stack(np.random.default_rng(6), (4,), 48, kappa)
+        a32 = a.astype(np.float32)
+        res = matroot.inv_root_info(a32, 2, method="evd")
+        assert np.all(res.converged), kappa
+        err = relative_error(res.root, oracle_inv_root(a32.astype(np.float64), 2))
+        assert np.all(res.error_estimate >= err), kappa
