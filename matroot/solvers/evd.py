@@ -33,6 +33,8 @@ from .registry import ANY_REAL_P, SolverSpec
 #: ``C`` and ``F`` of the error estimate (module docstring), measured.
 EIGH_ERROR_FACTOR = 12.0
 FORMATION_ERROR_FACTOR = 6.0
+#: Products :func:`measured_error` forms per matrix (float64, counted as products).
+MEASURED_ERROR_PRODUCTS = 2.0
 #: Smallest n screened by :func:`surely_beyond_float32`: from there its Cholesky
 #: solve costs about a tenth of an eigh (torch CPU).
 SCREEN_MIN_N = 64
@@ -386,7 +388,8 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
         check = check._replace(error_estimate=check.error_estimate
                                + 2 * unit_roundoff(xp, plain.dtype))
     if error is not None:  # a GPU's eigh: its measured error where that is larger
-        check = check._replace(error_estimate=xp.maximum(check.error_estimate, error))
+        check = check._replace(error_estimate=xp.maximum(check.error_estimate, error),
+                               matmul_equivalents=MEASURED_ERROR_PRODUCTS)
     # A root beyond the compute dtype's range (a tiny eigenvalue, a small p) stays
     # non-finite: the caller judges the returned root's range (and warns of it).
     if traced or not bool(xp.all(check.positive)):
