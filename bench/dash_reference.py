@@ -243,19 +243,23 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="n = 128, κ = 1e2 only")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
+    parser.add_argument("--n", type=int, help="matrix size (default 384; 128 with --quick)")
+    parser.add_argument("--batch", type=int, default=8, help="matrices per stack (default 8)")
+    parser.add_argument("--goals", type=float, nargs="+", default=[5e-3, 1e-3],
+                        help="relative errors to reach (default 5e-3 1e-3)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:
         return int(stop.code or 0)
-    n = 128 if args.quick else 384
-    rows = compare((1e2,) if args.quick else (1e2, 1e4), (2, 4), (5e-3, 1e-3), n=n,
-                   device=args.device)
+    n = args.n or (128 if args.quick else 384)
+    rows = compare((1e2,) if args.quick else (1e2, 1e4), (2, 4), tuple(args.goals), n=n,
+                   batch=args.batch, device=args.device)
     if not rows:
         return 0
     load = os.getloadavg()
     where = ("torch CPU, one thread" if args.device == "cpu" else
              f"torch {args.device} ({_device_name(args.device)})")
-    what = (f"8 × {n}² float32 SPD stacks with geometric spectra, {where}; "
+    what = (f"{args.batch} × {n}² float32 SPD stacks with geometric spectra, {where}; "
             "medians of interleaved runs, as ratios to DASH's fastest configuration "
             "(stock or with its scale kept in float32), contenders fastest first; "
             f"load average at the end of the run {load[0]:.1f} / {load[1]:.1f} / "
