@@ -182,3 +182,15 @@ def test_measured_eigh_error_keeps_accurate_roots_converged(monkeypatch):
         assert np.all(res.converged), kappa
         err = relative_error(res.root, oracle_inv_root(a32.astype(np.float64), 2))
         assert np.all(res.error_estimate >= err), kappa
+
+
+@pytest.mark.parametrize("n", [8, 64, 256])
+@pytest.mark.parametrize("kappa", [10.0, 1e6])
+def test_lapack_eigenpairs_pass_as_lapack_like(backend, n, kappa):
+    """The envelope of measured_error admits the CPU LAPACK eighs its constant came from:
+    a float32 eigh there yields 0 (the a-priori estimate stands), so a GPU whose eigh
+    is as accurate pays three products, not a float64 retry."""
+    a, _, _ = spd_stack(np.random.default_rng(n), (3,), n, kappa)
+    x = backend.asarray(a.astype(np.float32))
+    lam, q = matroot._xp.lapack_in_order(backend.xp.linalg.eigh, x)
+    assert np.all(to_numpy(evd_module.measured_error(x, lam, q, 2)) == 0)
