@@ -6,7 +6,8 @@ operation whose output size depends on device data. The design allows batched,
 infrequent convergence checks and nothing else, so the count should grow with
 the number of checks, not with the number of steps or matrices. Each row also
 times the solve (median of a few runs, synchronised) and reports its
-iterations. Run on a machine with a CUDA GPU::
+iterations, at 16 × 256² (dispatch-bound on a large GPU) and 8 × 1024²
+(closer to bound by products). Run on a machine with a CUDA GPU::
 
     python bench/gpu_syncs.py [--out FILE.json]
 
@@ -87,7 +88,8 @@ def rows(batch: int = 16, n: int = 256, kappa: float = 1e4) -> list[dict]:
                     "converged": int(info.converged.sum().item()),
                     "max_relative_error": float(error.max()),
                     "median_ms": median_time(solve) * 1e3})
-        print(f"{method:15s} p={p} syncs={syncs:3d} iterations≤{out[-1]['max_iterations']:3d} "
+        print(f"{batch}×{n}² {method:15s} p={p} syncs={syncs:3d} "
+              f"iterations≤{out[-1]['max_iterations']:3d} "
               f"converged {out[-1]['converged']}/{batch} error {error.max():.1e} "
               f"{out[-1]['median_ms']:.1f} ms", flush=True)
     return out
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_syncs.py: no CUDA GPU", file=sys.stderr)
         return 2
-    table = rows()
+    table = rows() + rows(batch=8, n=1024)
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                         "rows": table}, indent=2))
