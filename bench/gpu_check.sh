@@ -132,7 +132,7 @@ else
   # Steps run most telling first: a short lease spends its time where it counts.
   step environment 15 bash -c "uname -a; $PYTHON --version; nproc; nvidia-smi"
   # Host<->device syncs per solve, per method (the design allows only batched checks).
-  step syncs 45 "$PYTHON" bench/gpu_syncs.py --out "$out/syncs.json"
+  step syncs 60 "$PYTHON" bench/gpu_syncs.py --out "$out/syncs.json"
   # Time to 5e-3 / 1e-3 against DASH's own solvers on the GPU (skipped without its wheel).
   step dash 90 "$PYTHON" bench/dash_reference.py --device cuda --out "$out/dash"
   # The tests on the GPU backends (torch-cuda, cupy), quick tier: the CPU backends'
