@@ -22,7 +22,8 @@ before the solver sees it (a one-line change, labelled "fp32 scale"), which
 reaches 1e-3; "DASH's fastest" is the fastest of every DASH variant that
 reaches the goal. Run ``python bench/dash_reference.py [--quick]`` from
 anywhere; results go to ``bench/results/dash_reference.{json,md}`` beside this
-script (``--out`` to change), with the load average during the run.
+script (``--out`` to change), with the load average during the run; ``--device cuda``
+times them on a GPU instead of one CPU thread.
 """
 
 from __future__ import annotations
@@ -139,11 +140,16 @@ def _dash_contenders(dash, a, p, eps, exact, goal):
     return found, missed
 
 
-def compare(kappas, orders, goals, *, n=384, batch=8, repeats=7, budget_s=20.0):
+def compare(kappas, orders, goals, *, n=384, batch=8, repeats=7, budget_s=20.0,
+            device="cpu"):
     """Rows of time ratios (contender ÷ DASH's fastest) per (κ, p, goal)."""
     import torch
 
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
+        synchronize = lambda: None  # noqa: E731
+    else:
+        synchronize = torch.cuda.synchronize
     dash = load_dash_solvers()
     if dash is None:
         print("ista-daslab-optimizers is not importable: DASH comparison skipped")
@@ -152,7 +158,7 @@ def compare(kappas, orders, goals, *, n=384, batch=8, repeats=7, budget_s=20.0):
     rows = []
     for kappa in kappas:
         host = scaled_spd_stack(batch, n, kappa, seed=1).astype(np.float32)
-        a = torch.asarray(host)
+        a = torch.asarray(host, device=device)
         eps = 0.0
         oracle = SPDCase(host.astype(np.float64), eps, "geometric")
         for p in orders:
@@ -173,9 +179,9 @@ def compare(kappas, orders, goals, *, n=384, batch=8, repeats=7, budget_s=20.0):
                         rows.append({"kappa": kappa, "p": p, "goal": goal,
                                      "contender": f"matroot {label}: misses the goal",
                                      "time_over_dash_best": None})
-                calls = {key: (fn, timed_call(fn, lambda: None)[0])
+                calls = {key: (fn, timed_call(fn, synchronize)[0])
                          for key, fn in contenders.items()}
-                times = interleaved_times(calls, lambda: None, repeats=repeats,
+                times = interleaved_times(calls, synchronize, repeats=repeats,
                                           budget_s=budget_s)
                 medians = {key: statistics.median(t) for key, t in times.items()}
                 dash_times = [t for key, t in medians.items() if key.startswith("DASH")]
@@ -224,26 +230,40 @@ def _markdown(rows, what):
     return "\n".join(lines) + "\n"
 
 
+def _device_name(device):
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device))
+
+
 def main(argv=None) -> int:
     """Run the comparison and write ``bench/results/dash_reference.{json,md}``."""
     parser = argparse.ArgumentParser(prog="python bench/dash_reference.py",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 128, κ = 1e2 only")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
+    parser.add_argument("--n", type=int, help="matrix size (default 384; 128 with --quick)")
+    parser.add_argument("--batch", type=int, default=8, help="matrices per stack (default 8)")
+    parser.add_argument("--goals", type=float, nargs="+", default=[5e-3, 1e-3],
+                        help="relative errors to reach (default 5e-3 1e-3)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:
         return int(stop.code or 0)
-    n = 128 if args.quick else 384
-    rows = compare((1e2,) if args.quick else (1e2, 1e4), (2, 4), (5e-3, 1e-3), n=n)
+    n = args.n or (128 if args.quick else 384)
+    rows = compare((1e2,) if args.quick else (1e2, 1e4), (2, 4), tuple(args.goals), n=n,
+                   batch=args.batch, device=args.device)
     if not rows:
         return 0
     load = os.getloadavg()
-    what = (f"8 × {n}² float32 SPD stacks with geometric spectra, torch CPU, one thread; "
+    where = ("torch CPU, one thread" if args.device == "cpu" else
+             f"torch {args.device} ({_device_name(args.device)})")
+    what = (f"{args.batch} × {n}² float32 SPD stacks with geometric spectra, {where}; "
             "medians of interleaved runs, as ratios to DASH's fastest configuration "
             "(stock or with its scale kept in float32), contenders fastest first; "
             f"load average at the end of the run {load[0]:.1f} / {load[1]:.1f} / "
-            f"{load[2]:.1f} (1 / 5 / 15 min, 2 cores)")
+            f"{load[2]:.1f} (1 / 5 / 15 min, {os.cpu_count()} cores)")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dash_reference.json").write_text(
         json.dumps({"what": what, "rows": rows}, indent=1) + "\n")

@@ -125,27 +125,35 @@ def _profile_variants(call, repeats: int) -> dict[str, dict[str, float]]:
 def _products_in_context(call, n: int, repeats: int) -> list[float]:
     """Per n×n product of one call, in call order: its fastest time over
     ``repeats`` calls (seconds). The products are timed by wrapping
-    ``torch.Tensor.__matmul__`` (the wrapper only times)."""
+    ``torch.Tensor.__matmul__``, ``torch.bmm`` and ``torch.baddbmm`` (the seam
+    :mod:`matroot._xp` forms stacked products with; the wrappers only time)."""
     import torch
 
-    original = torch.Tensor.__matmul__
+    originals = {"__matmul__": torch.Tensor.__matmul__, "bmm": torch.bmm,
+                 "baddbmm": torch.baddbmm}
     calls: list[list[float]] = []
 
-    def timed(left, right):
-        start = time.perf_counter()
-        out = original(left, right)
-        if left.shape[-2:] == (n, n) and right.shape[-2:] == (n, n):
-            calls[-1].append(time.perf_counter() - start)
-        return out
+    def timing(original, operands):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            left, right = args[operands[0]], args[operands[1]]
+            if left.shape[-2:] == (n, n) and right.shape[-2:] == (n, n):
+                calls[-1].append(time.perf_counter() - start)
+            return out
+        return timed
 
     call()
-    torch.Tensor.__matmul__ = timed
+    torch.Tensor.__matmul__ = timing(originals["__matmul__"], (0, 1))
+    torch.bmm = timing(originals["bmm"], (0, 1))
+    torch.baddbmm = timing(originals["baddbmm"], (1, 2))
     try:
         for _ in range(repeats):
             calls.append([])
             call()
     finally:
-        torch.Tensor.__matmul__ = original
+        torch.Tensor.__matmul__ = originals["__matmul__"]
+        torch.bmm, torch.baddbmm = originals["bmm"], originals["baddbmm"]
     count = min(len(c) for c in calls)
     return [min(c[i] for c in calls) for i in range(count)]
 

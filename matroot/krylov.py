@@ -127,14 +127,14 @@ def _power_scaled(b, num_vectors: int = _POWER_VECTORS, num_iter: int = _POWER_S
     # it row by row (4 vectors, n = 256: 3-9× faster than b @ v on torch and NumPy CPU).
     v = xp.matrix_transpose(_start_vectors(xp, n, k, b.dtype, _xp.device_of(b)))
     v = xp.broadcast_to(v, (*batch, k, n))
-    best = xp.zeros(batch, dtype=b.dtype, device=_xp.device_of(b))
     tiny = xp.finfo(b.dtype).smallest_normal
+    norms = []
     for _ in range(num_iter):
-        w = v @ b
-        norms = xp.linalg.vector_norm(w, axis=-1)
-        best = xp.maximum(best, xp.max(norms, axis=-1))
-        v = w / xp.clip(norms, min=tiny)[..., None]
-    return best
+        w = _xp.batched_matmul(v, b)
+        norms.append(xp.linalg.vector_norm(w, axis=-1, keepdims=True))
+        v = w / xp.clip(norms[-1], min=tiny)
+    # The largest ‖b·v‖ over every vector and step, read once at the end.
+    return xp.max(xp.concat(norms, axis=-1), axis=(-2, -1))
 
 
 def _lanczos_coefficients(a, num_steps: int):
@@ -153,87 +153,114 @@ def _lanczos_coefficients(a, num_steps: int):
     scale = xp.reshape(_entry_scale(xp, a), (b,))
     mat = xp.reshape(a, (b, n, n)) / scale[:, None, None]
     steps = max(1, min(int(num_steps), n))
-    tiny = float(xp.finfo(a.dtype).smallest_normal)
     # Row vectors (vᵀA = (Av)ᵀ for symmetric A): a row times the stack streams it
     # row by row, ~9× faster than A @ v for one vector at n = 384 on torch CPU.
     fresh = xp.matrix_transpose(_start_vectors(xp, n, steps + 1, a.dtype, dev))
+    limit = n * float(xp.finfo(a.dtype).eps)
     run = _lanczos_rolled if _xp.is_traced(mat) else _lanczos_growing
-    alphas, betas = run(xp, mat, fresh, steps, tiny)
+    alphas, betas, peaks = run(xp, mat, fresh, steps, limit)
+    # Where the Krylov space was exhausted the step went on from the restart row
+    # (see _lanczos_step): the tridiagonal decouples there.
+    betas = xp.where(betas <= limit * peaks, xp.zeros_like(betas), betas)
     return xp.concat([alphas, betas, scale[:, None]], axis=-1), steps
 
 
-def _next_vector(xp, w, reach, basis, restart, tiny: float):
-    """The rest of a Lanczos step after ``w = v·A`` and its first Gram–Schmidt pass;
-    ``reach`` is ``‖v·A‖``, ``restart`` the fresh vector for a breakdown.
+def _lanczos_step(xp, mat, v, pair, peak, basis, restart, limit: float):
+    """One Lanczos step from the row ``v = v_j``: ``(local, β, peak, next v)``, each
+    ``(b, 1, ·)``.
 
-    The second pass runs on ``w`` and on the restart vector together (one
-    product, two rows), so ``β = ‖w‖`` is read after two passes, where it is
-    accurate. Where β is at rounding level (``2n·u·‖v·A‖``) the Krylov space is
-    exhausted: β is 0, the tridiagonal decouples, and the run goes on from the
-    restart vector, so every Ritz value stays inside the spectrum. (With β read
-    after one pass and an absolute threshold, the noise of a run with many
-    breakdowns passed for a new direction and gave Ritz values up to 2× λmax.)
-    Returns ``(v, β)``.
+    ``pair`` holds ``(v_(j−1), v_j)`` as rows (a zero row before the first),
+    ``peak`` the largest ``‖v·A‖`` so far (a lower bound on ‖A‖₂; None at the
+    start), ``basis`` every Lanczos vector so far (rows of zeros count as none),
+    ``restart`` a fresh row. ``local`` is ``(β_j, α_j)``, the
+    coefficients of ``w = v_j·A`` on the pair.
+
+    The three-term recurrence takes the large, local part off ``w``; what is left
+    along the other basis vectors is rounding, of order ``u·‖A‖``, and one
+    Gram–Schmidt pass against the basis takes it off (the restart row rides along
+    in the same pair of products). Where β, read after that pass, is at that
+    rounding level, ``β ≤ n·ε·peak`` (``limit = n·ε``), the Krylov space is
+    exhausted: the run goes on from the restart row and the tridiagonal decouples
+    (β is zeroed by the caller). The threshold is relative to ‖A‖, not to
+    ``‖v·A‖``: the rounding of ``v·A`` is ``u·|v|·|A|``, so for a v in a small
+    eigenspace the noise is far above ``u·‖v·A‖``, and a noise row kept as a
+    direction would leave each next pass a worse start, losing orthogonality
+    geometrically. A breakdown threshold ≥ the noise keeps every kept β well
+    above what the one pass leaves behind, so the basis stays orthonormal to
+    rounding and every Ritz value inside the spectrum.
     """
-    n = w.shape[-1]
-    rows = xp.concat([w, xp.broadcast_to(restart, w.shape)], axis=-2)
-    rows = rows - (rows @ xp.matrix_transpose(basis)) @ basis
-    beta = xp.linalg.vector_norm(rows[:, :1, :], axis=(-2, -1))
-    broke = beta <= n * float(xp.finfo(w.dtype).eps) * reach
-    beta = xp.where(broke, xp.zeros_like(beta), beta)
-    w = xp.where(broke[:, None, None], rows[:, 1:, :], rows[:, :1, :])
-    v = w / xp.clip(xp.linalg.vector_norm(w, axis=(-2, -1)), min=tiny)[:, None, None]
-    return v, beta
+    tiny = xp.finfo(mat.dtype).smallest_normal
+    w = _xp.batched_matmul(v, mat)
+    reach = xp.linalg.vector_norm(w, axis=-1, keepdims=True)
+    peak = reach if peak is None else xp.maximum(peak, reach)
+    local = _xp.batched_matmul(w, xp.matrix_transpose(pair))
+    rows = xp.concat([_xp.add_product(w, local, pair, alpha=-1.0), restart], axis=-2)
+    coefficients = _xp.batched_matmul(rows, xp.matrix_transpose(basis))
+    rows = _xp.add_product(rows, coefficients, basis, alpha=-1.0)
+    norms = xp.linalg.vector_norm(rows, axis=-1, keepdims=True)
+    rows = rows / xp.clip(norms, min=tiny)
+    beta = norms[:, :1, :]
+    following = xp.where(beta <= limit * peak, rows[:, 1:, :], rows[:, :1, :])
+    return local, beta, peak, following
 
 
-def _lanczos_growing(xp, mat, fresh, steps: int, tiny: float):
+def _lanczos_growing(xp, mat, fresh, steps: int, limit: float):
     """The eager loop of :func:`_lanczos_coefficients`, its basis growing a row per
-    step. Returns ``(alphas, betas)``, each ``(b, steps)``."""
+    step. Returns ``(alphas, betas, peaks)``, each ``(b, steps)``."""
     b, n = mat.shape[0], mat.shape[-1]
-    v = xp.broadcast_to(fresh[:1, :], (b, 1, n))
-    basis = v
-    alphas, betas = [], []
+    # One unstack into (b, 1, n) rows, not a slice per step.
+    restarts = xp.unstack(xp.broadcast_to(xp.reshape(fresh, (steps + 1, 1, 1, n)),
+                                          (steps + 1, b, 1, n)))
+    basis = v = restarts[0]
+    pair = xp.concat([xp.zeros_like(v), v], axis=-2)
+    peak = None
+    locals_, betas, peaks = [], [], []
     for j in range(steps):
-        w = v @ mat
-        # The first pass's last coefficient is vᵀAv = α.
-        h = w @ xp.matrix_transpose(basis)
-        alphas.append(h[:, 0, -1])
-        v, beta = _next_vector(xp, w - h @ basis, xp.linalg.vector_norm(w, axis=(-2, -1)),
-                               basis, fresh[j + 1:j + 2, :], tiny)
+        local, beta, peak, v = _lanczos_step(xp, mat, v, pair, peak, basis,
+                                             restarts[j + 1], limit)
+        locals_.append(local)
         betas.append(beta)
+        peaks.append(peak)
         if j < steps - 1:
             basis = xp.concat([basis, v], axis=-2)
-    return xp.stack(alphas, axis=-1), xp.stack(betas, axis=-1)
+            pair = basis[:, -2:, :]
+    alphas = xp.concat(locals_, axis=-2)[:, :, 1]
+    return alphas, *(xp.reshape(xp.concat(values, axis=-1), (b, steps))
+                     for values in (betas, peaks))
 
 
-def _lanczos_rolled(xp, mat, fresh, steps: int, tiny: float):
+def _lanczos_rolled(xp, mat, fresh, steps: int, limit: float):
     """The loop of :func:`_lanczos_coefficients` with shapes fixed from step to step,
     for tracing: under ``jax.jit`` one device loop (XLA compiled the unrolled
     growing-basis steps for seconds per call site). The basis is a fixed
     ``(b, steps, n)`` array whose rows not yet filled are zero: orthogonalising
     against it is the same arithmetic as against the filled rows alone. Returns
-    ``(alphas, betas)``, each ``(b, steps)``.
+    ``(alphas, betas, peaks)``, each ``(b, steps)``.
     """
     b, n = mat.shape[0], mat.shape[-1]
     dev = _xp.device_of(mat)
     rows = xp.arange(steps, device=dev)[None, :]
-    basis = xp.where((rows == 0)[..., None], fresh[None, :1, :],
-                     xp.zeros((b, steps, n), dtype=mat.dtype))
-    zeros = xp.zeros((b, steps), dtype=mat.dtype)
+    fresh = xp.broadcast_to(fresh, (b, steps + 1, n))
+    v = fresh[:, :1, :]
+    basis = xp.where((rows == 0)[..., None], v,
+                     xp.zeros((b, steps, n), dtype=mat.dtype, device=dev))
+    zeros = xp.zeros((b, steps), dtype=mat.dtype, device=dev)
 
     def step(carry, j):
-        basis, alphas, betas = carry
+        basis, pair, peak, alphas, betas, peaks = carry
         index = xp.reshape(xp.asarray(j, device=dev), (1,))
-        w = xp.take(basis, index, axis=1) @ mat
-        h = w @ xp.matrix_transpose(basis)
-        alphas = xp.where(rows == j, h[:, 0, :], alphas)
-        v, beta = _next_vector(xp, w - h @ basis, xp.linalg.vector_norm(w, axis=(-2, -1)),
-                               basis, xp.take(fresh, index + 1, axis=0), tiny)
-        betas = xp.where(rows == j, beta[:, None], betas)
-        return xp.where((rows == j + 1)[..., None], v, basis), alphas, betas
+        local, beta, peak, following = _lanczos_step(
+            xp, mat, pair[:, 1:, :], pair, peak, basis, xp.take(fresh, index + 1, axis=1), limit)
+        at = rows == j
+        alphas, betas, peaks = (xp.where(at, new[:, 0, -1:], old) for new, old in
+                                ((local, alphas), (beta, betas), (peak, peaks)))
+        basis = xp.where((rows == j + 1)[..., None], following, basis)
+        return basis, xp.concat([pair[:, 1:, :], following], axis=-2), peak, alphas, betas, peaks
 
-    _, alphas, betas = _xp.counted_loop(step, (basis, zeros, zeros), steps, roll_like=mat)
-    return alphas, betas
+    no_peak = xp.zeros((b, 1, 1), dtype=mat.dtype, device=dev)
+    carry = (basis, xp.concat([xp.zeros_like(v), v], axis=-2), no_peak, zeros, zeros, zeros)
+    _, _, _, alphas, betas, peaks = _xp.counted_loop(step, carry, steps, roll_like=mat)
+    return alphas, betas, peaks
 
 
 class RitzValues(NamedTuple):

@@ -41,8 +41,9 @@ FAILURE_PROBABILITY = 1e-12
 _LANCZOS_FAILURE_CONSTANT = 1.648
 #: Rounding allowance of a Lanczos run in the compute dtype, in units of
 #: ``(n + m)·u`` times the guaranteed bound (which is ≥ ‖A‖₂ for PSD A): the
-#: products with A, the reorthogonalisation and the couplings below the breakdown
-#: threshold ``n·u`` that the run drops.
+#: products with A, the reorthogonalisation and the couplings the run drops, those
+#: below its breakdown threshold ``n·ε`` (= 2n·u) times the largest ``‖v·A‖`` seen,
+#: which is at most ‖A‖₂.
 _LANCZOS_ROUNDING = 4.0
 
 #: Power iteration returns a lower bound on λmax; this margin covers its shortfall.

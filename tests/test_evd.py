@@ -133,3 +133,71 @@ def test_no_float32_eigh_where_every_matrix_surely_needs_float64(monkeypatch):
     unscreened = matroot.inv_root(torch.asarray(a), 4, method="evd")
     assert dtypes[1:] == [torch.float32, torch.float64]
     assert torch.equal(res.root, unscreened)
+
+
+def _sloppy_eigh(real):
+    """An eigh whose eigenvectors are rotated by ~1e-4 (a GPU eigh stopped early)."""
+    def eigh(xp, a):
+        out = real(xp, a)
+        if out is None:
+            return None
+        lam, q = out
+        n = q.shape[-1]
+        rng = np.random.default_rng(n)
+        skew = rng.standard_normal((n, n)) * 1e-4 / np.sqrt(n)
+        skew = skew - skew.T
+        turn = xp.asarray(np.eye(n) + skew, dtype=q.dtype)
+        return type(out)(lam, q @ turn) if hasattr(out, "_fields") else (lam, q @ turn)
+    return eigh
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_measured_eigh_error_catches_an_inaccurate_eigh(monkeypatch, dtype):
+    """Off LAPACK (a GPU) the check measures each decomposition's backward error: an
+    eigh off by ~1e-4 is not reported converged, where the a-priori estimate (C·κ·u/p,
+    measured on LAPACK) would have passed it."""
+    rng = np.random.default_rng(5)
+    a, _, _ = spd_stack(rng, (3,), 32, 100.0)
+    a = a.astype(dtype)
+    exact = oracle_inv_root(a.astype(np.float64), 4)
+    monkeypatch.setattr(evd_module, "_eigh_or_none", _sloppy_eigh(evd_module._eigh_or_none))
+    trusting = matroot.inv_root_info(a, 4, method="evd")
+    assert np.all(trusting.converged)  # the hole: LAPACK's constant assumed
+    table = accuracy_tolerance(dtype, 100.0, 4, method="evd")
+    assert relative_error(trusting.root, exact).max() > table
+    monkeypatch.setattr(evd_module, "eigh_is_measured", lambda xp, a: False)
+    measured = matroot.inv_root_info(a, 4, method="evd")
+    assert not np.any(measured.converged)
+    assert np.all(measured.error_estimate >= relative_error(measured.root, exact))
+
+
+def test_measured_eigh_error_keeps_accurate_roots_converged(monkeypatch):
+    """With an accurate eigh the measured bound stays inside the table: float32 stacks
+    that need no retry converge as before, with the estimate above the true error."""
+    monkeypatch.setattr(evd_module, "eigh_is_measured", lambda xp, a: False)
+    for kappa in (10.0, 1e3, 1e5):
+        a, _, _ = spd_stack(np.random.default_rng(6), (4,), 48, kappa)
+        a32 = a.astype(np.float32)
+        res = matroot.inv_root_info(a32, 2, method="evd")
+        assert np.all(res.converged), kappa
+        err = relative_error(res.root, oracle_inv_root(a32.astype(np.float64), 2))
+        assert np.all(res.error_estimate >= err), kappa
+
+
+@pytest.mark.parametrize("n", [8, 64, 256])
+@pytest.mark.parametrize("kappa", [10.0, 1e6])
+def test_measured_error_of_accurate_eigenpairs_is_near_the_a_priori_one(backend, n, kappa):
+    """For the backend's own float32 eigh (LAPACK on a CPU; cuSOLVER's on a GPU) the
+    measured estimate stays within 3× the a-priori one and above the root's true error:
+    a GPU whose eigh is as accurate pays three products, and a float64 retry only near
+    the table's edges."""
+    a, _, _ = spd_stack(np.random.default_rng(n), (3,), n, kappa)
+    a32 = a.astype(np.float32)
+    x = backend.asarray(a32)
+    lam, q = matroot._xp.lapack_in_order(backend.xp.linalg.eigh, x)
+    measured = to_numpy(evd_module.measured_error(x, lam, q, 2)).astype(np.float64)
+    u = 2.0**-24
+    kappa_exact = np.linalg.cond(a32.astype(np.float64))
+    assert np.all(measured <= 3 * evd_module._estimated_error(kappa_exact, n, 2, u, u))
+    root = to_numpy(evd_module._root_from_eigh(backend.xp, lam, q, 2, backend.xp.float64))
+    assert np.all(measured >= relative_error(root, oracle_inv_root(a32.astype(np.float64), 2)))

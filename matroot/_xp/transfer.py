@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .namespace import array_namespace, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
+from .namespace import (
+    array_namespace,
+    is_cupy_namespace,
+    is_jax_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+)
 
 __all__ = [
     "to_numpy",
@@ -21,6 +27,8 @@ def to_numpy(x) -> np.ndarray:
         return x.detach().cpu().numpy()
     if is_cupy_namespace(xp):
         return x.get()
+    if is_jax_namespace(xp):  # NumPy's DLPack import takes CPU buffers only
+        return np.asarray(x)
     return np.from_dlpack(x)
 
 

@@ -15,18 +15,30 @@ estimate misses the README's float32 accuracy table are solved again in float64
 (as Distributed Shampoo retries failed eighs), alone, so the others keep their
 bits and a well-conditioned stack costs one float32 eigh. Backends whose float32
 eigh runs in float64 anyway (NumPy) never retry.
+
+``C`` was measured on LAPACK's eighs (CPUs). A GPU eigh (cuSOLVER through torch
+or CuPy, JAX's own) is not assumed to share it — JAX's float32 GPU eigh missed
+the table by 3× at κ = 100 — so there each decomposition's backward error is
+measured instead (:func:`measured_error`, three products in float64), and the
+check takes the larger of the two estimates.
 """
 
 from __future__ import annotations
 
 from .. import _xp
 from ..accuracy import BUCKET_SLACK, KAPPA_BUCKETS, row_target, unit_roundoff
+from ..krylov import power_iteration_core
 from ._result import RootCheck, SolverOutput
 from .registry import ANY_REAL_P, SolverSpec
 
 #: ``C`` and ``F`` of the error estimate (module docstring), measured.
 EIGH_ERROR_FACTOR = 12.0
 FORMATION_ERROR_FACTOR = 6.0
+#: Products :func:`measured_error` forms per matrix (float64, counted as products).
+MEASURED_ERROR_PRODUCTS = 3.0
+#: Factor on :func:`measured_error`'s first-order sum, for its power-step estimates
+#: of spectral norms (lower estimates) and the second-order terms.
+MEASURED_ERROR_SAFETY = 1.25
 #: Smallest n screened by :func:`surely_beyond_float32`: from there its Cholesky
 #: solve costs about a tenth of an eigh (torch CPU).
 SCREEN_MIN_N = 64
@@ -90,6 +102,70 @@ def eigh_root_check(lam, p, eigh_unit_roundoff, unit_roundoff) -> RootCheck:
     return RootCheck(deficit, estimate, positive, kappa, 0.0)
 
 
+def eigh_is_measured(xp, a) -> bool:
+    """Whether ``a``'s eigh is one ``C`` was measured on: LAPACK on a CPU (NumPy, torch,
+    JAX and array-api-strict there); on an accelerator its error is measured per call."""
+    return not _xp.is_accelerator(xp, a)
+
+
+def measured_error(a, lam, q, p):
+    """Per matrix: the relative error of the root from the eigenpairs ``(λ, Q)`` of
+    ``a``, estimated from their measured backward error.
+
+    With ``R = AQ − QΛ`` and ``G = QᵀQ − I`` formed in float64 (``a``'s dtype where
+    the backend has none), ``Q·f(Λ)·Qᵀ`` is ``f`` of a matrix within ``‖R‖₂`` of
+    ``a`` (up to ``G``'s share), to which the root ``f(a) = a^(-1/p)`` responds by
+    at most ``κ·‖R‖₂/(p·λmax)`` relative (first order: f's divided differences are
+    at most ``|f'(λmin)|``); a non-orthogonal ``Q`` adds ``‖G‖₂``. Both spectral
+    norms come from a few power steps (a lower estimate, sharp for the dominant
+    direction a faulty eigh leaves), so the sum is taken
+    :data:`MEASURED_ERROR_SAFETY` times. Three products per matrix, in float64.
+    (LAPACK's float32 eighs give ``‖R‖₂`` of 5 to 26 ``u·λmax`` for n = 8 to 512,
+    so this is 0.5 to 2.7 times the a-priori estimate there.)
+
+    Parameters
+    ----------
+    a : array, shape (b, n, n)
+        The decomposed matrices, in the dtype the eigh ran in.
+    lam, q : arrays, shapes (b, n) and (b, n, n)
+        Ascending eigenvalues and eigenvectors the eigh returned.
+    p : float
+        Root order.
+
+    Returns
+    -------
+    array, shape (b,)
+        In ``lam``'s dtype; ``inf`` where λ is not all positive and finite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.solvers.evd import measured_error
+    >>> a = np.diag([1.0, 4.0])[None]
+    >>> exact = measured_error(a, np.array([[1.0, 4.0]]), np.eye(2)[None], 2)
+    >>> tilted = measured_error(a, np.array([[1.0, 4.0]]),
+    ...                         np.array([[[1.0, 1e-3], [-1e-3, 1.0]]]), 2)
+    >>> float(exact[0]), bool(1e-3 < tilted[0] < 1e-2)
+    (0.0, True)
+    """
+    xp = _xp.array_namespace(a)
+    n = a.shape[-1]
+    wide = xp.float64 if _xp.has_float64(xp) else a.dtype
+    a_w, q_w, lam_w = (xp.astype(v, wide) for v in (a, q, lam))
+    scale = xp.max(xp.abs(lam_w), axis=-1)
+    positive = xp.all(xp.isfinite(lam_w), axis=-1) & (lam_w[:, 0] > 0)
+    scale = xp.where(positive, scale, xp.ones_like(scale))
+    misfit = a_w @ q_w - q_w * lam_w[:, None, :]
+    eye = _xp.identity_stack(xp, n, wide, _xp.device_of(a))
+    skew = xp.matrix_transpose(q_w) @ q_w - eye
+    misfit_2 = xp.sqrt(power_iteration_core(xp.matrix_transpose(misfit) @ misfit))
+    kappa = scale / xp.where(positive, lam_w[:, 0], xp.ones_like(scale))
+    bound = MEASURED_ERROR_SAFETY * (kappa * misfit_2 / (p * scale)
+                                     + power_iteration_core(skew))
+    bound = xp.where(positive & xp.isfinite(bound), bound, xp.full_like(bound, float("inf")))
+    return xp.astype(bound, lam.dtype)
+
+
 def float32_eigh_suffices(lam, p, tol: float = 0.0):
     """Per matrix: whether a float32 eigh with eigenvalues ``lam`` meets the table (or ``tol``).
 
@@ -124,6 +200,13 @@ def float32_eigh_suffices(lam, p, tol: float = 0.0):
                                             device=_xp.device_of(lam)), u)
     target = row_target("evd", "float32", p, check.kappa)
     return check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))
+
+
+def _within_float32_target(xp, error, lam, p, tol):
+    """Per matrix: whether a measured ``error`` meets the float32 table's entry (or ``tol``)."""
+    kappa = eigh_root_check(lam, p, xp.zeros_like(error), 0.0).kappa
+    target = row_target("evd", "float32", p, kappa)
+    return error <= xp.maximum(target, xp.full_like(target, tol))
 
 
 def surely_beyond_float32(a, p, tol: float = 0.0):
@@ -191,34 +274,41 @@ def _with_ridge(xp, a, ridge, dtype):
     return _xp.add_scaled_identity(wide, xp.astype(ridge, dtype))
 
 
-def _all_in_float64(xp, a, p, ridge=None):
+def _all_in_float64(xp, a, p, ridge=None, measure=False):
     """Eigenvalues and roots of the whole stack ``a`` from a float64 eigh, in a's dtype.
 
     The eigenpairs are float64-accurate; the root is formed from them rounded to
     a's dtype (the formation term ``F·n^(1/4)·u`` of the check, in a's u), which
     costs one product in a's dtype instead of one in float64 (half the time on a
-    CPU, the largest cost of the retry after the eigh itself)."""
-    wide = _eigh_or_none(xp, _with_ridge(xp, a, ridge, xp.float64))
+    CPU, the largest cost of the retry after the eigh itself). With ``measure``,
+    also the :func:`measured_error` of each (else None)."""
+    widened = _with_ridge(xp, a, ridge, xp.float64)
+    wide = _eigh_or_none(xp, widened)
     if wide is None:
         raise ValueError("eigh failed on this stack, also in float64")
-    return (xp.astype(wide.eigenvalues, a.dtype),
-            _root_from_eigh(xp, wide.eigenvalues, wide.eigenvectors, p, a.dtype))
+    lam = xp.astype(wide.eigenvalues, a.dtype)
+    error = (xp.astype(measured_error(widened, wide.eigenvalues, wide.eigenvectors, p), a.dtype)
+             if measure else None)
+    return lam, _root_from_eigh(xp, wide.eigenvalues, wide.eigenvectors, p, a.dtype), error
 
 
-def _retry_in_float64(xp, a, lam, root, redo, p, ridge=None):
-    """Eigenvalues and roots of ``a`` with the ``redo`` matrices solved in float64."""
+def _retry_in_float64(xp, a, lam, root, redo, p, ridge=None, error=None):
+    """Eigenvalues and roots of ``a`` with the ``redo`` matrices solved in float64;
+    with a measured ``error`` per matrix, also that of the redone ones in its place."""
     picked = xp.nonzero(redo)[0]
-    wide_lam, wide_root = _all_in_float64(
+    wide_lam, wide_root, wide_error = _all_in_float64(
         xp, xp.take(a, picked, axis=0), p,
-        None if ridge is None else xp.take(ridge, picked, axis=0))
+        None if ridge is None else xp.take(ridge, picked, axis=0), measure=error is not None)
     if picked.shape[0] == a.shape[0]:
-        return wide_lam, wide_root  # all redone: nothing to merge
+        return wide_lam, wide_root, wide_error  # all redone: nothing to merge
     # Matrix i of the stack takes row position[i] of the float64 results where redone.
     position = xp.cumulative_sum(xp.astype(redo, xp.int64)) - 1
     position = xp.clip(position, 0, picked.shape[0] - 1)
     lam = xp.where(redo[:, None], xp.take(wide_lam, position, axis=0), lam)
     root = _xp.batched_where(redo, xp.take(wide_root, position, axis=0), root)
-    return lam, root
+    if error is not None:
+        error = xp.where(redo, xp.take(wide_error, position, axis=0), error)
+    return lam, root, error
 
 
 def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
@@ -268,6 +358,8 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     eigh_unit = xp.full((b,), unit_roundoff(xp, eigh_dtype), dtype=a.dtype, device=dev)
     wide_unit = xp.full_like(eigh_unit, unit_roundoff(xp, xp.float64))
     screened = narrow and eigh_dtype == xp.float32
+    measure = not eigh_is_measured(xp, a)
+    error = None  # measured error bound per matrix, where measured
     plain = a
     a = _with_ridge(xp, a, ridge, eigh_dtype)
     beyond = surely_beyond_float32(a, p, tol) if screened else None
@@ -277,20 +369,24 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     decomposition = None if skip else _eigh_or_none(xp, a)
     if decomposition is None and widen:
         # The float32 call failed or was skipped: every matrix in float64.
-        lam, root = _all_in_float64(xp, plain, p, ridge)
+        lam, root, error = _all_in_float64(xp, plain, p, ridge, measure=measure)
         eigh_unit = wide_unit
         widened = True
     elif decomposition is None:
         raise ValueError("eigh failed on this stack")
     else:
         lam, q = decomposition
+        if measure:
+            error = xp.astype(measured_error(a, lam, q, p), plain.dtype)
         lam, root = xp.astype(lam, plain.dtype), xp.astype(_root_from_eigh(xp, lam, q, p),
                                                              plain.dtype)
     if decomposition is not None and beyond is not None:
         # The screened ones too, so a matrix's bits never depend on its neighbours.
         redo = ~float32_eigh_suffices(lam, p, tol) | beyond
+        if error is not None:
+            redo = redo | ~_within_float32_target(xp, error, lam, p, tol)
         if bool(xp.any(redo)):
-            lam, root = _retry_in_float64(xp, plain, lam, root, redo, p, ridge)
+            lam, root, error = _retry_in_float64(xp, plain, lam, root, redo, p, ridge, error)
             eigh_unit = xp.where(redo, wide_unit, eigh_unit)
             widened = True
     # The root is formed in the eigh's dtype (float64 for NumPy's), then rounded
@@ -302,6 +398,9 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     if eigh_dtype != plain.dtype:
         check = check._replace(error_estimate=check.error_estimate
                                + 2 * unit_roundoff(xp, plain.dtype))
+    if error is not None:  # a GPU's eigh: its measured error where that is larger
+        check = check._replace(error_estimate=xp.maximum(check.error_estimate, error),
+                               matmul_equivalents=MEASURED_ERROR_PRODUCTS)
     # A root beyond the compute dtype's range (a tiny eigenvalue, a small p) stays
     # non-finite: the caller judges the returned root's range (and warns of it).
     if traced or not bool(xp.all(check.positive)):

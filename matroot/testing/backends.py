@@ -110,7 +110,17 @@ class Target:
             return self.device
         if self.backend == "cupy" and self.device != "cuda:0":
             return importlib.import_module("cupy").cuda.Device(_device_index(self.device))
+        if self.backend == "jax":
+            return self._jax_device()
         return None
+
+    def _jax_device(self):
+        # JAX puts new arrays on its default device, a GPU where it has one: a
+        # target names its device explicitly, so "jax" stays on the CPU.
+        jax = importlib.import_module("jax")
+        if self.device == "cpu":
+            return jax.devices("cpu")[0]
+        return jax.devices("gpu")[_device_index(self.device)]
 
     def asarray(self, host, dtype=None):
         """Copy a host array onto this target, in ``dtype`` (a name or dtype) if given."""
@@ -121,6 +131,9 @@ class Target:
             cupy = importlib.import_module("cupy")
             with cupy.cuda.Device(_device_index(self.device)):
                 out = cupy.asarray(host)
+        elif self.backend == "jax":
+            out = importlib.import_module("jax").device_put(self.xp.asarray(host),
+                                                            self._jax_device())
         else:
             out = self.xp.asarray(host)
         if dtype is not None:
@@ -145,6 +158,11 @@ class Target:
         elif self.backend == "cupy":
             cupy = importlib.import_module("cupy")
             cupy.cuda.Device(_device_index(self.device)).synchronize()
+        elif self.backend == "jax" and self.device != "cpu":
+            # JAX has no device-wide wait; a trivial computation queued behind the
+            # work runs after it, and waiting for that one waits for the queue.
+            jax = importlib.import_module("jax")
+            jax.block_until_ready(jax.device_put(0.0, self._jax_device()) + 1.0)
 
 
 def normalize_backend(name: str) -> str:
@@ -241,8 +259,14 @@ def _probe_jax() -> BackendInfo:
         import jax
     except Exception as err:
         return BackendInfo("jax", missing=_missing(err))
-    # Only its CPU device is a target: jax on a GPU is jax's own install choice.
-    return BackendInfo("jax", jax.__version__, ("cpu",))
+    devices, names = ["cpu"], {}
+    try:  # a jaxlib with a CUDA plugin also has GPU devices
+        for i, device in enumerate(jax.devices("gpu")):
+            devices.append(f"cuda:{i}")
+            names[f"cuda:{i}"] = str(device.device_kind)
+    except Exception:  # no GPU backend (RuntimeError), or a broken plugin
+        pass
+    return BackendInfo("jax", jax.__version__, tuple(devices), names)
 
 
 _PROBES = {"numpy": _probe_numpy, "torch": _probe_torch,
