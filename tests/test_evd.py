@@ -67,7 +67,11 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch, n):
     err = relative_error(together, oracle_inv_root(a, 4))
     assert err[0] <= 1e-5 and err[1] <= 1e-3, err
     genuinely_float32 = not matroot._xp.eigh_runs_in_float64(backend.xp)
-    assert calls == ([[False, True]] if genuinely_float32 else [])
+    if genuinely_float32 and not evd_module.eigh_is_measured(backend.xp, x):
+        # A GPU's eigh is judged by its measured error, which may send matrix 0 too.
+        assert len(calls) == 1 and calls[0][1]
+    else:
+        assert calls == ([[False, True]] if genuinely_float32 else [])
 
 
 @pytest.mark.parametrize("p", [1, 2, 4])
@@ -187,10 +191,10 @@ def test_measured_eigh_error_keeps_accurate_roots_converged(monkeypatch):
 @pytest.mark.parametrize("n", [8, 64, 256])
 @pytest.mark.parametrize("kappa", [10.0, 1e6])
 def test_measured_error_of_accurate_eigenpairs_is_near_the_a_priori_one(backend, n, kappa):
-    """For the backend's own float32 eigh (LAPACK on a CPU; cuSOLVER's on a GPU) the
-    measured estimate stays within 3× the a-priori one and above the root's true error:
-    a GPU whose eigh is as accurate pays three products, and a float64 retry only near
-    the table's edges."""
+    """For the backend's own float32 eigh the measured estimate is above the root's true
+    error; for LAPACK's (a CPU), whose constant the a-priori estimate is, within 3× of
+    that one. (cuSOLVER's float32 eighs on an H200, through torch and CuPy, measured
+    15-230× it at n = 64-256: there evd retries in float64.)"""
     a, _, _ = spd_stack(np.random.default_rng(n), (3,), n, kappa)
     a32 = a.astype(np.float32)
     x = backend.asarray(a32)
@@ -198,6 +202,7 @@ def test_measured_error_of_accurate_eigenpairs_is_near_the_a_priori_one(backend,
     measured = to_numpy(evd_module.measured_error(x, lam, q, 2)).astype(np.float64)
     u = 2.0**-24
     kappa_exact = np.linalg.cond(a32.astype(np.float64))
-    assert np.all(measured <= 3 * evd_module._estimated_error(kappa_exact, n, 2, u, u))
     root = to_numpy(evd_module._root_from_eigh(backend.xp, lam, q, 2, backend.xp.float64))
     assert np.all(measured >= relative_error(root, oracle_inv_root(a32.astype(np.float64), 2)))
+    if evd_module.eigh_is_measured(backend.xp, x):
+        assert np.all(measured <= 3 * evd_module._estimated_error(kappa_exact, n, 2, u, u))
