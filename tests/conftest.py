@@ -2,7 +2,7 @@
 
 Backends: every test taking ``backend`` runs on each of them. They come from matroot's
 one backend registry (``matroot.testing.backends``), as the CLI's and the benchmarks'
-do: numpy, torch, array_api_strict, jax (eager, float64 enabled), and torch-cuda and
+do: numpy, torch, array_api_strict, jax (eager, float64 enabled), and torch-cuda, jax-cuda and
 cupy where a GPU is present; a backend not installed here is skipped with the reason.
 
 Tiers: ``python -m pytest`` runs everything (what CI runs); ``python -m pytest -m "not

@@ -282,11 +282,12 @@ def discover(names=BACKENDS) -> list[BackendInfo]:
 def candidate_targets() -> list[tuple[Target, str | None]]:
     """Every target the test suite runs on, each with the reason it is missing (or None).
 
-    Each backend on its default device, plus torch on the first GPU.
+    Each backend on its default device, plus torch and JAX on the first GPU.
     """
     out = []
     for info in discover():
-        wanted = [_DEFAULT_DEVICE[info.name]] + (["cuda:0"] if info.name == "torch" else [])
+        wanted = [_DEFAULT_DEVICE[info.name]] + (["cuda:0"] if info.name in ("torch", "jax")
+                                                 else [])
         for device in wanted:
             reason = None
             if info.missing is not None:
