@@ -131,6 +131,13 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     bounds = {name: check_bound(value, name, xp, batch) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
+    with _xp.full_float32_products(xp, a):
+        return _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
+
+
+def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,
+            bounds: dict) -> InvRootResult:
+    """The body of :func:`inv_root_info` after its arguments are checked."""
     if _xp.is_jax_namespace(xp) and not traced and call.solver.needs_scaling:
         # Eager JAX dispatches, and first compiles, every operation on its own: for the
         # iterative methods' hundreds of small operations one compiled call per shape is
@@ -148,7 +155,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
             f"inv_root_info: some roots overflow or lose their precision in {a.dtype} "
             f"(computed in {call.work_dtype}, or in the cast back; entries beyond its "
             "range); they are converged=False. Pass a wider input dtype or a larger eps",
-            ConvergenceWarning, stacklevel=2)
+            ConvergenceWarning, stacklevel=3)
     if call.fallback is not None:
         result = _repair(xp.reshape(a, (b, n, n)), result, usable, call, call.fallback)
     return reshaped(xp, result, batch)

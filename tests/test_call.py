@@ -103,3 +103,28 @@ def test_the_repair_reads_the_call():
                                 fallback="evd")
     assert np.all(res.repaired) and np.all(res.converged)
     assert np.all(np.asarray(res.error_estimate) <= 1e-4)
+
+
+def test_float32_products_run_in_float32_where_the_caller_allowed_tf32(monkeypatch):
+    """torch.set_float32_matmul_precision("high") (TensorFloat32 products on a GPU,
+    common in training scripts) does not reach the solve, whose table and check are
+    float32's; the caller's setting is back afterwards."""
+    torch = pytest.importorskip("torch")
+    seen = []
+    real = matroot.stack_solve.solve_stack
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_float32_matmul_precision())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(matroot.stack_solve, "solve_stack", spy)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        a = torch.eye(4, dtype=torch.float32)[None] * 4
+        root = matroot.inv_root(a, 2, method="newton_db")
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == ["highest"]
+    torch.testing.assert_close(root, torch.eye(4)[None] / 2, rtol=1e-5, atol=1e-6)

@@ -52,7 +52,13 @@ from .namespace import (
     is_torch_namespace,
     is_traced,
 )
-from .precision import dtype_from_name, eigh_runs_in_float64, has_float64, round_to
+from .precision import (
+    dtype_from_name,
+    eigh_runs_in_float64,
+    full_float32_products,
+    has_float64,
+    round_to,
+)
 from .tracing import (
     bounded_loop,
     cond,
@@ -82,6 +88,7 @@ __all__ = [
     "dtype_from_name",
     "round_to",
     "eigh_runs_in_float64",
+    "full_float32_products",
     "bounded_loop",
     "counted_loop",
     "trip_count",

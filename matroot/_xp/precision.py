@@ -3,6 +3,8 @@ and rounding to a narrower dtype."""
 
 from __future__ import annotations
 
+import contextlib
+
 import array_api_compat
 
 from .namespace import (
@@ -11,6 +13,7 @@ from .namespace import (
     is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
+    is_traced,
 )
 
 __all__ = [
@@ -18,6 +21,7 @@ __all__ = [
     "dtype_from_name",
     "round_to",
     "eigh_runs_in_float64",
+    "full_float32_products",
 ]
 
 
@@ -55,3 +59,36 @@ def eigh_runs_in_float64(xp) -> bool:
     LAPACK wrappers do, and array-api-strict wraps NumPy), so its float32 results
     are float64-accurate eigenpairs rounded to float32."""
     return is_numpy_namespace(xp) or array_api_compat.is_array_api_strict_namespace(xp)
+
+
+@contextlib.contextmanager
+def full_float32_products(xp, x):
+    """Within the block, torch forms float32 products in float32 (its ``"highest"``
+    matmul precision) even where the caller allowed TensorFloat32 or bfloat16 ones
+    (``torch.set_float32_matmul_precision("high")``, common in training scripts):
+    the accuracy table and the check's rounding allowance are float32's. The
+    caller's setting is restored after. Nothing changes for other backends, nor
+    under tracing, where a graph keeps the precision it was traced with. (The
+    setting is process-wide: a thread running float32 products at the same time
+    gets float32 ones too.)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> with full_float32_products(np, np.eye(2)):
+    ...     pass
+    """
+    if not is_torch_namespace(xp) or is_traced(x):
+        yield
+        return
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    if before == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
