@@ -28,6 +28,15 @@ CPU_METHOD = "evd"
 #: ranked by their spec's cost model at this κ.
 REFERENCE_KAPPA = 1e4
 
+#: Measured on one H200 (bench/results/h200/syncs.log, float32, κ = 1e4, torch):
+#: coupled Newton was the fastest matmul-only method at 16 × 256² (p = 2: 16.2 ms
+#: against Newton-DB 16.8 and minimax 51.4; p = 4: 16.5 against 60.0 and 57.0)
+#: and at 8 × 1024² (32.0 against 33.4 and 54.4; 38.6 against 83.9 and 63.8):
+#: there a solve's dispatched operations weigh more than its matmul count, and
+#: minimax's Lanczos run (its λmin estimate) and Newton-DB's two stages at p = 4
+#: cost more than the matmuls they save.
+ACCELERATOR_METHOD = "coupled_newton"
+
 #: With 16-bit matmul operands: coupled Newton, which DASH found to tolerate
 #: fp16 where Newton–Schulz (Newton-DB) with 16-bit iterates did not.
 LOW_PRECISION_METHOD = "coupled_newton"
@@ -43,11 +52,10 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
     - CPU backends (NumPy, torch CPU, array-api-strict), any size and dtype:
       ``"evd"``, the fastest at the default tolerance in every CPU configuration
       measured (:data:`CPU_METHOD`).
-    - Accelerators (CUDA torch, CuPy): the matmul-only method with the fewest
-      matmuls that supports p (:func:`accelerator_candidates`): ``"minimax"``
-      for p a power of two, else ``"coupled_newton"``. This part rests on the
-      DASH paper's GPU timings and on matmul counts measured on a CPU; a GPU run
-      of the benchmark (``matroot bench solvers``) refines it.
+    - Accelerators (CUDA torch, CuPy, JAX on a GPU): ``"coupled_newton"``, the
+      fastest matmul-only method on an H200 for p = 2 and 4 at 256² and 1024²
+      (:data:`ACCELERATOR_METHOD`); for a p it does not take, the method with
+      the fewest matmuls that does (:func:`accelerator_candidates`).
 
     Parameters
     ----------
@@ -81,7 +89,7 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
         return LOW_PRECISION_METHOD
     if not _xp.is_accelerator(xp, a):
         return CPU_METHOD
-    return candidates[0]
+    return ACCELERATOR_METHOD if ACCELERATOR_METHOD in candidates else candidates[0]
 
 
 def accelerator_candidates(p: float) -> tuple[str, ...]:
