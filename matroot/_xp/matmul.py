@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .linalg import add_product, batched_matmul, shifted_product
+from .linalg import add_product, batched_matmul
 from .namespace import is_torch_namespace
 from .precision import round_to
 
@@ -46,11 +46,11 @@ class Matmul:
         return batched_matmul(a, b)
 
     def shifted(self, c, alpha: float, a, b, eye, *, full: bool = False):
-        """``c * I + alpha * (a @ b)`` under this policy (``full``: as :meth:`full`)."""
-        if self.operand_dtype is None or full:
-            self.count += 1
-            return shifted_product(c, alpha, a, b, eye)
-        return c * eye + alpha * self(a, b)
+        """``c * I + alpha * (a @ b)`` under this policy (``full``: as :meth:`full`);
+        ``c`` a float or a per-matrix ``(b, 1, 1)`` array."""
+        if isinstance(c, (int, float)):
+            return self.added(eye, a, b, beta=float(c), alpha=alpha, full=full)
+        return self.added(c * eye, a, b, alpha=alpha, full=full)
 
     def added(self, base, a, b, *, beta: float = 1.0, alpha: float = 1.0,
               full: bool = False):

@@ -166,7 +166,7 @@ def measured_error(a, lam, q, p):
     return xp.astype(bound, lam.dtype)
 
 
-def float32_eigh_suffices(lam, p, tol: float = 0.0):
+def float32_eigh_suffices(lam, p, tol: float = 0.0, measured=None):
     """Per matrix: whether a float32 eigh with eigenvalues ``lam`` meets the table (or ``tol``).
 
     Parameters
@@ -178,6 +178,9 @@ def float32_eigh_suffices(lam, p, tol: float = 0.0):
     tol : float
         A requested relative error looser than the table's, if any: what
         ``converged`` then promises (:func:`matroot.inv_root_info`).
+    measured : array, shape (b,), optional
+        The :func:`measured_error` of the eigenpairs, where measured: the
+        larger of it and the a-priori estimate is judged.
 
     Returns
     -------
@@ -199,14 +202,9 @@ def float32_eigh_suffices(lam, p, tol: float = 0.0):
     check = eigh_root_check(lam, p, xp.full(lam.shape[:1], u, dtype=lam.dtype,
                                             device=_xp.device_of(lam)), u)
     target = row_target("evd", "float32", p, check.kappa)
-    return check.error_estimate <= xp.maximum(target, xp.full_like(target, tol))
-
-
-def _within_float32_target(xp, error, lam, p, tol):
-    """Per matrix: whether a measured ``error`` meets the float32 table's entry (or ``tol``)."""
-    kappa = eigh_root_check(lam, p, xp.zeros_like(error), 0.0).kappa
-    target = row_target("evd", "float32", p, kappa)
-    return error <= xp.maximum(target, xp.full_like(target, tol))
+    estimate = check.error_estimate if measured is None else xp.maximum(
+        check.error_estimate, measured)
+    return estimate <= xp.maximum(target, xp.full_like(target, tol))
 
 
 def surely_beyond_float32(a, p, tol: float = 0.0):
@@ -382,9 +380,7 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
                                                              plain.dtype)
     if decomposition is not None and beyond is not None:
         # The screened ones too, so a matrix's bits never depend on its neighbours.
-        redo = ~float32_eigh_suffices(lam, p, tol) | beyond
-        if error is not None:
-            redo = redo | ~_within_float32_target(xp, error, lam, p, tol)
+        redo = ~float32_eigh_suffices(lam, p, tol, error) | beyond
         if bool(xp.any(redo)):
             lam, root, error = _retry_in_float64(xp, plain, lam, root, redo, p, ridge, error)
             eigh_unit = xp.where(redo, wide_unit, eigh_unit)
