@@ -110,3 +110,25 @@ def test_polar_of_16bit_input_converges_by_default(dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         matroot.polar(torch.asarray(g).to(getattr(torch, dtype)))
+
+
+@pytest.mark.parametrize("method", ["newton_db", "minimax", "coupled_newton", "evd",
+                                    "chebyshev"])
+@pytest.mark.parametrize("dtype,largest", [("float32", 3.4e38), ("float64", 1.7e308)])
+@pytest.mark.parametrize("n", [1, 3])
+def test_entries_near_the_largest_float(method, dtype, largest, n):
+    """Entries above the largest power of two (2^127 in float32, 2^1023 in float64)
+    rounded the stack's power-of-two scale up to 2^128 / 2^1024 = inf: every method
+    returned NaN (converged=False) for a matrix whose root is an ordinary number. The
+    oracle's scale had the same flaw."""
+    rng = np.random.default_rng(3)
+    q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    shape = (q * np.geomspace(1.0, 10.0, n)) @ q.T
+    shape = shape / np.abs(shape).max()
+    a = (shape * largest).astype(dtype)
+    res = matroot.inv_root_info(a, 2, method=method)
+    assert bool(res.converged)
+    exact = oracle_inv_root(shape, 2) / np.sqrt(largest)
+    assert np.allclose(oracle_inv_root(a, 2), exact, rtol=1e-6, atol=0)
+    err = relative_error(np.asarray(res.root, dtype=np.float64), exact)
+    assert err <= (1e-4 if dtype == "float32" else 1e-8)  # the table's target at κ ≤ 10
