@@ -78,6 +78,14 @@ def check_choice(value, name: str, choices):
 
 
 def check_nonnegative(value, name: str) -> float:
+    if hasattr(value, "shape") and not isinstance(value, numbers.Real):
+        # An array (a 0-d one included) is one value for the whole stack here, and a
+        # traced one could not be read: the caller converts it.
+        per_matrix = (" (a ridge per matrix: add it to the diagonals yourself and pass "
+                      "eps=0)" if name == "eps" else "")
+        raise TypeError(f"{name} must be a Python number, got an array of shape "
+                        f"{tuple(value.shape)}; pass float({name}), one value for the "
+                        f"whole stack{per_matrix}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     if not math.isfinite(value) or value < 0:

@@ -132,3 +132,11 @@ def test_entries_near_the_largest_float(method, dtype, largest, n):
     assert np.allclose(oracle_inv_root(a, 2), exact, rtol=1e-6, atol=0)
     err = relative_error(np.asarray(res.root, dtype=np.float64), exact)
     assert err <= (1e-4 if dtype == "float32" else 1e-8)  # the table's target at κ ≤ 10
+
+
+@pytest.mark.parametrize("eps", [np.full(2, 1e-3), np.array(1e-3)])
+def test_an_array_eps_names_the_fix(eps):
+    """An array eps was refused with "eps must be a real number, got ndarray", which
+    names neither the fix (a float) nor how to have a ridge per matrix."""
+    with pytest.raises(TypeError, match=r"float\(eps\).*ridge per matrix"):
+        matroot.inv_root(_stack(), 2, eps=eps)
