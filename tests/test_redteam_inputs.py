@@ -140,3 +140,15 @@ def test_an_array_eps_names_the_fix(eps):
     names neither the fix (a float) nor how to have a ridge per matrix."""
     with pytest.raises(TypeError, match=r"float\(eps\).*ridge per matrix"):
         matroot.inv_root(_stack(), 2, eps=eps)
+
+
+def test_accuracy_target_takes_integer_and_scalar_kappa():
+    """``accuracy_target`` filled its targets in κ's dtype: an integer κ array (an
+    oracle's ``np.full(b, 10)``) gave targets of 0, failing every root, and a plain
+    number raised array-api-compat's TypeError."""
+    from matroot.verify import accuracy_target
+
+    as_float = accuracy_target("minimax", "float32", 2, np.array([10.0, 1e3]))
+    np.testing.assert_array_equal(accuracy_target("minimax", "float32", 2, np.array([10, 1000])),
+                                  as_float)
+    assert float(accuracy_target("minimax", "float32", 2, 10.0)) == as_float[0]
