@@ -263,7 +263,10 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         the smaller of the bounds' ratio and a power estimate from the root
         (:func:`matroot.verify.kappa_from_root`, 40 matrix-vector products). A
         wrong (too small) bound is caught by the check of the root: the matrix
-        is ``converged=False``, never a wrong root reported converged.
+        is ``converged=False``, never a wrong root reported converged. An entry
+        of an array that is NaN, infinite or ≤ 0 gives its matrix a NaN root with
+        ``converged=False`` and leaves the others unchanged (a number must be
+        finite and > 0: ValueError).
     certificate : {"deterministic", "randomized"}
         How the returned root is checked (:func:`matroot.verify.verify_root`):
         with every product of its residual formed, or with products of the

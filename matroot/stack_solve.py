@@ -101,7 +101,9 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     # their own probability (a short λmax bound alone never makes a wrong root
     # converged: the check judges the root whatever scaled it).
     failure_probability = (CHECK_FAILURE_PROBABILITY if probed else 0.0) + sc.failure_probability
-    usable = reg.finite & (lam_max > 0)
+    # A caller's λmax bound that is NaN, ±inf or ≤ 0 leaves its matrix without a
+    # scale: NaN root, converged=False (not an overflow of a root that was computed).
+    usable = reg.finite & (lam_max > 0) & xp.isfinite(lam_max)
     # One pass: the unscaling factor is NaN for the matrices that get NaN roots.
     factor = _xp.inverse_root_entries(reg.magnitude, p)
     if solver.needs_scaling:

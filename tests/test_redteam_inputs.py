@@ -152,3 +152,21 @@ def test_accuracy_target_takes_integer_and_scalar_kappa():
     np.testing.assert_array_equal(accuracy_target("minimax", "float32", 2, np.array([10, 1000])),
                                   as_float)
     assert float(accuracy_target("minimax", "float32", 2, 10.0)) == as_float[0]
+
+
+@pytest.mark.parametrize("method", ["newton_db", "minimax", "chebyshev", "coupled_newton"])
+def test_a_bad_entry_of_a_bound_array_fails_its_matrix_only(method):
+    """An infinite λmax bound scaled its matrix to zero, and the NaN that came back was
+    reported as a root that "overflows or loses its precision" in the output dtype.
+    Now a NaN/inf/≤ 0 entry is a matrix without a scale: NaN root, converged=False,
+    no overflow warning, the neighbour as without the bad entries."""
+    a = np.stack([np.eye(3) * 2, np.diag([1.0, 2.0, 4.0]), np.eye(3)]).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = matroot.inv_root_info(a, 2, method=method,
+                                    lambda_max_upper=np.array([np.inf, 5.0, -1.0]))
+    assert np.asarray(res.converged).tolist() == [False, True, False]
+    root = np.asarray(res.root)
+    assert np.isnan(root[[0, 2]]).all()
+    alone = matroot.inv_root_info(a[1:2], 2, method=method, lambda_max_upper=np.array([5.0]))
+    np.testing.assert_allclose(root[1], np.asarray(alone.root)[0], rtol=1e-6)
