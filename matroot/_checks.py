@@ -122,12 +122,14 @@ def check_matmul_dtype(xp, value, compute_dtype_name: str):
     return value
 
 
-def check_bound(value, name: str, xp, batch: tuple):
+def check_bound(value, name: str, xp, batch: tuple, *, traced: bool = False):
     """Validate a caller-supplied spectral bound: None, a number (positive and
     finite), or a real array of the batch shape (any namespace, or a sequence of
-    numbers). Another library's array comes back in ``xp``. Returned otherwise unchanged: an array's
-    entries are not read (a traced one cannot be), so one bad entry affects only
-    its own matrix."""
+    numbers). Another library's array comes back in ``xp``; otherwise it is returned
+    unchanged. An array's entries are not read (a traced one cannot be), so one bad
+    entry affects only its own matrix. ``traced`` (the stack is, under jax.jit or
+    torch.compile): only the shape is checked, as torch.compile cannot trace a look
+    at a NumPy array's dtype."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -136,6 +138,9 @@ def check_bound(value, name: str, xp, batch: tuple):
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be finite and > 0, got {value}")
         return float(value)
+    if traced:
+        _check_bound_shape(tuple(getattr(value, "shape", ())), name, batch)
+        return value
     try:
         value_xp = array_namespace(value)
     except TypeError:  # a sequence of numbers (a list, a tuple) reads as a NumPy array
@@ -144,11 +149,14 @@ def check_bound(value, name: str, xp, batch: tuple):
                                           "unsigned integer")):
         raise TypeError(f"{name} must be a real number or a real array of the batch shape "
                         f"{batch}, got dtype {value.dtype}")
-    shape = tuple(value.shape)
-    if shape not in ((), batch):
-        raise ValueError(f"{name} must be a number or an array of the batch shape {batch}, "
-                         f"got shape {shape}")
+    _check_bound_shape(tuple(value.shape), name, batch)
     if backend_name(value_xp) != backend_name(xp) and not is_traced(value):
         # Another library's array (a torch bound for a JAX stack) goes through the host.
         value = from_numpy(xp, to_numpy(value))
     return value
+
+
+def _check_bound_shape(shape: tuple, name: str, batch: tuple) -> None:
+    if shape not in ((), batch):
+        raise ValueError(f"{name} must be a number or an array of the batch shape {batch}, "
+                         f"got shape {shape}")

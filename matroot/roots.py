@@ -129,7 +129,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     if b == 0 or n == 0:
         return empty_result(xp, a, batch, call.method)
 
-    bounds = {name: check_bound(value, name, xp, batch) for name, value in
+    bounds = {name: check_bound(value, name, xp, batch, traced=traced) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
     with _xp.full_float32_products(xp, a):
         return _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)

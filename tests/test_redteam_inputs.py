@@ -170,3 +170,21 @@ def test_a_bad_entry_of_a_bound_array_fails_its_matrix_only(method):
     assert np.isnan(root[[0, 2]]).all()
     alone = matroot.inv_root_info(a[1:2], 2, method=method, lambda_max_upper=np.array([5.0]))
     np.testing.assert_allclose(root[1], np.asarray(alone.root)[0], rtol=1e-6)
+
+
+@pytest.mark.compile
+def test_a_numpy_bound_under_torch_compile():
+    """The bound's dtype check must not run under torch.compile: Dynamo cannot trace a
+    look at a NumPy array's dtype (``fullgraph=True`` failed on it)."""
+    torch = pytest.importorskip("torch")
+    torch._dynamo.reset()
+    g = np.random.default_rng(0).standard_normal((3, 8, 8))
+    a64 = g @ g.transpose(0, 2, 1) + np.eye(8)
+    upper = np.linalg.eigvalsh(a64)[:, -1] * 1.01
+    a = torch.asarray(a64, dtype=torch.float32)
+    options = dict(method="newton_db", tol=0.0, max_iter=4, lambda_max_upper=upper)
+    compiled = torch.compile(lambda x: matroot.inv_root_info(x, 2, **options),
+                             fullgraph=True, backend="eager")
+    # Same program both ways but for tracing: results agree to rounding, not bitwise.
+    torch.testing.assert_close(compiled(a).root, matroot.inv_root_info(a, 2, **options).root,
+                               rtol=1e-6, atol=1e-6)
