@@ -203,6 +203,30 @@ def _compiled_dash(found, dash, a, p, eps, device):
     return compiled
 
 
+def _add_compiled(contenders, dash, a, p, eps, exact, goal, device, where):
+    """Add the compiled contenders to ``contenders``; rows for those that could not
+    be compiled (a tracer's error is reported, not fatal) or miss the goal."""
+    rows = []
+    try:
+        contenders.update(_compiled_dash(contenders, dash, a, p, eps, device))
+    except Exception as err:  # DASH's code under this torch's tracer
+        rows.append({**where, "contender": f"DASH compiled: fails ({type(err).__name__})",
+                     "time_over_dash_best": None})
+    for method in COMPILED_METHODS:
+        try:
+            found = _compiled_matroot(a, p, eps, exact, goal, method, device)
+            missed = "misses the goal"
+        except Exception as err:
+            print(f"matroot {method} compiled: {type(err).__name__}: {err}"[:2000], flush=True)
+            found, missed = None, f"fails to compile ({type(err).__name__})"
+        if found:
+            contenders[found[0]] = found[1]
+        else:
+            rows.append({**where, "contender": f"matroot {method} compiled: {missed}",
+                         "time_over_dash_best": None})
+    return rows
+
+
 def _dash_contenders(dash, a, p, eps, exact, goal):
     """DASH's fastest step count per solver and scale variant, and what reached nothing."""
     found, missed = {}, []
@@ -260,16 +284,8 @@ def compare(kappas, orders, goals, *, n=384, batch=8, repeats=7, budget_s=20.0,
                                      "contender": f"matroot {label}: misses the goal",
                                      "time_over_dash_best": None})
                 if compiled:
-                    contenders.update(_compiled_dash(contenders, dash, a, p, eps, device))
-                    for method in COMPILED_METHODS:
-                        found = _compiled_matroot(a, p, eps, exact, goal, method, device)
-                        if found:
-                            contenders[found[0]] = found[1]
-                        else:
-                            rows.append({"kappa": kappa, "p": p, "goal": goal,
-                                         "contender": f"matroot {method} compiled: "
-                                                      "misses the goal",
-                                         "time_over_dash_best": None})
+                    rows += _add_compiled(contenders, dash, a, p, eps, exact, goal, device,
+                                          {"kappa": kappa, "p": p, "goal": goal})
                 calls = {key: (fn, timed_call(fn, synchronize)[0])
                          for key, fn in contenders.items()}
                 times = interleaved_times(calls, synchronize, repeats=repeats,
@@ -358,6 +374,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="matrices per stack (default 8)")
     parser.add_argument("--compile", action="store_true",
                         help="add torch.compile'd contenders (CUDA graphs on a GPU)")
+    parser.add_argument("--kappas", type=float, nargs="+",
+                        help="condition numbers (default 1e2 1e4; 1e2 with --quick)")
     parser.add_argument("--goals", type=float, nargs="+", default=[5e-3, 1e-3],
                         help="relative errors to reach (default 5e-3 1e-3)")
     try:
@@ -365,7 +383,8 @@ def main(argv=None) -> int:
     except SystemExit as stop:
         return int(stop.code or 0)
     n = args.n or (128 if args.quick else 384)
-    rows = compare((1e2,) if args.quick else (1e2, 1e4), (2, 4), tuple(args.goals), n=n,
+    kappas = tuple(args.kappas or ((1e2,) if args.quick else (1e2, 1e4)))
+    rows = compare(kappas, (2, 4), tuple(args.goals), n=n,
                    batch=args.batch, device=args.device, compiled=args.compile)
     if not rows:
         return 0
