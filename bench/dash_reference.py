@@ -22,10 +22,11 @@ before the solver sees it (a one-line change, labelled "fp32 scale"), which
 reaches 1e-3; "DASH's fastest" is the fastest of every DASH variant that
 reaches the goal.
 
-``--compile`` adds compiled contenders: matroot's coupled Newton under
-``torch.compile`` with a fixed ``max_iter`` (the eager run's step count; a
-compiled solve runs every step, so a graph holds no data-dependent exit; its
-``converged`` flags are the same certificate), and DASH's fastest step count per
+``--compile`` adds compiled contenders: matroot's coupled Newton (with its
+default λmax bound and with Frobenius scaling) under ``torch.compile`` with a
+fixed ``max_iter`` (the eager run's step count; a compiled solve runs every step,
+so a graph holds no data-dependent exit; its ``converged`` flags are the same
+certificate), and DASH's fastest step count per
 solver compiled the same way. On a GPU the mode is ``"reduce-overhead"`` (CUDA
 graphs: one launch replays the whole solve, so the per-operation dispatch cost that
 bounds both libraries at these sizes goes away); on a CPU the default mode.
@@ -136,10 +137,15 @@ MATROOT_CONFIGS = (
 )
 
 
-#: matroot's methods compiled with ``--compile``: coupled Newton, the fastest matmul
-#: method on a GPU (Newton-DB compiled was slower on a CPU at p = 2 and p = 4, and each
-#: compilation costs tens of seconds of a short GPU lease).
-COMPILED_METHODS = ("coupled_newton",)
+#: matroot's configurations compiled with ``--compile`` (label, method, keywords):
+#: coupled Newton, the fastest matmul method on a GPU (Newton-DB compiled was slower
+#: on a CPU at p = 2 and p = 4, and each compilation costs tens of seconds of a short
+#: GPU lease), with the default λmax bound (power iteration proven by a Cholesky
+#: test) and with the Frobenius norm (no factorisation, a few more steps).
+COMPILED_CONFIGS = (
+    ("coupled_newton", "coupled_newton", {}),
+    ("coupled_newton, Frobenius scaling", "coupled_newton", {"scaling": "frobenius"}),
+)
 
 
 def _compile_mode(device):
@@ -162,27 +168,27 @@ def _report_cudagraph_skips(device):
             "cudagraph_skips", 0), flush=True)
 
 
-def _compiled_matroot(a, p, eps, exact, goal, method, device):
+def _compiled_matroot(a, p, eps, exact, goal, label, method, extra, device):
     """(label, call) of matroot's ``method`` compiled with the eager run's step count
     (or one or two more), or None when none of them converges within the goal."""
     import torch
 
-    eager = matroot.inv_root_info(a, p, method=method, eps=eps, rtol=goal)
+    eager = matroot.inv_root_info(a, p, method=method, eps=eps, rtol=goal, **extra)
     steps = int(np.max(np.asarray(eager.iterations.cpu())))
     for max_iter in (steps, steps + 1, steps + 2):
         def solve(a, max_iter=max_iter):
             info = matroot.inv_root_info(a, p, method=method, eps=eps, rtol=goal,
-                                         max_iter=max_iter)
+                                         max_iter=max_iter, **extra)
             return info.root, info.converged
 
         compiled = torch.compile(solve, mode=_compile_mode(device))
         started = time.perf_counter()
         root, converged = _warmed(lambda compiled=compiled: compiled(a))()
-        print(f"matroot {method} max_iter={max_iter} compiled and warmed up in "
+        print(f"matroot {label} max_iter={max_iter} compiled and warmed up in "
               f"{time.perf_counter() - started:.0f} s", flush=True)
         _report_cudagraph_skips(device)
         if bool(converged.all()) and np.all(relative_error(root, exact) <= goal):
-            return (f"matroot {method} compiled, max_iter={max_iter}, rtol={goal:g}",
+            return (f"matroot {label} compiled, max_iter={max_iter}, rtol={goal:g}",
                     lambda compiled=compiled: compiled(a)[0])
     return None
 
@@ -212,17 +218,17 @@ def _add_compiled(contenders, dash, a, p, eps, exact, goal, device, where):
     except Exception as err:  # DASH's code under this torch's tracer
         rows.append({**where, "contender": f"DASH compiled: fails ({type(err).__name__})",
                      "time_over_dash_best": None})
-    for method in COMPILED_METHODS:
+    for label, method, extra in COMPILED_CONFIGS:
         try:
-            found = _compiled_matroot(a, p, eps, exact, goal, method, device)
+            found = _compiled_matroot(a, p, eps, exact, goal, label, method, extra, device)
             missed = "misses the goal"
         except Exception as err:
-            print(f"matroot {method} compiled: {type(err).__name__}: {err}"[:2000], flush=True)
+            print(f"matroot {label} compiled: {type(err).__name__}: {err}"[:2000], flush=True)
             found, missed = None, f"fails to compile ({type(err).__name__})"
         if found:
             contenders[found[0]] = found[1]
         else:
-            rows.append({**where, "contender": f"matroot {method} compiled: {missed}",
+            rows.append({**where, "contender": f"matroot {label} compiled: {missed}",
                          "time_over_dash_best": None})
     return rows
 
