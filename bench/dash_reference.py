@@ -212,6 +212,11 @@ def _compiled_dash(found, dash, a, p, eps, device):
 def _add_compiled(contenders, dash, a, p, eps, exact, goal, device, where):
     """Add the compiled contenders to ``contenders``; rows for those that could not
     be compiled (a tracer's error is reported, not fatal) or miss the goal."""
+    import torch
+
+    # Each case compiles from a clean slate: on the H200 (torch 2.11) compilations
+    # after the first few in one process failed inside the tracer (AssertionError).
+    torch._dynamo.reset()
     rows = []
     try:
         contenders.update(_compiled_dash(contenders, dash, a, p, eps, device))
