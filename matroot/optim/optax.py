@@ -78,9 +78,14 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
         param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
+        # A traced step cannot raise, so there NaN/Inf gradients skip the step on the
+        # device (counted in skipped_steps) whatever the policy; eagerly "raise" raises.
+        raises = config.nonfinite_grads == "raise" and not any(
+            _xp.is_traced(leaf) for leaf in leaves)
         # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
-        directions, state = core.update(leaves, state, param_leaves, config,
-                                        check_grads=False)
+        directions, state = core.update(
+            leaves, state, param_leaves, config, check_grads=raises,
+            finite=None if raises or not leaves else core.all_finite(leaves))
         return treedef.unflatten([-d for d in directions]), state
 
     return optax.GradientTransformation(init_fn, update_fn)
