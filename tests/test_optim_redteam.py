@@ -111,3 +111,82 @@ def test_optax_muon_use_muon_may_be_a_prefix_tree_and_a_wrong_one_is_named():
     assert [v is None for v in state[0].exp_avg_sq] == [True, True, False, False]
     with pytest.raises(ValueError, match="use_muon must be a pytree of bools"):
         muon(1e-2, use_muon={"dense": True}).init(params)
+
+
+def test_optax_inject_hyperparams_schedules_shampoos_learning_rate():
+    """``optax.inject_hyperparams(shampoo)`` failed: it passed ``**hyperparameters``
+    back as one keyword named ``hyperparameters``."""
+    params = {"w": jnp.ones((4, 3), jnp.float32)}
+    grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3)}
+    injected = optax.inject_hyperparams(shampoo)(learning_rate=0.5, eps=1e-6, **NO_REFRESH)
+    updates, state = injected.update(grads, injected.init(params), params)
+    plain = shampoo(0.5, eps=1e-6, **NO_REFRESH)
+    expected, _ = plain.update(grads, plain.init(params), params)
+    np.testing.assert_allclose(updates["w"], expected["w"], rtol=1e-6)
+    assert float(state.hyperparams["learning_rate"]) == 0.5
+
+
+def test_optax_inject_hyperparams_names_a_static_hyperparameter_under_jit():
+    params = {"w": jnp.ones((4, 3), jnp.float32)}
+    opt = optax.inject_hyperparams(shampoo)(learning_rate=0.1, **NO_REFRESH)
+    with pytest.raises(TypeError, match=r"static_args=\('precondition_frequency',\)"):
+        jax.jit(opt.update)(params, opt.init(params), params)
+
+
+def test_optax_inject_hyperparams_schedules_muons_learning_rate_and_decay_under_jit():
+    params = {"w": jnp.ones((4, 3), jnp.float32), "b": jnp.ones(3, jnp.float32)}
+    grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3), "b": jnp.ones(3)}
+    injected = optax.inject_hyperparams(muon, static_args=("momentum",))(
+        learning_rate=0.1, weight_decay=0.5, momentum=0.9)
+    updates, _ = jax.jit(injected.update)(grads, injected.init(params), params)
+    plain = muon(0.1, weight_decay=0.5, momentum=0.9)
+    expected, _ = plain.update(grads, plain.init(params), params)
+    for name in params:
+        np.testing.assert_allclose(updates[name], expected[name], rtol=1e-5, atol=1e-7)
+
+
+# torch shells ---------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+from matroot.optim import Muon, Shampoo  # noqa: E402
+
+
+def _linear_pair():
+    """Two equal small models and a regression batch."""
+    torch.manual_seed(0)
+    first = torch.nn.Linear(6, 3)
+    second = torch.nn.Linear(6, 3)
+    second.load_state_dict(first.state_dict())
+    return first, second, torch.randn(16, 6), torch.randn(16, 3)
+
+
+def test_shampoo_takes_a_tensor_learning_rate_as_torch_optimizers_do():
+    """``lr=torch.tensor(...)`` (torch's optimizers take it; compiled training scripts
+    use it so a scheduler does not recompile) raised "lr must be a finite real
+    number". A scheduler ``fill_``s the tensor in place; the updates equal a float lr's."""
+    first, second, x, y = _linear_pair()
+    optimizers = [Shampoo(first.parameters(), lr=torch.tensor(0.01), precondition_frequency=2),
+                  Shampoo(second.parameters(), lr=0.01, precondition_frequency=2)]
+    schedulers = [torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5) for opt in optimizers]
+    for _ in range(5):
+        for model, opt, scheduler in zip((first, second), optimizers, schedulers):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            scheduler.step()
+    assert torch.is_tensor(optimizers[0].param_groups[0]["lr"])
+    # Same program and inputs on both sides, the lr read as the same float: bitwise.
+    assert torch.equal(first.weight, second.weight)
+
+
+def test_muon_names_sparse_gradients_and_complex_parameters():
+    """A sparse embedding gradient failed inside the moment update with torch's
+    "add(sparse, dense) is not supported"; a complex matrix failed in the polar
+    solver with a message about casting integers."""
+    embedding = torch.nn.Embedding(10, 4, sparse=True)
+    opt = Muon(embedding.parameters())
+    embedding(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(TypeError, match="sparse gradients"):
+        opt.step()
+    with pytest.raises(TypeError, match=r"real floating parameters, got dtype torch\.complex64"):
+        Muon([torch.nn.Parameter(torch.ones(4, 4, dtype=torch.complex64))])

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+from .optax_keywords import host_values, with_keywords
 
 __all__ = ["muon", "scale_by_muon", "MuonOptaxState"]
 
@@ -71,7 +72,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
     **config
         :class:`~matroot.optim.muon.MuonConfig` fields.
     """
-    settings = MuonConfig(**config)
+    settings = MuonConfig(**host_values("scale_by_muon", config))
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
@@ -127,7 +128,15 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     >>> bool(loss(params) < 12.0)
     True
     """
-    decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    # An array weight decay (optax.inject_hyperparams) may be zero only at some steps.
+    no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+    decay = [] if no_decay else [optax.add_decayed_weights(weight_decay)]
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
-                                     **config),
+                                     **host_values("muon", config)),
                        *decay, optax.scale_by_learning_rate(learning_rate))
+
+
+#: MuonConfig's keywords, named in the factories' signatures for optax.inject_hyperparams.
+_KEYWORDS = list(MuonConfig.__dataclass_fields__)
+with_keywords(scale_by_muon, _KEYWORDS)
+with_keywords(muon, _KEYWORDS)

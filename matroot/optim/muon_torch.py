@@ -96,6 +96,10 @@ class Muon(torch.optim.Optimizer):
         """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
         for group in _split_groups([param_group], *self._split_defaults):
             super().add_param_group(group)
+            for p in self.param_groups[-1]["params"]:
+                if not p.is_floating_point():
+                    raise TypeError(f"Muon optimizes real floating parameters, got dtype "
+                                    f"{p.dtype}")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
@@ -106,6 +110,9 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         members = [(p, group) for group in self.param_groups for p in group["params"]
                    if p.grad is not None]
+        if any(p.grad.is_sparse for p, _ in members):
+            raise TypeError("Muon does not support sparse gradients (an Embedding made with "
+                            "sparse=True): make it dense, or give it to a sparse optimizer")
         if not members:
             return loss
         for p, group in members:

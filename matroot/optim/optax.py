@@ -19,6 +19,7 @@ import optax
 from .. import _xp
 from . import core
 from .muon_optax import MuonOptaxState, muon, scale_by_muon  # noqa: F401  (re-export)
+from .optax_keywords import host_values, with_keywords
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
 
@@ -44,6 +45,7 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
     -------
     optax.GradientTransformation
     """
+    hyperparameters = host_values("scale_by_shampoo", hyperparameters)
     if "lr" in hyperparameters:
         raise ValueError("scale_by_shampoo takes no lr: chain it with "
                          "optax.scale_by_learning_rate (matroot.optim.optax.shampoo does)")
@@ -126,5 +128,12 @@ def shampoo(learning_rate, **hyperparameters) -> optax.GradientTransformation:
     >>> bool(loss(params) < 12.0), int(state[1][0].root_refreshes)
     (True, 2)
     """
-    return optax.chain(scale_by_shampoo(**hyperparameters),
+    return optax.chain(scale_by_shampoo(**host_values("shampoo", hyperparameters)),
                        optax.scale_by_learning_rate(learning_rate))
+
+
+#: The config's keywords, named in the factories' signatures for optax.inject_hyperparams.
+_KEYWORDS = [name for name in core.ShampooConfig.__dataclass_fields__
+             if core.ShampooConfig.__dataclass_fields__[name].init and name != "lr"]
+with_keywords(scale_by_shampoo, _KEYWORDS)
+with_keywords(shampoo, _KEYWORDS)
