@@ -190,3 +190,26 @@ def test_muon_names_sparse_gradients_and_complex_parameters():
         opt.step()
     with pytest.raises(TypeError, match=r"real floating parameters, got dtype torch\.complex64"):
         Muon([torch.nn.Parameter(torch.ones(4, 4, dtype=torch.complex64))])
+
+
+def test_muon_groups_carry_momentum_and_betas_for_schedulers_and_per_group_settings():
+    """``OneCycleLR`` (``cycle_momentum=True`` by default) raised "optimizer must
+    support momentum or beta1", and a group's ``momentum`` / ``betas`` were silently
+    ignored (the optimizer-wide value was used)."""
+    torch.manual_seed(0)
+    muon_weight = torch.nn.Parameter(torch.randn(6, 4))
+    adamw_bias = torch.nn.Parameter(torch.randn(4))
+    opt = Muon([{"params": [muon_weight], "momentum": 0.5},
+                {"params": [adamw_bias], "betas": (0.0, 0.5)}])
+    grads = [torch.randn(6, 4), torch.randn(4)]
+    muon_weight.grad, adamw_bias.grad = grads
+    opt.step()
+    # The buffers after one step: (1 − μ)·g for Muon, (1 − β₁)·g for AdamW.
+    torch.testing.assert_close(opt.state[muon_weight]["momentum_buffer"], 0.5 * grads[0])
+    torch.testing.assert_close(opt.state[adamw_bias]["momentum_buffer"], grads[1])
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.02, total_steps=10,
+                                                    base_momentum=0.85, max_momentum=0.95)
+    assert opt.param_groups[0]["momentum"] == pytest.approx(0.95)
+    opt.step()
+    scheduler.step()
+    assert opt.param_groups[0]["momentum"] < 0.95

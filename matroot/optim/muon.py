@@ -182,11 +182,16 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig) -> dict[int, Any
 
 
 def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[bool],
-                    config: MuonConfig) -> tuple[list, MuonState]:
+                    config: MuonConfig, *, momentum: Sequence[float] | None = None,
+                    betas: Sequence[tuple[float, float]] | None = None
+                    ) -> tuple[list, MuonState]:
     """The unit-learning-rate directions ``D`` and the new state, for every parameter.
 
     ``grads[i]`` None leaves parameter i and its state as they are (its
-    direction is None). Pure: nothing is modified in place.
+    direction is None). Pure: nothing is modified in place. ``momentum`` (μ of
+    the Muon parameters) and ``betas`` (of the AdamW ones), one entry per
+    parameter, replace ``config``'s: the torch shell's per-group values, which
+    schedulers such as ``OneCycleLR`` change.
 
     Examples
     --------
@@ -199,8 +204,9 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
     >>> d[0].shape, np.round(d[1], 6).tolist(), state.steps
     ((4, 3), [1.0, 1.0, 1.0], [1, 1])
     """
-    mu, (beta1, beta2) = config.momentum, config.betas
-    momentum, second, steps = list(state.momentum), list(state.exp_avg_sq), list(state.steps)
+    mus = [config.momentum] * len(grads) if momentum is None else list(momentum)
+    all_betas = [config.betas] * len(grads) if betas is None else list(betas)
+    buffers, second, steps = list(state.momentum), list(state.exp_avg_sq), list(state.steps)
     directions: list = [None] * len(grads)
     muon_inputs = {}
     for i, g in enumerate(grads):
@@ -209,15 +215,17 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
         xp = _xp.array_namespace(g)
         steps[i] += 1
         if use_muon[i]:
-            momentum[i] = mu * momentum[i] + (1 - mu) * g
-            muon_inputs[i] = (1 - mu) * g + mu * momentum[i] if config.nesterov else momentum[i]
+            mu = mus[i]
+            buffers[i] = mu * buffers[i] + (1 - mu) * g
+            muon_inputs[i] = (1 - mu) * g + mu * buffers[i] if config.nesterov else buffers[i]
             continue
-        momentum[i] = beta1 * momentum[i] + (1 - beta1) * g
+        beta1, beta2 = all_betas[i]
+        buffers[i] = beta1 * buffers[i] + (1 - beta1) * g
         second[i] = beta2 * second[i] + (1 - beta2) * (g * g)
-        first_hat = momentum[i] / (1 - beta1 ** steps[i])
+        first_hat = buffers[i] / (1 - beta1 ** steps[i])
         second_hat = second[i] / (1 - beta2 ** steps[i])
         directions[i] = first_hat / (xp.sqrt(second_hat) + config.eps)
     directions_muon = _orthogonalized(muon_inputs, config) if muon_inputs else {}
     for i, d in directions_muon.items():
         directions[i] = d
-    return directions, MuonState(momentum, second, steps)
+    return directions, MuonState(buffers, second, steps)

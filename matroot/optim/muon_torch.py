@@ -1,7 +1,9 @@
 """``matroot.optim.Muon``: a ``torch.optim.Optimizer`` around the stacked Muon core.
 
-Parameter groups carry ``lr``, ``weight_decay`` and ``use_muon``; everything else
-(:class:`~matroot.optim.muon.MuonConfig`) is optimizer-wide, since the Muon
+Parameter groups carry ``lr``, ``weight_decay``, ``use_muon``, ``momentum`` (μ, read
+by Muon groups) and ``betas`` (read by AdamW groups), so schedulers that cycle
+momentum (``OneCycleLR``, ``CyclicLR``) and per-group settings work; everything
+else (:class:`~matroot.optim.muon.MuonConfig`) is optimizer-wide, since the Muon
 matrices of all groups share one polar call per shape. Parameters given without
 ``use_muon`` are split by :func:`~matroot.optim.muon.default_use_muon` (pass
 ``model.named_parameters()`` so embeddings and heads are recognised); the AdamW
@@ -62,7 +64,8 @@ class Muon(torch.optim.Optimizer):
     params : iterable
         Tensors, ``(name, tensor)`` pairs (``model.named_parameters()``: the rule
         then sends embeddings and heads to AdamW) or group dicts, which may set
-        ``use_muon``, ``lr`` and ``weight_decay``.
+        ``use_muon``, ``lr``, ``weight_decay``, ``momentum`` (Muon groups) and
+        ``betas`` (AdamW groups).
     lr, weight_decay : float
         Muon's step size and decoupled weight decay.
     adamw_lr, adamw_weight_decay : float
@@ -70,7 +73,7 @@ class Muon(torch.optim.Optimizer):
     **config
         :class:`~matroot.optim.muon.MuonConfig` fields (momentum, nesterov,
         shape_scale, polar_method, polar_lower, polar_steps, matmul_dtype,
-        betas, eps).
+        betas, eps); ``momentum`` and ``betas`` are the groups' defaults.
 
     Examples
     --------
@@ -90,13 +93,19 @@ class Muon(torch.optim.Optimizer):
         self.config = MuonConfig(**config)
         self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
         groups = _split_groups(params, *self._split_defaults)
-        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True))
+        # "betas" is in every group but not in the defaults: a momentum-cycling
+        # scheduler then cycles Muon's μ, as it does torch.optim.Muon's.
+        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True,
+                                      momentum=self.config.momentum))
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
         for group in _split_groups([param_group], *self._split_defaults):
+            group.setdefault("betas", self.config.betas)
             super().add_param_group(group)
-            for p in self.param_groups[-1]["params"]:
+            added = self.param_groups[-1]
+            MuonConfig(momentum=added["momentum"], betas=tuple(added["betas"]))  # validates
+            for p in added["params"]:
                 if not p.is_floating_point():
                     raise TypeError(f"Muon optimizes real floating parameters, got dtype "
                                     f"{p.dtype}")
@@ -126,8 +135,11 @@ class Muon(torch.optim.Optimizer):
         core_state = MuonState([s["momentum_buffer"] for s in states],
                                [s.get("exp_avg_sq") for s in states],
                                [int(s["step"]) for s in states])
-        directions, new = muon_directions([p.grad for p, _ in members], core_state,
-                                          [g["use_muon"] for _, g in members], self.config)
+        # State dicts saved before groups carried momentum and betas lack them.
+        directions, new = muon_directions(
+            [p.grad for p, _ in members], core_state, [g["use_muon"] for _, g in members],
+            self.config, momentum=[g.get("momentum", self.config.momentum) for _, g in members],
+            betas=[g.get("betas", self.config.betas) for _, g in members])
         for (p, group), state, direction, i in zip(members, states, directions,
                                                    range(len(members))):
             state["step"] = new.steps[i]
