@@ -79,6 +79,31 @@ def test_optax_shampoo_skips_nan_gradients_under_jit_whatever_the_policy():
     assert int(state[0].root_refreshes) == 1
 
 
+def test_optax_shampoo_steps_inside_lax_scan_with_constant_gradients():
+    """A scan traces the step though its gradients may be constants: the policy check
+    must see that (the carried state is traced) rather than read a traced flag."""
+    params = {"w": jnp.ones((4, 3), jnp.float32)}
+    grads = {"w": jnp.full((4, 3), 0.5, jnp.float32)}
+    opt = shampoo(1e-2, **NO_REFRESH)
+
+    def body(carry, _):
+        p, state = carry
+        updates, state = opt.update(grads, state, p)
+        return (optax.apply_updates(p, updates), state), None
+
+    (params, state), _ = jax.lax.scan(body, (params, opt.init(params)), None, length=2)
+    assert int(state[0].step) == 2 and _all_finite(params)
+
+
+def test_optax_shampoo_of_an_empty_pytree_is_a_no_op():
+    """``optax.masked`` with every leaf masked out hands its inner transformation an
+    empty pytree; ``init`` raised "params is empty"."""
+    params = {"w": jnp.ones((4, 3), jnp.float32)}
+    opt = optax.masked(shampoo(1e-2), {"w": False})
+    updates, _ = opt.update(params, opt.init(params), params)
+    assert bool(jnp.all(updates["w"] == params["w"]))      # masked: passed through
+
+
 def test_optax_shampoo_says_how_to_pass_params_for_weight_decay():
     params = _params()
     opt = shampoo(1e-2, **QUICK)

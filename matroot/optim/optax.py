@@ -67,6 +67,8 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
+        if not leaves:      # nothing to optimize (optax.masked with every leaf masked)
+            return optax.EmptyState()
         # Every array of the state is committed to a device, or none is, as the params
         # are: jax.jit keys its cache on it, so a mix compiles the step a second time
         # once the first step's outputs come back committed. A jitted init's outputs
@@ -79,15 +81,18 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
 
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
+        if not leaves:
+            return updates, state
         param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
         # A traced step cannot raise, so there NaN/Inf gradients skip the step on the
         # device (counted in skipped_steps) whatever the policy; eagerly "raise" raises.
+        # (A scan's carried state is traced even where its gradients are constants.)
         raises = config.nonfinite_grads == "raise" and not any(
-            _xp.is_traced(leaf) for leaf in leaves)
+            _xp.is_traced(x) for x in [state.step, *leaves])
         # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
         directions, state = core.update(
             leaves, state, param_leaves, config, check_grads=raises,
-            finite=None if raises or not leaves else core.all_finite(leaves))
+            finite=None if raises else core.all_finite(leaves))
         return treedef.unflatten([-d for d in directions]), state
 
     return optax.GradientTransformation(init_fn, update_fn)
