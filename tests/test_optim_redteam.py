@@ -238,3 +238,20 @@ def test_muon_groups_carry_momentum_and_betas_for_schedulers_and_per_group_setti
     opt.step()
     scheduler.step()
     assert opt.param_groups[0]["momentum"] < 0.95
+
+
+def test_muon_use_muon_groups_take_named_parameters():
+    """``{"params": model.named_parameters(), "use_muon": True}`` (names, as for the
+    split groups) raised "needs tensors of two or more dimensions" for 2-D weights."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = Muon([{"params": [(n, p) for n, p in model.named_parameters() if p.ndim == 2],
+                 "use_muon": True},
+                {"params": [(n, p) for n, p in model.named_parameters() if p.ndim == 1],
+                 "use_muon": False}])
+    model(torch.ones(3, 4)).sum().backward()
+    before = model[0].weight.detach().clone()
+    opt.step()
+    assert not torch.equal(model[0].weight, before)
+    assert opt.param_groups[0]["param_names"] == ["0.weight", "1.weight"]
+    with pytest.raises(ValueError, match=r"got 0\.bias of shape \(8,\)"):
+        Muon([{"params": list(model.named_parameters()), "use_muon": True}])

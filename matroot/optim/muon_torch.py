@@ -40,8 +40,13 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
         members = list(entry["params"])
         if "use_muon" in options:
             for p in members:
-                if options["use_muon"] and (isinstance(p, tuple) or p.ndim < 2):
-                    raise ValueError("use_muon=True needs tensors of two or more dimensions")
+                name, tensor = p if isinstance(p, tuple) else (None, p)
+                if options["use_muon"] and tensor.ndim < 2:
+                    raise ValueError(
+                        f"use_muon=True needs tensors of two or more dimensions, got "
+                        f"{name or 'a parameter'} of shape {tuple(tensor.shape)}: put it "
+                        "in a group with use_muon=False, or leave use_muon out to split "
+                        "by the rule")
             groups.append({"params": members, **options})
             continue
         split: dict[bool, list] = {True: [], False: []}
