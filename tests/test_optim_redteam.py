@@ -255,3 +255,15 @@ def test_muon_use_muon_groups_take_named_parameters():
     assert opt.param_groups[0]["param_names"] == ["0.weight", "1.weight"]
     with pytest.raises(ValueError, match=r"got 0\.bias of shape \(8,\)"):
         Muon([{"params": list(model.named_parameters()), "use_muon": True}])
+
+
+def test_muon_takes_a_group_of_one_tensor_as_torch_optimizers_do():
+    """``{"params": weight}`` (torch's optimizers wrap a lone tensor) was iterated into
+    its rows: "can't optimize a non-leaf Tensor"; ``Muon(weight)`` the same."""
+    weight = torch.nn.Parameter(torch.randn(6, 4))
+    opt = Muon([{"params": weight, "lr": 0.01}])
+    assert [len(g["params"]) for g in opt.param_groups] == [1]
+    weight.grad = torch.randn(6, 4)
+    opt.step()
+    with pytest.raises(TypeError, match=r"pass \[tensor\]"):
+        Muon(weight)

@@ -29,6 +29,9 @@ __all__ = ["Muon"]
 def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> list[dict]:
     """torch-style ``params`` (tensors, (name, tensor) pairs or group dicts) as groups
     that each say ``use_muon``."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params argument given to Muon should be an iterable of Tensors "
+                        f"or dicts, but got a single {torch.typename(params)}: pass [tensor]")
     entries = list(params)
     if not entries:
         raise ValueError("Muon got an empty parameter list")
@@ -37,7 +40,10 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
     groups = []
     for entry in entries:
         options = {k: v for k, v in entry.items() if k != "params"}
-        members = list(entry["params"])
+        # A group may hold one tensor, as torch's optimizers allow (iterating it
+        # would give its rows).
+        members = ([entry["params"]] if isinstance(entry["params"], torch.Tensor)
+                   else list(entry["params"]))
         if "use_muon" in options:
             for p in members:
                 name, tensor = p if isinstance(p, tuple) else (None, p)
