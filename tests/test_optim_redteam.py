@@ -267,3 +267,15 @@ def test_muon_takes_a_group_of_one_tensor_as_torch_optimizers_do():
     opt.step()
     with pytest.raises(TypeError, match=r"pass \[tensor\]"):
         Muon(weight)
+
+
+def test_muon_rule_sends_gpt2_style_embeddings_to_adamw():
+    """nanoGPT's and Hugging Face GPT-2's ``transformer.wte`` / ``wpe`` tables (and
+    ``tok_embeddings``, flax's ``Embed_0``) were matrices to the rule, so
+    ``Muon(model.named_parameters())`` orthogonalized a 50k-row embedding silently."""
+    from matroot.optim.muon import default_use_muon
+
+    embeddings = ["transformer.wte.weight", "transformer.wpe.weight", "tok_embeddings.weight",
+                  "params/Embed_0/embedding"]
+    assert not any(default_use_muon(name, (100, 8)) for name in embeddings)
+    assert default_use_muon("transformer.h.0.attn.c_attn.weight", (8, 24))

@@ -40,26 +40,32 @@ __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directi
 SHAPE_SCALES = ("original", "match_rms_adamw")
 #: Name parts (of a dotted parameter name or pytree path) that mark an output head.
 HEAD_NAMES = ("head", "lm_head", "classifier")
+#: Name parts that mark an embedding without saying "embed": GPT-2's token and
+#: position tables (``transformer.wte.weight`` in nanoGPT and Hugging Face's GPT-2).
+EMBEDDING_NAMES = ("wte", "wpe")
 
 
 def default_use_muon(name: str | None, shape: Sequence[int]) -> bool:
     """The documented rule: Muon for ≥ 2-D parameters except embeddings and heads.
 
-    A name part (split at ``.`` or ``/``) that starts with ``embed`` or equals one
-    of :data:`HEAD_NAMES` marks an embedding or a head; without a name only the
-    dimension counts.
+    A name part (split at ``.`` or ``/``) that contains ``embed`` in any case
+    (``embed_tokens``, ``tok_embeddings``, flax's ``Embed_0``) or equals one of
+    :data:`EMBEDDING_NAMES` marks an embedding, one that equals one of
+    :data:`HEAD_NAMES` a head; without a name only the dimension counts.
 
     Examples
     --------
     >>> from matroot.optim.muon import default_use_muon
     >>> [default_use_muon(n, s) for n, s in [("layers.0.weight", (8, 8)),
-    ...  ("embed_tokens.weight", (100, 8)), ("lm_head.weight", (100, 8)), ("norm.weight", (8,))]]
-    [True, False, False, False]
+    ...  ("embed_tokens.weight", (100, 8)), ("transformer.wte.weight", (100, 8)),
+    ...  ("lm_head.weight", (100, 8)), ("norm.weight", (8,))]]
+    [True, False, False, False, False]
     """
     if len(shape) < 2:
         return False
     parts = [] if name is None else name.replace("/", ".").split(".")
-    return not any(part.startswith("embed") or part in HEAD_NAMES for part in parts)
+    return not any("embed" in part.lower() or part in EMBEDDING_NAMES or part in HEAD_NAMES
+                   for part in parts)
 
 
 @dataclass(frozen=True)
