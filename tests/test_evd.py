@@ -68,8 +68,9 @@ def test_retry_only_what_float32_cannot_do(backend, monkeypatch, n):
     assert err[0] <= 1e-5 and err[1] <= 1e-3, err
     genuinely_float32 = not matroot._xp.eigh_runs_in_float64(backend.xp)
     if genuinely_float32 and not evd_module.eigh_is_measured(backend.xp, x):
-        # A GPU's eigh is judged by its measured error, which may send matrix 0 too.
-        assert len(calls) == 1 and calls[0][1]
+        # A GPU's eigh is judged by its measured error, which may send matrix 0 too,
+        # in the batch and alone (the H200's cuSOLVER did).
+        assert calls[0][1] and len(calls) <= 2
     else:
         assert calls == ([[False, True]] if genuinely_float32 else [])
 

@@ -265,7 +265,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     lrs = _per_param(lr, config.lr, count, "lr")
     decays = _per_param(weight_decay, config.weight_decay, count, "weight_decay")
     if params is None and any(decays):
-        raise ValueError("params are needed for weight decay")
+        raise ValueError("weight decay reads the parameters: pass them to update "
+                         "(update(grads, state, params)), or set weight_decay=0")
     params = [None] * count if params is None else list(params)
     present = [g is not None for g in grads]
 

@@ -40,26 +40,32 @@ __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directi
 SHAPE_SCALES = ("original", "match_rms_adamw")
 #: Name parts (of a dotted parameter name or pytree path) that mark an output head.
 HEAD_NAMES = ("head", "lm_head", "classifier")
+#: Name parts that mark an embedding without saying "embed": GPT-2's token and
+#: position tables (``transformer.wte.weight`` in nanoGPT and Hugging Face's GPT-2).
+EMBEDDING_NAMES = ("wte", "wpe")
 
 
 def default_use_muon(name: str | None, shape: Sequence[int]) -> bool:
     """The documented rule: Muon for ≥ 2-D parameters except embeddings and heads.
 
-    A name part (split at ``.`` or ``/``) that starts with ``embed`` or equals one
-    of :data:`HEAD_NAMES` marks an embedding or a head; without a name only the
-    dimension counts.
+    A name part (split at ``.`` or ``/``) that contains ``embed`` in any case
+    (``embed_tokens``, ``tok_embeddings``, flax's ``Embed_0``) or equals one of
+    :data:`EMBEDDING_NAMES` marks an embedding, one that equals one of
+    :data:`HEAD_NAMES` a head; without a name only the dimension counts.
 
     Examples
     --------
     >>> from matroot.optim.muon import default_use_muon
     >>> [default_use_muon(n, s) for n, s in [("layers.0.weight", (8, 8)),
-    ...  ("embed_tokens.weight", (100, 8)), ("lm_head.weight", (100, 8)), ("norm.weight", (8,))]]
-    [True, False, False, False]
+    ...  ("embed_tokens.weight", (100, 8)), ("transformer.wte.weight", (100, 8)),
+    ...  ("lm_head.weight", (100, 8)), ("norm.weight", (8,))]]
+    [True, False, False, False, False]
     """
     if len(shape) < 2:
         return False
     parts = [] if name is None else name.replace("/", ".").split(".")
-    return not any(part.startswith("embed") or part in HEAD_NAMES for part in parts)
+    return not any("embed" in part.lower() or part in EMBEDDING_NAMES or part in HEAD_NAMES
+                   for part in parts)
 
 
 @dataclass(frozen=True)
@@ -182,11 +188,16 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig) -> dict[int, Any
 
 
 def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[bool],
-                    config: MuonConfig) -> tuple[list, MuonState]:
+                    config: MuonConfig, *, momentum: Sequence[float] | None = None,
+                    betas: Sequence[tuple[float, float]] | None = None
+                    ) -> tuple[list, MuonState]:
     """The unit-learning-rate directions ``D`` and the new state, for every parameter.
 
     ``grads[i]`` None leaves parameter i and its state as they are (its
-    direction is None). Pure: nothing is modified in place.
+    direction is None). Pure: nothing is modified in place. ``momentum`` (μ of
+    the Muon parameters) and ``betas`` (of the AdamW ones), one entry per
+    parameter, replace ``config``'s: the torch shell's per-group values, which
+    schedulers such as ``OneCycleLR`` change.
 
     Examples
     --------
@@ -199,8 +210,9 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
     >>> d[0].shape, np.round(d[1], 6).tolist(), state.steps
     ((4, 3), [1.0, 1.0, 1.0], [1, 1])
     """
-    mu, (beta1, beta2) = config.momentum, config.betas
-    momentum, second, steps = list(state.momentum), list(state.exp_avg_sq), list(state.steps)
+    mus = [config.momentum] * len(grads) if momentum is None else list(momentum)
+    all_betas = [config.betas] * len(grads) if betas is None else list(betas)
+    buffers, second, steps = list(state.momentum), list(state.exp_avg_sq), list(state.steps)
     directions: list = [None] * len(grads)
     muon_inputs = {}
     for i, g in enumerate(grads):
@@ -209,15 +221,17 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
         xp = _xp.array_namespace(g)
         steps[i] += 1
         if use_muon[i]:
-            momentum[i] = mu * momentum[i] + (1 - mu) * g
-            muon_inputs[i] = (1 - mu) * g + mu * momentum[i] if config.nesterov else momentum[i]
+            mu = mus[i]
+            buffers[i] = mu * buffers[i] + (1 - mu) * g
+            muon_inputs[i] = (1 - mu) * g + mu * buffers[i] if config.nesterov else buffers[i]
             continue
-        momentum[i] = beta1 * momentum[i] + (1 - beta1) * g
+        beta1, beta2 = all_betas[i]
+        buffers[i] = beta1 * buffers[i] + (1 - beta1) * g
         second[i] = beta2 * second[i] + (1 - beta2) * (g * g)
-        first_hat = momentum[i] / (1 - beta1 ** steps[i])
+        first_hat = buffers[i] / (1 - beta1 ** steps[i])
         second_hat = second[i] / (1 - beta2 ** steps[i])
         directions[i] = first_hat / (xp.sqrt(second_hat) + config.eps)
     directions_muon = _orthogonalized(muon_inputs, config) if muon_inputs else {}
     for i, d in directions_muon.items():
         directions[i] = d
-    return directions, MuonState(momentum, second, steps)
+    return directions, MuonState(buffers, second, steps)

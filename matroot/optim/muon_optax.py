@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+from .optax_keywords import host_values, with_keywords
 
 __all__ = ["muon", "scale_by_muon", "MuonOptaxState"]
 
@@ -32,9 +33,22 @@ class MuonOptaxState(NamedTuple):
 
 def _muon_leaves(tree, use_muon) -> list[bool]:
     """Per leaf: Muon or AdamW, by ``use_muon`` (a pytree of bools or a callable of
-    ``(path_string, leaf)``) or the default rule."""
+    ``(path_string, leaf)``) or the default rule.
+
+    A pytree of bools is matched to ``tree`` by structure, as ``optax.masked``
+    matches its mask: it may be a prefix of ``tree`` (one bool for a subtree), and
+    the leaves ``optax.masked`` hides from its inner transformation are dropped with
+    their flags. Matching by position alone would give the flags to the wrong leaves.
+    """
     if use_muon is not None and not callable(use_muon):
-        return [bool(v) for v in jax.tree_util.tree_leaves(use_muon)]
+        try:
+            flags = jax.tree_util.tree_map(
+                lambda flag, subtree: jax.tree_util.tree_map(lambda _: bool(flag), subtree),
+                use_muon, tree)
+        except ValueError as error:
+            raise ValueError("use_muon must be a pytree of bools with the parameters' "
+                             f"structure (or a prefix of it): {error}") from None
+        return jax.tree_util.tree_leaves(flags)
     paths = jax.tree_util.tree_flatten_with_path(tree)[0]
     rule = use_muon or (lambda name, leaf: default_use_muon(name, leaf.shape))
     return [bool(rule(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
@@ -48,14 +62,17 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
     Parameters
     ----------
     use_muon : pytree of bool or callable, optional
-        Which leaves get Muon; by default ≥ 2-D leaves whose path names no
+        Which leaves get Muon: a pytree of bools with the parameters' structure
+        or a prefix of it (matched as ``optax.masked`` matches its mask, so the
+        same tree works inside ``optax.masked``), or a callable of
+        ``(path_string, leaf)``; by default ≥ 2-D leaves whose path names no
         embedding or head.
     adamw_lr_ratio : float
         The AdamW leaves' learning rate as a multiple of the Muon one.
     **config
         :class:`~matroot.optim.muon.MuonConfig` fields.
     """
-    settings = MuonConfig(**config)
+    settings = MuonConfig(**host_values("scale_by_muon", config))
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
@@ -111,7 +128,15 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     >>> bool(loss(params) < 12.0)
     True
     """
-    decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    # An array weight decay (optax.inject_hyperparams) may be zero only at some steps.
+    no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+    decay = [] if no_decay else [optax.add_decayed_weights(weight_decay)]
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
-                                     **config),
+                                     **host_values("muon", config)),
                        *decay, optax.scale_by_learning_rate(learning_rate))
+
+
+#: MuonConfig's keywords, named in the factories' signatures for optax.inject_hyperparams.
+_KEYWORDS = list(MuonConfig.__dataclass_fields__)
+with_keywords(scale_by_muon, _KEYWORDS)
+with_keywords(muon, _KEYWORDS)

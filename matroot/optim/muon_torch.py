@@ -1,7 +1,9 @@
 """``matroot.optim.Muon``: a ``torch.optim.Optimizer`` around the stacked Muon core.
 
-Parameter groups carry ``lr``, ``weight_decay`` and ``use_muon``; everything else
-(:class:`~matroot.optim.muon.MuonConfig`) is optimizer-wide, since the Muon
+Parameter groups carry ``lr``, ``weight_decay``, ``use_muon``, ``momentum`` (μ, read
+by Muon groups) and ``betas`` (read by AdamW groups), so schedulers that cycle
+momentum (``OneCycleLR``, ``CyclicLR``) and per-group settings work; everything
+else (:class:`~matroot.optim.muon.MuonConfig`) is optimizer-wide, since the Muon
 matrices of all groups share one polar call per shape. Parameters given without
 ``use_muon`` are split by :func:`~matroot.optim.muon.default_use_muon` (pass
 ``model.named_parameters()`` so embeddings and heads are recognised); the AdamW
@@ -27,6 +29,9 @@ __all__ = ["Muon"]
 def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> list[dict]:
     """torch-style ``params`` (tensors, (name, tensor) pairs or group dicts) as groups
     that each say ``use_muon``."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params argument given to Muon should be an iterable of Tensors "
+                        f"or dicts, but got a single {torch.typename(params)}: pass [tensor]")
     entries = list(params)
     if not entries:
         raise ValueError("Muon got an empty parameter list")
@@ -35,11 +40,19 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
     groups = []
     for entry in entries:
         options = {k: v for k, v in entry.items() if k != "params"}
-        members = list(entry["params"])
+        # A group may hold one tensor, as torch's optimizers allow (iterating it
+        # would give its rows).
+        members = ([entry["params"]] if isinstance(entry["params"], torch.Tensor)
+                   else list(entry["params"]))
         if "use_muon" in options:
             for p in members:
-                if options["use_muon"] and (isinstance(p, tuple) or p.ndim < 2):
-                    raise ValueError("use_muon=True needs tensors of two or more dimensions")
+                name, tensor = p if isinstance(p, tuple) else (None, p)
+                if options["use_muon"] and tensor.ndim < 2:
+                    raise ValueError(
+                        f"use_muon=True needs tensors of two or more dimensions, got "
+                        f"{name or 'a parameter'} of shape {tuple(tensor.shape)}: put it "
+                        "in a group with use_muon=False, or leave use_muon out to split "
+                        "by the rule")
             groups.append({"params": members, **options})
             continue
         split: dict[bool, list] = {True: [], False: []}
@@ -62,7 +75,8 @@ class Muon(torch.optim.Optimizer):
     params : iterable
         Tensors, ``(name, tensor)`` pairs (``model.named_parameters()``: the rule
         then sends embeddings and heads to AdamW) or group dicts, which may set
-        ``use_muon``, ``lr`` and ``weight_decay``.
+        ``use_muon``, ``lr``, ``weight_decay``, ``momentum`` (Muon groups) and
+        ``betas`` (AdamW groups).
     lr, weight_decay : float
         Muon's step size and decoupled weight decay.
     adamw_lr, adamw_weight_decay : float
@@ -70,7 +84,7 @@ class Muon(torch.optim.Optimizer):
     **config
         :class:`~matroot.optim.muon.MuonConfig` fields (momentum, nesterov,
         shape_scale, polar_method, polar_lower, polar_steps, matmul_dtype,
-        betas, eps).
+        betas, eps); ``momentum`` and ``betas`` are the groups' defaults.
 
     Examples
     --------
@@ -90,12 +104,22 @@ class Muon(torch.optim.Optimizer):
         self.config = MuonConfig(**config)
         self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
         groups = _split_groups(params, *self._split_defaults)
-        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True))
+        # "betas" is in every group but not in the defaults: a momentum-cycling
+        # scheduler then cycles Muon's μ, as it does torch.optim.Muon's.
+        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True,
+                                      momentum=self.config.momentum))
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
         for group in _split_groups([param_group], *self._split_defaults):
+            group.setdefault("betas", self.config.betas)
             super().add_param_group(group)
+            added = self.param_groups[-1]
+            MuonConfig(momentum=added["momentum"], betas=tuple(added["betas"]))  # validates
+            for p in added["params"]:
+                if not p.is_floating_point():
+                    raise TypeError(f"Muon optimizes real floating parameters, got dtype "
+                                    f"{p.dtype}")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
@@ -106,6 +130,9 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         members = [(p, group) for group in self.param_groups for p in group["params"]
                    if p.grad is not None]
+        if any(p.grad.is_sparse for p, _ in members):
+            raise TypeError("Muon does not support sparse gradients (an Embedding made with "
+                            "sparse=True): make it dense, or give it to a sparse optimizer")
         if not members:
             return loss
         for p, group in members:
@@ -119,8 +146,11 @@ class Muon(torch.optim.Optimizer):
         core_state = MuonState([s["momentum_buffer"] for s in states],
                                [s.get("exp_avg_sq") for s in states],
                                [int(s["step"]) for s in states])
-        directions, new = muon_directions([p.grad for p, _ in members], core_state,
-                                          [g["use_muon"] for _, g in members], self.config)
+        # State dicts saved before groups carried momentum and betas lack them.
+        directions, new = muon_directions(
+            [p.grad for p, _ in members], core_state, [g["use_muon"] for _, g in members],
+            self.config, momentum=[g.get("momentum", self.config.momentum) for _, g in members],
+            betas=[g.get("betas", self.config.betas) for _, g in members])
         for (p, group), state, direction, i in zip(members, states, directions,
                                                    range(len(members))):
             state["step"] = new.steps[i]

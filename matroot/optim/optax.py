@@ -19,6 +19,7 @@ import optax
 from .. import _xp
 from . import core
 from .muon_optax import MuonOptaxState, muon, scale_by_muon  # noqa: F401  (re-export)
+from .optax_keywords import host_values, with_keywords
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
 
@@ -44,6 +45,7 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
     -------
     optax.GradientTransformation
     """
+    hyperparameters = host_values("scale_by_shampoo", hyperparameters)
     if "lr" in hyperparameters:
         raise ValueError("scale_by_shampoo takes no lr: chain it with "
                          "optax.scale_by_learning_rate (matroot.optim.optax.shampoo does)")
@@ -65,6 +67,8 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
+        if not leaves:      # nothing to optimize (optax.masked with every leaf masked)
+            return optax.EmptyState()
         # Every array of the state is committed to a device, or none is, as the params
         # are: jax.jit keys its cache on it, so a mix compiles the step a second time
         # once the first step's outputs come back committed. A jitted init's outputs
@@ -77,10 +81,18 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
 
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
+        if not leaves:
+            return updates, state
         param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
+        # A traced step cannot raise, so there NaN/Inf gradients skip the step on the
+        # device (counted in skipped_steps) whatever the policy; eagerly "raise" raises.
+        # (A scan's carried state is traced even where its gradients are constants.)
+        raises = config.nonfinite_grads == "raise" and not any(
+            _xp.is_traced(x) for x in [state.step, *leaves])
         # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
-        directions, state = core.update(leaves, state, param_leaves, config,
-                                        check_grads=False)
+        directions, state = core.update(
+            leaves, state, param_leaves, config, check_grads=raises,
+            finite=None if raises else core.all_finite(leaves))
         return treedef.unflatten([-d for d in directions]), state
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -121,5 +133,12 @@ def shampoo(learning_rate, **hyperparameters) -> optax.GradientTransformation:
     >>> bool(loss(params) < 12.0), int(state[1][0].root_refreshes)
     (True, 2)
     """
-    return optax.chain(scale_by_shampoo(**hyperparameters),
+    return optax.chain(scale_by_shampoo(**host_values("shampoo", hyperparameters)),
                        optax.scale_by_learning_rate(learning_rate))
+
+
+#: The config's keywords, named in the factories' signatures for optax.inject_hyperparams.
+_KEYWORDS = [name for name in core.ShampooConfig.__dataclass_fields__
+             if core.ShampooConfig.__dataclass_fields__[name].init and name != "lr"]
+with_keywords(scale_by_shampoo, _KEYWORDS)
+with_keywords(shampoo, _KEYWORDS)

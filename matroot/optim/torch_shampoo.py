@@ -58,6 +58,15 @@ def _hashable(value):
     return value
 
 
+def _host_number(value):
+    """A one-element tensor hyperparameter as the Python number the config validates
+    (torch's optimizers take ``lr=torch.tensor(...)``, and schedulers then ``fill_``
+    it); any other value as it is. One host read where the tensor is on a device."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
 _DEFAULTS = core.ShampooConfig()
 
 
@@ -129,8 +138,10 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                  distributed: str | dist.ProcessGroup | None = "auto",
                  graft_only: Callable[[torch.Tensor], bool] | None = None,
                  **hyperparameters: Any) -> None:
-        config = core.ShampooConfig(**hyperparameters)
+        config = core.ShampooConfig(**{k: _host_number(v) for k, v in hyperparameters.items()})
         defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
+        # A tensor stays one in the groups, as torch's optimizers keep it.
+        defaults.update({k: v for k, v in hyperparameters.items() if torch.is_tensor(v)})
         # Plain values in the groups: state dicts hold them, and DCP loads with
         # weights_only=True, which unpickles no matroot class.
         defaults["root_options"] = config.root_options.keywords()
@@ -157,7 +168,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         cache = self.__dict__.setdefault("_configs", {})
         entry = cache.get(id(group))
         if entry is None or entry[0] != key:
-            config = core.ShampooConfig(**dict(zip(_CONFIG_FIELDS, values)))
+            config = core.ShampooConfig(**{name: _host_number(value)
+                                           for name, value in zip(_CONFIG_FIELDS, values)})
             entry = cache[id(group)] = (key, config, self._shared(config))
         return entry[1], entry[2]
 
@@ -348,8 +360,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 family.config = config
             groups = [group_of[id(p)] for p in family.params]
             family.schedule_step += 1
-            jobs.append(_Job(family.config, [g["lr"] for g in groups],
-                             [g["weight_decay"] for g in groups],
+            jobs.append(_Job(family.config, [_host_number(g["lr"]) for g in groups],
+                             [_host_number(g["weight_decay"]) for g in groups],
                              family.config.schedule_at(family.schedule_step)))
         return (jobs if any(jobs) else None), grads, check_on_device
 

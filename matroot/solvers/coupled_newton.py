@@ -31,8 +31,16 @@ def matrix_power(x, p: int, matmul):
 
 
 def power_matmuls(p: int) -> int:
-    """Matmuls :func:`matrix_power` forms for exponent ``p``."""
-    return p.bit_length() - 1 + bin(p).count("1") - 1
+    """Matmuls :func:`matrix_power` forms for exponent ``p``: a squaring per binary
+    digit after the first, a product per further one-digit.
+
+    Integer arithmetic only: torch.compile's tracer in torch 2.11 breaks the graph at
+    ``bin()``, and the graph break made it fail on an H200 (torch 2.13's traces it).
+    """
+    squarings, ones = -1, 0
+    while p:
+        squarings, ones, p = squarings + 1, ones + (p & 1), p >> 1
+    return squarings + ones - 1
 
 
 def initial_scale(p: int) -> float:
