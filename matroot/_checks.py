@@ -93,11 +93,22 @@ def check_nonnegative(value, name: str) -> float:
     return float(value)
 
 
+#: The largest ``max_iter`` taken. The iterations converge in tens of steps and
+#: chebyshev's degree stays in the thousands where it converges at all; a cap beyond
+#: this only sizes per-step tables (minimax's coefficient rows, a polar schedule) to
+#: no use, up to a MemoryError or a hang.
+MAX_ITER_LIMIT = 10_000
+
+
 def check_max_iter(value):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"max_iter must be a positive integer or None, got {value!r}")
+    if value > MAX_ITER_LIMIT:
+        raise ValueError(f"max_iter={value} is beyond any count the methods can use (at most "
+                         f"{MAX_ITER_LIMIT:,}); pass max_iter=None for the method's default, "
+                         "or a smaller cap")
     return int(value)
 
 

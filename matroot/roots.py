@@ -243,7 +243,8 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         target costs fewer products. Default None: the table's target for each
         matrix's κ (or a looser ``tol``), today's behaviour.
     max_iter : int, optional
-        Cap on iterations (on the degree for chebyshev).
+        Cap on iterations (on the degree for chebyshev), at most
+        :data:`matroot._checks.MAX_ITER_LIMIT` (10,000).
     matmul_dtype : {None, "float16", "bfloat16"}
         Round matmul operands to 16 bits with float32 accumulation.
     check_finite : bool

@@ -188,3 +188,31 @@ def test_a_numpy_bound_under_torch_compile():
     # Same program both ways but for tracing: results agree to rounding, not bitwise.
     torch.testing.assert_close(compiled(a).root, matroot.inv_root_info(a, 2, **options).root,
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: matroot.inv_root(_stack(), 2, method="chebyshev", max_iter=m),
+    lambda m: matroot.inv_root(_stack(), 2, method="minimax", max_iter=m),
+    lambda m: matroot.polar(np.eye(3), method="quintic", max_iter=m)])
+def test_a_huge_max_iter_is_a_value_error(call):
+    """max_iter=10**12 raised NumPy's MemoryError (chebyshev's cosine matrix, minimax's
+    coefficient table) and a polar schedule of 10**8 steps hung."""
+    with pytest.raises(ValueError, match="max_iter"):
+        call(10**12)
+
+
+def test_chebyshev_degree_at_the_max_iter_limit_fits_in_memory():
+    """The interpolant's coefficients took an (N, N) cosine matrix: 800 MB at N = 10,000.
+    They come from one FFT now, and match the cosine sum."""
+    from matroot._checks import MAX_ITER_LIMIT
+    from matroot.solvers.chebyshev import chebyshev_coefficients
+
+    degree = 40
+    theta = np.pi * (np.arange(degree + 1) + 0.5) / (degree + 1)
+    values = ((np.cos(theta) * 0.99 + 1.01) / 2) ** -0.5
+    direct = 2.0 / (degree + 1) * np.cos(np.outer(np.arange(degree + 1), theta)) @ values
+    direct[0] /= 2
+    # Two float64 summations of 41 terms: rounding of a few u of the largest coefficient.
+    np.testing.assert_allclose(chebyshev_coefficients(2, 0.01, degree), direct, rtol=0,
+                               atol=64 * 2.0 ** -52 * np.abs(direct).max())
+    assert chebyshev_coefficients(2, 0.01, MAX_ITER_LIMIT).shape == (MAX_ITER_LIMIT + 1,)
