@@ -158,6 +158,19 @@ def test_optax_inject_hyperparams_names_a_static_hyperparameter_under_jit():
         jax.jit(opt.update)(params, opt.init(params), params)
 
 
+def test_optax_inject_hyperparams_takes_shampoos_weight_decay_under_jit():
+    """``inject_hyperparams(shampoo)(learning_rate=..., weight_decay=...)``, the
+    ``optax.adamw`` habit: the decay is an array under jit, applied by the shell."""
+    params = {"w": jnp.full((4, 3), 2.0, jnp.float32)}
+    grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3)}
+    injected = optax.inject_hyperparams(shampoo, static_args=("precondition_frequency",))(
+        learning_rate=0.1, weight_decay=0.3, **NO_REFRESH)
+    updates, _ = jax.jit(injected.update)(grads, injected.init(params), params)
+    plain = shampoo(0.1, weight_decay=0.3, **NO_REFRESH)
+    expected, _ = plain.update(grads, plain.init(params), params)
+    np.testing.assert_allclose(updates["w"], expected["w"], rtol=1e-6)
+
+
 def test_optax_inject_hyperparams_schedules_muons_learning_rate_and_decay_under_jit():
     params = {"w": jnp.ones((4, 3), jnp.float32), "b": jnp.ones(3, jnp.float32)}
     grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3), "b": jnp.ones(3)}
