@@ -292,3 +292,16 @@ def test_muon_rule_sends_gpt2_style_embeddings_to_adamw():
                   "params/Embed_0/embedding"]
     assert not any(default_use_muon(name, (100, 8)) for name in embeddings)
     assert default_use_muon("transformer.h.0.attn.c_attn.weight", (8, 24))
+
+
+def test_muon_steps_past_an_empty_matrix():
+    """A zero-width layer (shape (4, 0) or (0, 4)) made the polar solver divide by
+    zero (ZeroDivisionError) and the whole step fail."""
+    empties = [torch.nn.Parameter(torch.ones(4, 0)), torch.nn.Parameter(torch.ones(0, 4))]
+    weight = torch.nn.Parameter(torch.randn(3, 3))
+    opt = Muon([*empties, weight])
+    for p in (*empties, weight):
+        p.grad = torch.ones_like(p)
+    before = weight.detach().clone()
+    opt.step()
+    assert not torch.equal(weight, before) and bool(weight.isfinite().all())
