@@ -305,3 +305,40 @@ def test_muon_steps_past_an_empty_matrix():
     before = weight.detach().clone()
     opt.step()
     assert not torch.equal(weight, before) and bool(weight.isfinite().all())
+
+
+def _ranks_with_other_models(rank, world, tmpdir):
+    """Rank-side scenarios of the test below: pipeline-like stages (other shapes on
+    each rank), then same shapes with per-rank values, then DDP replicas."""
+    out = {}
+    stages = ([torch.nn.Linear(8, 16)] if rank == 0 else
+              [torch.nn.Linear(16, 4), torch.nn.Linear(4, 4)])
+    torch.manual_seed(rank)
+    per_rank = torch.nn.Linear(8, 4)
+    torch.manual_seed(0)
+    replica = torch.nn.Linear(8, 4)
+    for name, modules in (("stages", stages), ("per_rank", [per_rank]),
+                          ("replica", [replica])):
+        params = [p for m in modules for p in m.parameters()]
+        opt = Shampoo(params)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        try:
+            opt.step()
+            out[name] = "stepped"
+        except ValueError as error:
+            out[name] = str(error)
+    return out
+
+
+def test_sharded_shampoo_refuses_ranks_that_hold_other_models(tmp_path):
+    """``distributed="auto"`` shards over every initialised process group: pipeline
+    stages (other shapes per rank) crashed inside gloo (``EnforceNotMet``, a SIGABRT)
+    and per-rank models silently took each other's updates."""
+    from spawned_ranks import run_on_ranks
+
+    for result in run_on_ranks(_ranks_with_other_models, 2, str(tmp_path)):
+        assert "different shapes" in result["stages"]
+        assert "different values" in result["per_rank"]
+        assert "distributed=None" in result["per_rank"]
+        assert result["replica"] == "stepped"
