@@ -104,6 +104,23 @@ def test_optax_shampoo_of_an_empty_pytree_is_a_no_op():
     assert bool(jnp.all(updates["w"] == params["w"]))      # masked: passed through
 
 
+@pytest.mark.parametrize("factory", [lambda: shampoo(1e-2, **NO_REFRESH), lambda: muon(1e-2)],
+                         ids=["shampoo", "muon"])
+def test_optax_state_restored_as_numpy_arrays_steps_eagerly(factory):
+    """A state restored from a checkpoint as NumPy arrays (flax.serialization does)
+    failed an eager step: "Multiple namespaces" (Shampoo), "output array is
+    read-only" (Muon). Under jit it always worked (arguments become arrays)."""
+    params = {"w": jnp.ones((4, 3), jnp.float32), "b": jnp.zeros(3, jnp.float32)}
+    grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3), "b": jnp.ones(3, jnp.float32)}
+    opt = factory()
+    _, state = opt.update(grads, opt.init(params), params)
+    restored = jax.tree_util.tree_map(np.asarray, state)
+    expected, _ = opt.update(grads, state, params)
+    updates, _ = opt.update(grads, restored, params)
+    for name in params:     # same program, same inputs: bitwise
+        np.testing.assert_array_equal(updates[name], expected[name])
+
+
 def test_optax_shampoo_says_how_to_pass_params_for_weight_decay():
     params = _params()
     opt = shampoo(1e-2, **QUICK)
@@ -173,7 +190,7 @@ def test_optax_inject_hyperparams_takes_shampoos_weight_decay_under_jit():
 
 def test_optax_inject_hyperparams_schedules_muons_learning_rate_and_decay_under_jit():
     params = {"w": jnp.ones((4, 3), jnp.float32), "b": jnp.ones(3, jnp.float32)}
-    grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3), "b": jnp.ones(3)}
+    grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3), "b": jnp.ones(3, jnp.float32)}
     injected = optax.inject_hyperparams(muon, static_args=("momentum",))(
         learning_rate=0.1, weight_decay=0.5, momentum=0.9)
     updates, _ = jax.jit(injected.update)(grads, injected.init(params), params)

@@ -82,6 +82,8 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
+        # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
+        state = jax.tree_util.tree_map(jnp.asarray, state)
         muon = _muon_leaves(updates, use_muon)
         core = MuonState(state.momentum, state.exp_avg_sq, [state.count] * len(leaves))
         directions, new = muon_directions(leaves, core, muon, settings)

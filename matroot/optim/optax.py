@@ -95,6 +95,8 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
         leaves, treedef = jax.tree_util.tree_flatten(updates)
         if not leaves:
             return updates, state
+        # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
+        state = jax.tree_util.tree_map(jnp.asarray, state)
         param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
         # A traced step cannot raise, so there NaN/Inf gradients skip the step on the
         # device (counted in skipped_steps) whatever the policy; eagerly "raise" raises.
