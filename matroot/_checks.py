@@ -7,7 +7,8 @@ import numbers
 
 import numpy as np
 
-from ._xp import array_namespace, backend_name
+from ._xp import (array_namespace, backend_name, from_numpy, holds_no_values, is_traced,
+                  to_numpy)
 
 SCALINGS = ("power", "frobenius")
 MATMUL_DTYPES = (None, "float16", "bfloat16")
@@ -15,38 +16,47 @@ COMPUTE_DTYPES = (None, "float32", "float64")
 FALLBACKS = (None, "evd")
 
 
-def check_stack(a, name: str = "a"):
-    """Validate a stack of square real floating matrices; return its namespace."""
+def check_stack(a, name: str = "a", *, square: bool = True):
+    """Validate a stack of real floating matrices (square ones where ``square``);
+    return its namespace."""
     if isinstance(a, np.matrix):
         raise TypeError(f"{name} is a numpy.matrix, whose indexing and products differ "
-                        "from arrays; pass np.asarray(a)")
+                        f"from arrays; pass np.asarray({name})")
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a numpy masked array, whose mask would be ignored "
+                        f"(masked entries used as they are); pass {name}.filled(value) "
+                        f"with the value they stand for, or np.asarray({name})")
     try:
         xp = array_namespace(a)
     except TypeError as err:
         raise TypeError(
-            f"{name} must be an array of a supported library (NumPy, CuPy, PyTorch, "
+            f"{name} must be an array of a supported library (NumPy, CuPy, PyTorch, JAX, "
             f"array-api-strict), got {type(a).__name__}"
         ) from err
+    if holds_no_values(a):
+        raise ValueError(f"{name} is on torch's meta device, which holds shapes but no "
+                         "values to compute with; pass a tensor on the CPU or a GPU")
     if a.ndim < 2:
+        layout = "(..., n, n)" if square else "(..., m, n); reshape a vector to (1, n) or (n, 1)"
         raise ValueError(
-            f"{name} must have at least 2 dimensions (..., n, n), got shape {tuple(a.shape)}"
+            f"{name} must have at least 2 dimensions {layout}, got shape {tuple(a.shape)}"
         )
-    if a.shape[-1] != a.shape[-2]:
+    if square and a.shape[-1] != a.shape[-2]:
         raise ValueError(
             f"{name} must be a stack of square matrices (..., n, n), got shape {tuple(a.shape)}"
         )
     if not xp.isdtype(a.dtype, "real floating"):
         if xp.isdtype(a.dtype, "complex floating"):
-            what = "complex matrices are not supported (the roots are of real symmetric matrices)"
+            what = "complex matrices are not supported (only real ones)"
         elif xp.isdtype(a.dtype, "bool"):
             what = "boolean arrays are not matrices to take roots of"
         else:
-            what = "integer arrays are not promoted; cast to float32 or float64 first"
+            what = "integer arrays are not promoted; cast integers to float32 or float64 first"
         raise TypeError(f"{name} has dtype {a.dtype}: {what}")
     if isinstance(a, np.ndarray) and a.dtype == np.longdouble and np.longdouble != np.float64:
         raise TypeError(f"{name} has dtype {a.dtype} (long double): matroot computes in "
-                        "float32 or float64 at most; pass a.astype(np.float64) (and cast "
-                        "the root back if you need its dtype)")
+                        f"float32 or float64 at most; pass {name}.astype(np.float64) (and "
+                        "cast the result back if you need its dtype)")
     return xp
 
 
@@ -68,6 +78,14 @@ def check_choice(value, name: str, choices):
 
 
 def check_nonnegative(value, name: str) -> float:
+    if hasattr(value, "shape") and not isinstance(value, numbers.Real):
+        # An array (a 0-d one included) is one value for the whole stack here, and a
+        # traced one could not be read: the caller converts it.
+        per_matrix = (" (a ridge per matrix: add it to the diagonals yourself and pass "
+                      "eps=0)" if name == "eps" else "")
+        raise TypeError(f"{name} must be a Python number, got an array of shape "
+                        f"{tuple(value.shape)}; pass float({name}), one value for the "
+                        f"whole stack{per_matrix}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     if not math.isfinite(value) or value < 0:
@@ -105,8 +123,11 @@ def check_matmul_dtype(xp, value, compute_dtype_name: str):
 
 
 def check_bound(value, name: str, xp, batch: tuple):
-    """Validate a caller-supplied spectral bound: None, a number, or an array of
-    the batch shape (any namespace; positive and finite). Returned unchanged."""
+    """Validate a caller-supplied spectral bound: None, a number (positive and
+    finite), or a real array of the batch shape (any namespace, or a sequence of
+    numbers). Another library's array comes back in ``xp``. Returned otherwise unchanged: an array's
+    entries are not read (a traced one cannot be), so one bad entry affects only
+    its own matrix."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -115,8 +136,19 @@ def check_bound(value, name: str, xp, batch: tuple):
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be finite and > 0, got {value}")
         return float(value)
-    shape = tuple(getattr(value, "shape", ()))
+    try:
+        value_xp = array_namespace(value)
+    except TypeError:  # a sequence of numbers (a list, a tuple) reads as a NumPy array
+        value, value_xp = np.asarray(value), np
+    if not value_xp.isdtype(value.dtype, ("real floating", "signed integer",
+                                          "unsigned integer")):
+        raise TypeError(f"{name} must be a real number or a real array of the batch shape "
+                        f"{batch}, got dtype {value.dtype}")
+    shape = tuple(value.shape)
     if shape not in ((), batch):
         raise ValueError(f"{name} must be a number or an array of the batch shape {batch}, "
                          f"got shape {shape}")
+    if backend_name(value_xp) != backend_name(xp) and not is_traced(value):
+        # Another library's array (a torch bound for a JAX stack) goes through the host.
+        value = from_numpy(xp, to_numpy(value))
     return value

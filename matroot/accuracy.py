@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from . import _xp
 from ._typing import Array
 
@@ -83,7 +85,8 @@ def row_target(row: str, precision: str, p, kappa):
     p : int or float
         Root order.
     kappa : array, shape (b,)
-        Estimated condition numbers.
+        Estimated condition numbers (a number or an integer array is taken as
+        float64).
 
     Returns
     -------
@@ -96,7 +99,12 @@ def row_target(row: str, precision: str, p, kappa):
     >>> row_target("iterative", "float32", 2, np.array([10.0, 1e3, 1e5, 1e9])).tolist()
     [0.0001, 0.001, 0.02, 0.02]
     """
+    if not hasattr(kappa, "dtype"):  # a number or a list
+        kappa = np.asarray(kappa, dtype=np.float64)
     xp = _xp.array_namespace(kappa)
+    if not xp.isdtype(kappa.dtype, "real floating"):
+        # Integer κ: the targets are filled in κ's dtype, where they would round to 0.
+        kappa = xp.astype(kappa, xp.float64 if _xp.has_float64(xp) else xp.float32)
     stated_row: tuple[float | None, ...]
     if precision in LOW_PRECISION_ROWS:
         stated_row = LOW_PRECISION_ROWS[precision]

@@ -19,7 +19,8 @@ import warnings
 from typing import Any, NamedTuple
 
 from . import _xp
-from ._checks import check_choice, check_matmul_dtype, check_max_iter, check_nonnegative
+from ._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
+                      check_stack)
 from ._typing import Array
 from .accuracy import unit_roundoff
 from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
@@ -98,20 +99,18 @@ class PolarResult(NamedTuple):
     method: str
 
 
-def _check_matrices(g):
-    """Validate a stack of real floating matrices; return its namespace."""
-    try:
-        xp = _xp.array_namespace(g)
-    except TypeError as err:
-        raise TypeError("g must be an array of a supported library (NumPy, CuPy, PyTorch, "
-                        f"JAX, array-api-strict), got {type(g).__name__}") from err
-    if g.ndim < 2:
-        raise ValueError(f"g must have at least 2 dimensions (..., m, n), got shape "
-                         f"{tuple(g.shape)}; reshape a vector to (1, n) or (n, 1)")
-    if not xp.isdtype(g.dtype, "real floating"):
-        raise TypeError(f"g has dtype {g.dtype}: only real floating matrices are supported; "
-                        "cast integers to float32 or float64 first")
-    return xp
+def _default_rtol(xp, dtype, precision: str) -> float:
+    """The precision's default ``rtol``, or a 16-bit input's where that is looser: the
+    factor returned in 16 bits carries a defect of its own rounding (about its unit
+    roundoff), which float32's default could never meet."""
+    for name in ("float16", "bfloat16"):
+        try:
+            sixteen_bit = _xp.dtype_from_name(xp, name)
+        except ValueError:  # the backend has no such dtype
+            continue
+        if dtype == sixteen_bit:
+            return max(DEFAULT_RTOL[precision], DEFAULT_RTOL[name])
+    return DEFAULT_RTOL[precision]
 
 
 def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
@@ -124,12 +123,14 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     precision = (matmul_dtype if matmul_dtype is not None and polar_method.forms_products
                  else work_name)
-    rtol = DEFAULT_RTOL[precision] if rtol is None else check_nonnegative(rtol, "rtol")
+    rtol = _default_rtol(xp, g.dtype, precision) if rtol is None else check_nonnegative(
+        rtol, "rtol")
     if lower is None:
         lower = DEFAULT_LOWER[precision]
     elif not 0.0 < check_nonnegative(lower, "lower") < 1.0:
         raise ValueError(f"lower must lie in (0, 1) (a bound on σmin/σmax), got {lower!r}")
-    n = min(g.shape[-2:])
+    # An empty matrix is not solved, but its call's options are checked all the same.
+    n = max(min(g.shape[-2:]), 1)
     unit = UNIT_ROUNDOFF[precision]
     max_iter = check_max_iter(max_iter)
 
@@ -189,7 +190,7 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     >>> np.round(res.root[0], 6).tolist(), res.converged.tolist()
     ([[1.0, 0.0], [0.0, -1.0], [0.0, 0.0]], [True])
     """
-    xp = _check_matrices(g)
+    xp = check_stack(g, "g", square=False)
     check_choice(method, "method", polar_method_names())
     check_choice(sigma_bound, "sigma_bound", SIGMA_BOUNDS)
     method, work_name, rtol, sigma_bound, rows = _resolve(
@@ -310,7 +311,9 @@ def polar(g: Array, /, **options: Any) -> Array:
         ``"polar_express"``.
     rtol : float, optional
         Bound on ``‖QᵀQ − I‖_F/√min(m, n)`` for ``converged``; default per
-        precision in :data:`matroot.polar_accuracy.DEFAULT_RTOL`.
+        precision in :data:`matroot.polar_accuracy.DEFAULT_RTOL`, for a float16 or
+        bfloat16 input that dtype's (the factor returned in 16 bits carries its
+        rounding, which float32's default could not meet).
     max_iter : int, optional
         Cap on the polynomial steps (the quintic's step count). A cap below what
         ``lower`` needs is best paired with

@@ -149,7 +149,7 @@ def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_fi
         if check_finite and not bool(xp.all(xp.isfinite(a))):
             raise ValueError(stack_solve.NONFINITE_INPUT)
         result, usable, cast_trouble = _xp.jax_compiled(
-            stack_solve.solve_stack, a, call=call, check_finite=False, **bounds)
+            stack_solve.solve_stack, a, bounds, call=call, check_finite=False)
     else:
         result, usable, cast_trouble = stack_solve.solve_stack(
             a, call=call, check_finite=check_finite, **bounds)

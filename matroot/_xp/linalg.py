@@ -188,8 +188,10 @@ def power_of_two_scale(a, floor: float = 0.0):
     m = xp.maximum(xp.max(a, axis=(-2, -1)), -xp.min(a, axis=(-2, -1)))
     m = xp.maximum(m, xp.full_like(m, floor))
     m = xp.where((m > 0) & xp.isfinite(m), m, xp.ones_like(m))
-    # log2 of a subnormal is exact enough to round to its exponent; 2**k is exact.
-    return 2.0 ** xp.round(xp.log2(m))
+    # log2 of a subnormal is exact enough to give its exponent; 2**k is exact. Rounding
+    # down keeps 2**k finite for entries above the largest power of two (it would
+    # overflow to inf there) and every entry divided by it below 2.
+    return 2.0 ** xp.floor(xp.log2(m))
 
 
 def inverse_root_entries(x, p: float):

@@ -60,6 +60,12 @@ def is_accelerator(xp, x) -> bool:
     return False
 
 
+def holds_no_values(x) -> bool:
+    """True for an array with a shape but no data to compute on: a torch tensor on
+    the ``meta`` device."""
+    return array_api_compat.is_torch_array(x) and x.device.type == "meta"
+
+
 def is_traced(x) -> bool:
     """True where ``x``'s values cannot be read on the host (no ``bool()``/``float()``):
     a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``), or a torch tensor while

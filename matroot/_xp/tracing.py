@@ -141,14 +141,16 @@ def _jax_jit(fn, static_items: tuple):
     return jax.jit(functools.partial(fn, **dict(static_items)))
 
 
-def jax_compiled(fn, array, **static):
-    """``fn(array, **static)`` as one ``jax.jit`` call, compiled once per ``static``
-    (hashable values) and, by JAX, once per shape and dtype of ``array``.
+def jax_compiled(fn, array, dynamic: dict | None = None, **static):
+    """``fn(array, **dynamic, **static)`` as one ``jax.jit`` call, compiled once per
+    ``static`` (hashable values) and, by JAX, once per shape and dtype of ``array``
+    and of the ``dynamic`` keyword values (arrays, numbers or None: traced, so an
+    array is accepted and a new number is no new compilation).
 
     For eager JAX callers: JAX runs an uncompiled function one operation at a time,
     compiling each on its first use, which is slower on the first call and after it.
     """
-    return _jax_jit(fn, tuple(sorted(static.items())))(array)
+    return _jax_jit(fn, tuple(sorted(static.items())))(array, **(dynamic or {}))
 
 
 @functools.cache

@@ -43,18 +43,30 @@ def host_float64(x) -> np.ndarray:
     return out.astype(np.float64)
 
 
-def _power_of_two_scale(a: np.ndarray) -> np.ndarray:
-    """Per-matrix power of two near max|a|: dividing by it is exact and avoids overflow."""
-    top = np.max(np.abs(a), axis=(-2, -1), keepdims=True)
-    return np.exp2(np.round(np.log2(np.where(top > 0, top, 1.0))))
+def _power_of_two_scale(a: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """Per-matrix power of two at most ``max(max|a|, floor)``: dividing by it is exact
+    and avoids overflow (rounded down, so that it stays finite near the largest
+    float64)."""
+    top = np.maximum(np.max(np.abs(a), axis=(-2, -1), keepdims=True), floor)
+    return np.exp2(np.floor(np.log2(np.where(top > 0, top, 1.0))))
+
+
+def _scaled_eigh(a: np.ndarray, floor: float = 0.0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Float64 eigendecomposition of the symmetric part of ``a/scale``, and the
+    per-matrix power of two ``scale`` (shape (..., 1)) near ``max(max|a|, floor)``:
+    the eigenvalues of ``a`` are ``lam·scale``, which can lie beyond float64's range
+    where ``lam`` does not."""
+    scale = _power_of_two_scale(a, floor)
+    b = a / scale
+    lam, q = np.linalg.eigh((b + np.swapaxes(b, -1, -2)) / 2)
+    return lam, q, scale[..., 0]
 
 
 def _eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Float64 eigendecomposition of the symmetric part, safe at any scale."""
-    scale = _power_of_two_scale(a)
-    b = a / scale
-    lam, q = np.linalg.eigh((b + np.swapaxes(b, -1, -2)) / 2)
-    return lam * scale[..., 0], q
+    lam, q, scale = _scaled_eigh(a)
+    return lam * scale, q
 
 
 def _function_of(lam, q, values) -> np.ndarray:
@@ -66,9 +78,11 @@ def oracle_inv_root(a, p: float, eps: float = 0.0) -> np.ndarray:
 
     Indefinite or singular matrices give NaN or Inf, as they have no real inverse root.
     """
-    lam, q = _eigh(host_float64(a))
+    lam, q, scale = _scaled_eigh(host_float64(a), eps)
+    # Scaled, so that a spectrum beyond float64's range (entries near its largest
+    # number) still has a root in range.
     with np.errstate(invalid="ignore", divide="ignore"):
-        return _function_of(lam, q, (lam + eps) ** (-1.0 / p))
+        return _function_of(lam, q, (lam + eps / scale) ** (-1.0 / p) * scale ** (-1.0 / p))
 
 
 def relative_error(x, ref) -> np.ndarray:
