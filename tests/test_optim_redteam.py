@@ -12,6 +12,9 @@ jnp = pytest.importorskip("jax.numpy")
 optax = pytest.importorskip("optax")
 from matroot.optim.optax import muon, shampoo  # noqa: E402
 
+#: float32's machine epsilon (twice its unit roundoff), for tolerances.
+F32_EPS = float(np.finfo(np.float32).eps)
+
 #: Small and quick: roots every other step, by a matmul-only method.
 QUICK = dict(precondition_frequency=2, root_method="newton_db")
 
@@ -139,11 +142,13 @@ def test_optax_muon_use_muon_tree_inside_optax_masked():
     assert state.inner_state[0].exp_avg_sq == [None, None]     # both kernels: Muon
     grads = jax.tree_util.tree_map(jnp.ones_like, params)
     updates, _ = opt.update(grads, state, params)
-    # A Muon direction of a rank-one gradient is ±scale·(one singular pair): its
-    # singular values are 0 but one; AdamW's first step would be lr·sign(g), all -lr.
-    s = np.linalg.svd(np.asarray(updates["dense"]["kernel"]), compute_uv=False)
-    assert s[1] < 1e-3 * s[0]
-    assert not np.allclose(np.asarray(updates["dense"]["kernel"]), -1e-2)
+    # An all-ones m×n gradient's polar factor is 1/√(mn) everywhere, times the shape
+    # scale √max(1, m/n); Polar Express's 4 steps land the singular value in
+    # [0.8, 1.2]. AdamW's first step would be -lr everywhere.
+    m, n = params["dense"]["kernel"].shape
+    muon_entry = 1e-2 * np.sqrt(max(1.0, m / n)) / np.sqrt(m * n)
+    kernel_update = -np.asarray(updates["dense"]["kernel"])
+    assert np.all(kernel_update >= 0.8 * muon_entry) and np.all(kernel_update <= 1.2 * muon_entry)
 
 
 def test_optax_muon_use_muon_may_be_a_prefix_tree_and_a_wrong_one_is_named():
@@ -164,7 +169,8 @@ def test_optax_inject_hyperparams_schedules_shampoos_learning_rate():
     updates, state = injected.update(grads, injected.init(params), params)
     plain = shampoo(0.5, eps=1e-6, **NO_REFRESH)
     expected, _ = plain.update(grads, plain.init(params), params)
-    np.testing.assert_allclose(updates["w"], expected["w"], rtol=1e-6)
+    # eps = 1e-6 comes back rounded to float32 from the injected state: a few roundings.
+    np.testing.assert_allclose(updates["w"], expected["w"], rtol=16 * F32_EPS)
     assert float(state.hyperparams["learning_rate"]) == 0.5
 
 
@@ -185,7 +191,8 @@ def test_optax_inject_hyperparams_takes_shampoos_weight_decay_under_jit():
     updates, _ = jax.jit(injected.update)(grads, injected.init(params), params)
     plain = shampoo(0.1, weight_decay=0.3, **NO_REFRESH)
     expected, _ = plain.update(grads, plain.init(params), params)
-    np.testing.assert_allclose(updates["w"], expected["w"], rtol=1e-6)
+    # jit against eager: float32 arithmetic fused and ordered differently.
+    np.testing.assert_allclose(updates["w"], expected["w"], rtol=16 * F32_EPS)
 
 
 def test_optax_inject_hyperparams_schedules_muons_learning_rate_and_decay_under_jit():
@@ -202,7 +209,7 @@ def test_optax_inject_hyperparams_schedules_muons_learning_rate_and_decay_under_
     step = jax.jit(injected.update)
     # μ = 0.9 in float32 against a Python float, jit against eager: float32 rounding,
     # amplified by the polar factor up to the gradient's condition number.
-    rtol = 100 * np.finfo(np.float32).eps * np.linalg.cond(np.asarray(grads["w"]))
+    rtol = 100 * F32_EPS * np.linalg.cond(np.asarray(grads["w"]))
     for _ in range(2):
         updates, state = step(grads, state, params)
         expected, plain_state = plain.update(grads, plain_state, params)
