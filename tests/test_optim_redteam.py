@@ -379,3 +379,14 @@ def test_sharded_shampoo_refuses_ranks_that_hold_other_models(tmp_path):
         assert "different values" in result["per_rank"]
         assert "distributed=None" in result["per_rank"]
         assert result["replica"] == "stepped"
+
+
+def test_muon_says_to_initialise_lazy_modules_first():
+    """Lazy modules' parameters have no shape until a forward pass; Muon's split by
+    shape failed with torch's "Can't access the shape of an uninitialized parameter"
+    (which speaks of load_state_dict)."""
+    model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.LazyLinear(2))
+    with pytest.raises(ValueError, match="forward pass to initialise lazy modules"):
+        Muon(model.parameters())
+    model(torch.ones(1, 5))
+    Muon(model.parameters())

@@ -44,6 +44,11 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
         # would give its rows).
         members = ([entry["params"]] if isinstance(entry["params"], torch.Tensor)
                    else list(entry["params"]))
+        if any(isinstance(p[1] if isinstance(p, tuple) else p,
+                          torch.nn.parameter.UninitializedParameter) for p in members):
+            raise ValueError("Muon splits parameters by shape when it is made: run one "
+                             "forward pass to initialise lazy modules (LazyLinear, ...) "
+                             "before making the optimizer")
         if "use_muon" in options:
             for p in members:
                 name, tensor = p if isinstance(p, tuple) else (None, p)
