@@ -175,3 +175,29 @@ def test_muon_says_to_initialise_lazy_modules_first():
         Muon(model.parameters())
     model(torch.ones(1, 5))
     Muon(model.parameters())
+
+
+@pytest.mark.compile
+def test_compiled_muon_step_does_not_recompile_when_a_scheduler_changes_lr():
+    """``torch.compile(opt.step)`` with ``OneCycleLR``: Muon read ``lr`` and
+    ``momentum`` from the groups inside the graph and passed ``lr`` as ``mul_`` /
+    ``add_`` scalars, which torch.compile guards on, so every step recompiled until
+    the recompile limit sent the step back to eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    opt = Muon(model.named_parameters())
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.02, 1e-3], total_steps=20)
+    step = torch.compile(opt.step)
+    # Steps 1-3 compile (each shape, then lr, step counts and μ made dynamic).
+    for k in range(8):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        with torch._dynamo.config.patch(error_on_recompile=k >= 3):
+            step()
+        scheduler.step()
+    assert opt.param_groups[0]["momentum"] < 0.95       # μ cycled too
