@@ -136,12 +136,11 @@ class Muon(torch.optim.Optimizer):
         prepared = self._prepare_step()
         if prepared is None:
             return loss
-        members, states, steps, lrs, decays, momenta, betas = prepared
+        members, states, steps, use_muon, lrs, decays, momenta, betas = prepared
         core_state = MuonState([s["momentum_buffer"] for s in states],
                                [s.get("exp_avg_sq") for s in states], steps)
-        directions, new = muon_directions(
-            [p.grad for p in members], core_state, [s.get("exp_avg_sq") is None for s in states],
-            self.config, momentum=momenta, betas=betas)
+        directions, new = muon_directions([p.grad for p in members], core_state, use_muon,
+                                          self.config, momentum=momenta, betas=betas)
         for p, state, direction, i in zip(members, states, directions, range(len(members))):
             state["step"] = new.steps[i]
             state["momentum_buffer"].copy_(new.momentum[i])
@@ -176,7 +175,8 @@ class Muon(torch.optim.Optimizer):
         # State dicts saved before groups carried momentum and betas lack them.
         return ([p for p, _ in pairs], [self.state[p] for p, _ in pairs],
                 [int(self.state[p]["step"]) for p, _ in pairs],
-                [float(g["lr"]) for g in groups], [float(g["weight_decay"]) for g in groups],
+                [bool(g["use_muon"]) for g in groups], [float(g["lr"]) for g in groups],
+                [float(g["weight_decay"]) for g in groups],
                 [float(g.get("momentum", self.config.momentum)) for g in groups],
                 [tuple(g.get("betas", self.config.betas)) for g in groups])
 
