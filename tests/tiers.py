@@ -71,6 +71,8 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
     ("tests/test_torch_compile.py::*", "torch.compile traces and compiles"),
     ("tests/test_fsdp.py::*", "spawns gloo process groups (FSDP2, DCP)"),
     ("tests/test_distributed.py::*ranks]", "spawns a gloo process group"),
+    ("tests/test_optim_redteam.py::test_sharded_shampoo_refuses_ranks_that_hold_other_models",
+     "spawns a gloo process group"),
     ("tests/test_jax_watchdog.py::test_jitted_solves_finish_under_a_watchdog",
      "100 jitted solves in a subprocess"),
     ("tests/test_optax.py::test_shampoo_under_jit_beats_adamw_on_digits", "trains a model"),

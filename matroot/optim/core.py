@@ -175,6 +175,11 @@ def init(params, config: ShampooConfig, *, plan: BlockPlan | None = None,
     )
 
 
+#: The error of an update with weight decay but no parameters.
+DECAY_NEEDS_PARAMS = ("weight decay reads the parameters: pass them to update "
+                      "(update(grads, state, params)), or set weight_decay=0")
+
+
 def _per_param(value, default, count, name):
     if value is None:
         value = default
@@ -265,8 +270,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     lrs = _per_param(lr, config.lr, count, "lr")
     decays = _per_param(weight_decay, config.weight_decay, count, "weight_decay")
     if params is None and any(decays):
-        raise ValueError("weight decay reads the parameters: pass them to update "
-                         "(update(grads, state, params)), or set weight_decay=0")
+        raise ValueError(DECAY_NEEDS_PARAMS)
     params = [None] * count if params is None else list(params)
     present = [g is not None for g in grads]
 

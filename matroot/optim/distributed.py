@@ -25,6 +25,7 @@ device, so gloo works on CPU tensors and NCCL on CUDA tensors.
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,7 @@ __all__ = [
     "BlockSharding",
     "resolve_process_group",
     "agree_on_gradients",
+    "agree_on_parameters",
     "GradientMismatchError",
     "check_shard",
     "slot_map",
@@ -111,6 +113,48 @@ def _check_device(group, device: torch.device) -> None:
     if dist.get_backend(group) == "nccl" and device.type != "cuda":
         raise ValueError("the process group runs NCCL, which needs CUDA tensors, but the "
                          f"parameters are on {device}; use gloo for CPU parameters")
+
+
+def agree_on_parameters(params, group, is_split) -> None:
+    """Refuse to shard over ranks that hold different models, on every rank alike.
+
+    Sharding splits the block work of *one* model over its data-parallel
+    replicas. Ranks with parameters of other shapes (pipeline or tensor parallel
+    stages) would enter collectives of other sizes and crash or hang; ranks with
+    other values (per-rank models, expert parallelism) would silently take each
+    other's updates. One all-gather of three numbers per rank, when parameters get
+    their stacks (the first step, after ``add_param_group``): the shapes' and
+    dtypes' checksum and a weighted float64 sum of the values (of parameters that
+    ``is_split(p)`` says are split between ranks, such as FSDP's, the shapes only).
+
+    Raises
+    ------
+    ValueError
+        On every rank, naming what differs and ``distributed=None``.
+    """
+    device = params[0].device
+    _check_device(group, device)
+    layout = repr([(tuple(p.shape), str(p.dtype)) for p in params]).encode()
+    values = sum((i + 1) * torch.nan_to_num(p.detach().double()).sum()
+                 for i, p in enumerate(params) if not is_split(p))
+    mine = torch.stack([torch.tensor(float(len(params)), dtype=torch.float64, device=device),
+                        torch.tensor(float(zlib.crc32(layout)), dtype=torch.float64,
+                                     device=device),
+                        torch.as_tensor(values, dtype=torch.float64, device=device)])
+    world = dist.get_world_size(group)
+    everyone = torch.empty(3 * world, dtype=torch.float64, device=device)
+    _all_gather(everyone, mine, group)
+    rows = everyone.reshape(world, 3).tolist()
+    advice = ("sharded Shampoo (distributed='auto') splits one model's blocks over "
+              "data-parallel replicas; for pipeline, tensor or expert parallelism or "
+              "per-rank models pass distributed=None, or a process group of replicas")
+    if any(row[:2] != rows[0][:2] for row in rows):
+        raise ValueError("the ranks hold parameters of different shapes or dtypes "
+                         f"(counts {[int(row[0]) for row in rows]}): " + advice)
+    if any(row[2] != rows[0][2] for row in rows):
+        raise ValueError("the ranks' parameters have different values at their first "
+                         "step (DDP makes them equal; without it, seed every rank alike): "
+                         + advice)
 
 
 def agree_on_gradients(grads, group, device):

@@ -173,6 +173,9 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig) -> dict[int, Any
     out = {}
     for (m, n, _), members in groups.items():
         xp = _xp.array_namespace(inputs[members[0]])
+        if m * n == 0:      # an empty matrix (a zero-width layer) has an empty factor
+            out.update({i: xp.zeros_like(inputs[i]) for i in members})
+            continue
         stacks = [xp.reshape(inputs[i], matrix_stack_shape(inputs[i].shape))
                   for i in members]
         stack = stacks[0] if len(stacks) == 1 else xp.concat(stacks, axis=0)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .. import _xp
 from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
 from .optax_keywords import host_values, with_keywords
 
@@ -72,7 +73,11 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
     **config
         :class:`~matroot.optim.muon.MuonConfig` fields.
     """
-    settings = MuonConfig(**host_values("scale_by_muon", config))
+    config = host_values("scale_by_muon", config, traced_ok=("momentum",))
+    # An injected μ (optax.inject_hyperparams under jit: a momentum warm-up) is an
+    # array the core applies as it is; the config keeps its default.
+    momentum = config.pop("momentum") if _xp.is_traced(config.get("momentum")) else None
+    settings = MuonConfig(**config)
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
@@ -82,9 +87,13 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
+        # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
+        state = jax.tree_util.tree_map(jnp.asarray, state)
         muon = _muon_leaves(updates, use_muon)
         core = MuonState(state.momentum, state.exp_avg_sq, [state.count] * len(leaves))
-        directions, new = muon_directions(leaves, core, muon, settings)
+        directions, new = muon_directions(
+            leaves, core, muon, settings,
+            momentum=None if momentum is None else [momentum] * len(leaves))
         directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
         return (treedef.unflatten(directions),
                 MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq))
@@ -132,7 +141,7 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
     decay = [] if no_decay else [optax.add_decayed_weights(weight_decay)]
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
-                                     **host_values("muon", config)),
+                                     **host_values("muon", config, traced_ok=("momentum",))),
                        *decay, optax.scale_by_learning_rate(learning_rate))
 
 

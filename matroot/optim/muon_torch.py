@@ -44,6 +44,11 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
         # would give its rows).
         members = ([entry["params"]] if isinstance(entry["params"], torch.Tensor)
                    else list(entry["params"]))
+        if any(isinstance(p[1] if isinstance(p, tuple) else p,
+                          torch.nn.parameter.UninitializedParameter) for p in members):
+            raise ValueError("Muon splits parameters by shape when it is made: run one "
+                             "forward pass to initialise lazy modules (LazyLinear, ...) "
+                             "before making the optimizer")
         if "use_muon" in options:
             for p in members:
                 name, tensor = p if isinstance(p, tuple) else (None, p)
@@ -128,38 +133,52 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        members = [(p, group) for group in self.param_groups for p in group["params"]
-                   if p.grad is not None]
-        if any(p.grad.is_sparse for p, _ in members):
+        prepared = self._prepare_step()
+        if prepared is None:
+            return loss
+        members, states, steps, use_muon, lrs, decays, momenta, betas = prepared
+        core_state = MuonState([s["momentum_buffer"] for s in states],
+                               [s.get("exp_avg_sq") for s in states], steps)
+        directions, new = muon_directions([p.grad for p in members], core_state, use_muon,
+                                          self.config, momentum=momenta, betas=betas)
+        for p, state, direction, i in zip(members, states, directions, range(len(members))):
+            state["step"] = new.steps[i]
+            state["momentum_buffer"].copy_(new.momentum[i])
+            if new.exp_avg_sq[i] is not None:
+                state["exp_avg_sq"].copy_(new.exp_avg_sq[i])
+            # As a tensor expression (not mul_'s or add_'s scalar arguments, which
+            # torch.compile specializes on) so that a new lr does not recompile.
+            p.add_(direction.to(p.dtype) * -lrs[i] - p * (lrs[i] * decays[i]))
+        return loss
+
+    @torch.compiler.disable
+    def _prepare_step(self):
+        """The host side of a step, eager even inside ``torch.compile``: the parameters
+        with gradients, their state (made at the first gradient), step counts and group
+        values. Returned rather than read in the compiled part, so that a scheduler's
+        new lr or momentum is an input of the graph, not a guard that recompiles it."""
+        pairs = [(p, group) for group in self.param_groups for p in group["params"]
+                 if p.grad is not None]
+        if any(p.grad.is_sparse for p, _ in pairs):
             raise TypeError("Muon does not support sparse gradients (an Embedding made with "
                             "sparse=True): make it dense, or give it to a sparse optimizer")
-        if not members:
-            return loss
-        for p, group in members:
+        if not pairs:
+            return None
+        for p, group in pairs:
             state = self.state[p]
             if not state:
                 state["step"] = 0
                 state["momentum_buffer"] = torch.zeros_like(p)
                 if not group["use_muon"]:
                     state["exp_avg_sq"] = torch.zeros_like(p)
-        states = [self.state[p] for p, _ in members]
-        core_state = MuonState([s["momentum_buffer"] for s in states],
-                               [s.get("exp_avg_sq") for s in states],
-                               [int(s["step"]) for s in states])
+        groups = [group for _, group in pairs]
         # State dicts saved before groups carried momentum and betas lack them.
-        directions, new = muon_directions(
-            [p.grad for p, _ in members], core_state, [g["use_muon"] for _, g in members],
-            self.config, momentum=[g.get("momentum", self.config.momentum) for _, g in members],
-            betas=[g.get("betas", self.config.betas) for _, g in members])
-        for (p, group), state, direction, i in zip(members, states, directions,
-                                                   range(len(members))):
-            state["step"] = new.steps[i]
-            state["momentum_buffer"].copy_(new.momentum[i])
-            if new.exp_avg_sq[i] is not None:
-                state["exp_avg_sq"].copy_(new.exp_avg_sq[i])
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-            p.add_(direction.to(p.dtype), alpha=-group["lr"])
-        return loss
+        return ([p for p, _ in pairs], [self.state[p] for p, _ in pairs],
+                [int(self.state[p]["step"]) for p, _ in pairs],
+                [bool(g["use_muon"]) for g in groups], [float(g["lr"]) for g in groups],
+                [float(g["weight_decay"]) for g in groups],
+                [float(g.get("momentum", self.config.momentum)) for g in groups],
+                [tuple(g.get("betas", self.config.betas)) for g in groups])
 
     def __repr__(self) -> str:
         options = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}"

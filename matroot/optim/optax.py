@@ -45,10 +45,22 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
     -------
     optax.GradientTransformation
     """
-    hyperparameters = host_values("scale_by_shampoo", hyperparameters)
+    hyperparameters = host_values("scale_by_shampoo", hyperparameters,
+                                  traced_ok=("weight_decay",))
     if "lr" in hyperparameters:
         raise ValueError("scale_by_shampoo takes no lr: chain it with "
                          "optax.scale_by_learning_rate (matroot.optim.optax.shampoo does)")
+    # A traced decay (optax.inject_hyperparams under jax.jit) is added here, outside the
+    # config: decoupled, it is the same sum the core would form.
+    traced_decay = hyperparameters.get("weight_decay")
+    if not _xp.is_traced(traced_decay):
+        traced_decay = None
+    elif hyperparameters.get("weight_decay_type", "decoupled") != "decoupled":
+        raise TypeError("an injected weight_decay is added outside the preconditioner, so "
+                        "it needs weight_decay_type='decoupled'; with 'l2' name it in "
+                        "inject_hyperparams(..., static_args=('weight_decay',))")
+    else:
+        hyperparameters["weight_decay"] = 0.0
     config = core.ShampooConfig(lr=1.0, **hyperparameters)
     plans: dict = {}
 
@@ -83,17 +95,28 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
         leaves, treedef = jax.tree_util.tree_flatten(updates)
         if not leaves:
             return updates, state
+        # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
+        state = jax.tree_util.tree_map(jnp.asarray, state)
         param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
         # A traced step cannot raise, so there NaN/Inf gradients skip the step on the
         # device (counted in skipped_steps) whatever the policy; eagerly "raise" raises.
         # (A scan's carried state is traced even where its gradients are constants.)
         raises = config.nonfinite_grads == "raise" and not any(
             _xp.is_traced(x) for x in [state.step, *leaves])
+        step_before = state.step
         # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
         directions, state = core.update(
             leaves, state, param_leaves, config, check_grads=raises,
             finite=None if raises else core.all_finite(leaves))
-        return treedef.unflatten([-d for d in directions]), state
+        directions = [-d for d in directions]
+        if traced_decay is not None:
+            if param_leaves is None:
+                raise ValueError(core.DECAY_NEEDS_PARAMS)
+            # A skipped step (NaN/Inf gradients) stays a zero update.
+            taken = state.step != step_before
+            directions = [d + jnp.where(taken, traced_decay, 0.0) * p.astype(d.dtype)
+                          for d, p in zip(directions, param_leaves)]
+        return treedef.unflatten(directions), state
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -133,7 +156,8 @@ def shampoo(learning_rate, **hyperparameters) -> optax.GradientTransformation:
     >>> bool(loss(params) < 12.0), int(state[1][0].root_refreshes)
     (True, 2)
     """
-    return optax.chain(scale_by_shampoo(**host_values("shampoo", hyperparameters)),
+    return optax.chain(scale_by_shampoo(**host_values("shampoo", hyperparameters,
+                                                     traced_ok=("weight_decay",))),
                        optax.scale_by_learning_rate(learning_rate))
 
 

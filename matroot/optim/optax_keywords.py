@@ -48,9 +48,11 @@ def with_keywords(factory: Callable, names: Iterable[str]) -> Callable:
     return factory
 
 
-def host_values(factory_name: str, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+def host_values(factory_name: str, hyperparameters: dict[str, Any], *,
+                traced_ok: tuple[str, ...] = ()) -> dict[str, Any]:
     """The config keywords among ``hyperparameters``: markers dropped, and the 0-d arrays
-    ``inject_hyperparams`` made of numbers turned back into Python numbers.
+    ``inject_hyperparams`` made of numbers turned back into Python numbers (those named
+    in ``traced_ok``, which the factory applies as arrays, left traced).
 
     Raises
     ------
@@ -69,6 +71,9 @@ def host_values(factory_name: str, hyperparameters: dict[str, Any]) -> dict[str,
         if value is CONFIG_DEFAULT:
             continue
         if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+            if _xp.is_traced(value) and name in traced_ok:
+                out[name] = value
+                continue
             if _xp.is_traced(value):
                 raise TypeError(
                     f"{factory_name}'s {name} shapes the compiled step and cannot be an "

@@ -36,9 +36,10 @@ import torch.distributed as dist
 
 from . import core
 from .config import PER_PARAMETER
-from .distributed import BlockSharding, agree_on_gradients, resolve_process_group
+from .distributed import (BlockSharding, agree_on_gradients, agree_on_parameters,
+                          resolve_process_group)
 from .dtensor import add_to_local, is_dtensor, local_view, whole
-from .torch_state import ShampooStateDict, _Family, update_dtypes
+from .torch_state import ShampooStateDict, _Family, host_number, update_dtypes
 
 __all__ = ["Shampoo"]
 
@@ -55,15 +56,6 @@ def _hashable(value):
         return (type(value).__name__,) + tuple(_hashable(v) for v in value)
     if isinstance(value, torch.Tensor):
         return ("tensor", id(value), value._version)
-    return value
-
-
-def _host_number(value):
-    """A one-element tensor hyperparameter as the Python number the config validates
-    (torch's optimizers take ``lr=torch.tensor(...)``, and schedulers then ``fill_``
-    it); any other value as it is. One host read where the tensor is on a device."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
     return value
 
 
@@ -138,7 +130,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                  distributed: str | dist.ProcessGroup | None = "auto",
                  graft_only: Callable[[torch.Tensor], bool] | None = None,
                  **hyperparameters: Any) -> None:
-        config = core.ShampooConfig(**{k: _host_number(v) for k, v in hyperparameters.items()})
+        config = core.ShampooConfig(**{k: host_number(v) for k, v in hyperparameters.items()})
         defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
         # A tensor stays one in the groups, as torch's optimizers keep it.
         defaults.update({k: v for k, v in hyperparameters.items() if torch.is_tensor(v)})
@@ -168,7 +160,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         cache = self.__dict__.setdefault("_configs", {})
         entry = cache.get(id(group))
         if entry is None or entry[0] != key:
-            config = core.ShampooConfig(**{name: _host_number(value)
+            config = core.ShampooConfig(**{name: host_number(value)
                                            for name, value in zip(_CONFIG_FIELDS, values)})
             entry = cache[id(group)] = (key, config, self._shared(config))
         return entry[1], entry[2]
@@ -225,6 +217,9 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                         break
                 else:
                     pending.append((shared, p.device, [p], [self._policy(p, group)]))
+        if pending and self._process_group is not None:
+            agree_on_parameters([p for _, _, members, _ in pending for p in members],
+                                self._process_group, is_dtensor)
         for config, _, members, policies in pending:
             plan = core.make_plan([p.detach() for p in members], config, policies=policies)
             self._families.append(self._new_family(members, config, plan))
@@ -360,8 +355,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 family.config = config
             groups = [group_of[id(p)] for p in family.params]
             family.schedule_step += 1
-            jobs.append(_Job(family.config, [_host_number(g["lr"]) for g in groups],
-                             [_host_number(g["weight_decay"]) for g in groups],
+            jobs.append(_Job(family.config, [host_number(g["lr"]) for g in groups],
+                             [host_number(g["weight_decay"]) for g in groups],
                              family.config.schedule_at(family.schedule_step)))
         return (jobs if any(jobs) else None), grads, check_on_device
 

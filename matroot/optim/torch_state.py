@@ -28,7 +28,7 @@ from .distributed import BlockSharding, check_shard, resolve_process_group
 from .preconditioner import factor_shape
 from .rank_part import MOMENT_KEYS, kept_piece, own_part
 
-__all__ = ["STEP_DTYPE", "ShampooStateDict"]
+__all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number"]
 
 #: dtype of the per-parameter ``step`` tensors (bias corrections in float64).
 STEP_DTYPE = torch.float64
@@ -47,6 +47,16 @@ def _step_tensor(value, device) -> torch.Tensor:
     """A per-parameter step count (an int from an older state dict, or a tensor) as
     a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
     return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
+
+
+def host_number(value):
+    """A one-element tensor hyperparameter of a group as the Python number the config
+    validates (torch's optimizers take ``lr=torch.tensor(...)``, and schedulers then
+    ``fill_`` it); any other value as it is. One host read where the tensor is on a
+    device."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
 
 
 def update_dtypes(params) -> list[str]:
