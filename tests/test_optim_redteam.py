@@ -39,6 +39,15 @@ def test_shampoo_takes_a_tensor_learning_rate_as_torch_optimizers_do():
     assert torch.equal(first.weight, second.weight)
 
 
+@pytest.mark.parametrize("keyword,says", [("fused", "leave it out"), ("foreach", "leave it out"),
+                                          ("epsilon", "did you mean 'eps'")])
+def test_shampoo_names_an_option_it_does_not_have_and_the_fix(keyword, says):
+    """Scripts swap AdamW(..., fused=True) or a misspelt option for Shampoo."""
+    layer = torch.nn.Linear(4, 3)
+    with pytest.raises(TypeError, match=f"no option '{keyword}'.*{says}"):
+        Shampoo(layer.parameters(), lr=1e-3, **{keyword: True})
+
+
 def test_muon_names_sparse_gradients_and_complex_parameters():
     """A sparse embedding gradient failed inside the moment update with torch's
     "add(sparse, dense) is not supported"; a complex matrix failed in the polar

@@ -7,9 +7,10 @@ read them from this class.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .option_groups import (
     GRAFTING,
@@ -34,6 +35,7 @@ __all__ = [
     "WEIGHT_DECAY_TYPES",
     "ROOT_STORAGE_DTYPES",
     "PER_PARAMETER",
+    "check_keywords",
 ]
 
 #: What ``update`` does with a NaN or Inf gradient.
@@ -294,3 +296,35 @@ class ShampooConfig:
         """Whether the inverse roots are recomputed at (1-based) ``step`` (an int, or
         a 0-d integer array giving a boolean array)."""
         return self.root_solve.refreshes_roots_at(step)
+
+
+#: torch optimizers' implementation switches and Adam's variants, which scripts pass
+#: when they swap an optimizer for Shampoo; none has a meaning here.
+_OTHER_OPTIMIZERS_KEYWORDS = ("foreach", "fused", "capturable", "differentiable",
+                              "maximize", "amsgrad", "nesterov", "dampening")
+
+
+def check_keywords(names, where: str = "Shampoo") -> None:
+    """Raise a TypeError naming each of ``names`` that is not a :class:`ShampooConfig`
+    field, with the nearest field name or, for another optimizer's switch, the fix.
+
+    Examples
+    --------
+    >>> check_keywords(["lr", "betas"])
+    >>> check_keywords(["epsilon"])
+    Traceback (most recent call last):
+    ...
+    TypeError: Shampoo has no option 'epsilon' (did you mean 'eps'?)
+    """
+    known = [f.name for f in fields(ShampooConfig)]
+    for name in names:
+        if name in known:
+            continue
+        if name in _OTHER_OPTIMIZERS_KEYWORDS:
+            hint = "another optimizer's implementation or variant switch: leave it out"
+        else:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = (f"did you mean {close[0]!r}?" if close else
+                    "see ShampooConfig for the options")
+        raise TypeError(f"{where} has no option {name!r} ({hint})")
+

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import core
-from .config import PER_PARAMETER
+from .config import PER_PARAMETER, check_keywords
 from .distributed import (BlockSharding, agree_on_gradients, agree_on_parameters,
                           resolve_process_group)
 from .dtensor import add_to_local, is_dtensor, local_view, whole
@@ -130,6 +130,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                  distributed: str | dist.ProcessGroup | None = "auto",
                  graft_only: Callable[[torch.Tensor], bool] | None = None,
                  **hyperparameters: Any) -> None:
+        check_keywords(hyperparameters)
         config = core.ShampooConfig(**{k: host_number(v) for k, v in hyperparameters.items()})
         defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
         # A tensor stays one in the groups, as torch's optimizers keep it.
