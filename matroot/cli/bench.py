@@ -8,6 +8,7 @@ never into the installed package, and never into the repository's committed
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -94,8 +95,8 @@ def solvers_config(args):
             at_least(value, 1, option)
     at_least(args.repeats, 1, "--repeats")
     at_least(args.threads, 0, "--threads")
-    if args.kappa is not None and not args.kappa >= 1:
-        raise UsageError(f"--kappa must be >= 1, got {args.kappa:g}")
+    if args.kappa is not None and not 1 <= args.kappa < math.inf:
+        raise UsageError(f"--kappa must be a finite number >= 1, got {args.kappa:g}")
     if args.sizes:
         changes["sizes"] = tuple(args.sizes)
         changes["batches"] = {n: tuple(args.batch) if args.batch else base.batches_for(n)
@@ -267,27 +268,40 @@ def _print_and_save(report: dict, table: str, out) -> int:
 
 
 # ---------------------------------------------------------------------- plots, report
-def _results(args) -> tuple[Path, Path]:
+def _results(args) -> tuple[dict, Path]:
+    """The solver benchmark's document named on the command line, and the output folder."""
+    from matroot.bench.solvers import SCHEMA
+
     path = Path(args.results)
     if not path.is_file():
         raise UsageError(f"no such results file: {path}")
-    return path, writable_dir(args.out or str(path.parent), "--out")
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, OSError) as err:
+        raise UsageError(f"{path} is not a readable JSON file ({err})") from None
+    # Anything else would draw nothing and still exit 0.
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise UsageError(f"{path} is not a solver benchmark's results (schema {found!r}, "
+                         f"expected {SCHEMA!r}): give the solvers.json that "
+                         "`matroot bench solvers` wrote")
+    return doc, writable_dir(args.out or str(path.parent), "--out")
 
 
 def _run_plots(args) -> int:
-    path, out = _results(args)
+    doc, out = _results(args)
     require_module(*_MATPLOTLIB)
     from matroot.bench.plots import make_plots
 
-    for png in make_plots(path, out):
+    for png in make_plots(doc, out):
         print(f"wrote {png}")
     return 0
 
 
 def _run_report(args) -> int:
-    path, out = _results(args)
+    doc, out = _results(args)
     from matroot.bench.report import write_summaries
 
-    for written in write_summaries(json.loads(path.read_text()), out):
+    for written in write_summaries(doc, out):
         print(f"wrote {written}")
     return 0

@@ -6,6 +6,7 @@ options, applies the thread policy, shows progress and writes the outputs.
 
 from __future__ import annotations
 
+import math
 import time
 
 from matroot.bench.config import all_methods
@@ -64,11 +65,11 @@ def _checked(args) -> dict:
     for name, value in options.items():
         at_least(value, 1, f"--{name}")
     at_least(args.threads, 0, "--threads")
-    if not args.p > 0:
-        raise UsageError(f"--p must be > 0, got {args.p:g}")
-    if not args.eps > 0:
-        raise UsageError(f"--eps must be > 0 (the factors are singular without a ridge), "
-                         f"got {args.eps:g}")
+    if not 0 < args.p < math.inf:
+        raise UsageError(f"--p must be a finite number > 0, got {args.p:g}")
+    if not 0 < args.eps < math.inf:
+        raise UsageError(f"--eps must be a finite number > 0 (the factors are singular "
+                         f"without a ridge), got {args.eps:g}")
     methods = names(args.method)
     unknown = [m for m in methods or () if m not in all_methods()]
     if unknown:

@@ -40,6 +40,7 @@ from .spectra import FAMILIES
 from .strategies import safe_exponent_range, spd_stacks
 from .tolerances import (
     accuracy_tolerance,
+    dtype_name,
     assert_inv_root_close,
     assert_per_matrix,
     case_tolerances,
@@ -68,7 +69,12 @@ class _Grader:
         return case_tolerances(case, p, self.method, self.rtol)
 
     def namespace(self, case, p, data):
+        before = host_float64(case.a)
         root = self.solver(case.a, p, case.eps)
+        # The same values read twice: bitwise equality is what "left alone" means.
+        assert np.array_equal(host_float64(case.a), before, equal_nan=True), (
+            "the solver changed its input a in place (or returned a view it then wrote "
+            "to); work on a copy")
         got = (type(root).__module__, tuple(root.shape), str(root.dtype))
         want = (type(case.a).__module__, tuple(case.a.shape), str(case.a.dtype))
         assert got == want, f"result (module, shape, dtype) {got} != input's {want}"
@@ -77,6 +83,7 @@ class _Grader:
             f"result on device {device_of(root)}, input on {device_of(case.a)}")
 
     def symmetric(self, case, p, data):
+        case = _fitted(case, p)
         root = host_float64(self.solver(case.a, p, case.eps))
         # A non-finite root is the accuracy property's finding, reported there.
         asymmetry = np.where(np.isfinite(root).all(axis=(-2, -1)),
@@ -84,17 +91,15 @@ class _Grader:
         assert_per_matrix(asymmetry, self.tolerances(case, p), case, "‖X − Xᵀ‖/‖X‖")
 
     def accuracy(self, case, p, data):
+        case = _fitted(case, p)
         assert_inv_root_close(self.solver(case.a, p, case.eps), case, p, rtol=self.rtol,
                               method=self.method)
 
     extreme_scale = accuracy
 
     def scale_covariance(self, case, p, data):
-        low, high = safe_exponent_range(case.dtype, 1.0)
-        top = np.log2(case.lam[..., -1].max() + case.eps)
-        bottom = np.log2((case.lam[..., 0] + case.eps).min())
-        k = data.draw(st.integers(int(np.ceil(low - bottom)), int(np.floor(high - top))),
-                      label="c = 2**k, k")
+        case = _fitted(case, p)
+        k = data.draw(st.integers(*_scale_exponents(case, p)), label="c = 2**k, k")
         c = 2.0 ** k
         base = host_float64(self.solver(case.a, p, case.eps))
         scaled = self.solver(case.a * c, p, case.eps * c)
@@ -103,6 +108,7 @@ class _Grader:
                           f"f(c·A) vs c^(-1/p)·f(A) with c = 2**{k}, p={p:g}")
 
     def orthogonal_equivariance(self, case, p, data):
+        case = _fitted(case, p)
         q = random_orthogonal(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1),
                                                               label="seed of Q")), (), case.n)
         rotated = q @ host_float64(case.a) @ q.T
@@ -117,8 +123,10 @@ class _Grader:
 
     def batch_independence(self, case, p, data):
         # Neighbours of very different scales expose solvers that share one scaling.
+        case = _fitted(case, p)
         exponents = np.array(data.draw(st.lists(
-            st.integers(-_NEIGHBOUR_EXPONENT, _NEIGHBOUR_EXPONENT), min_size=3, max_size=3),
+            st.integers(*_scale_exponents(case, p, _NEIGHBOUR_EXPONENT)), min_size=3,
+            max_size=3),
             label="neighbour scales 2**k"))
         values = host_float64(case.a) * np.exp2(exponents)[:, None, None]
         stack = case.asarray(values)
@@ -129,6 +137,7 @@ class _Grader:
                           f"one matrix solved in a batch vs alone, p={p:g}")
 
     def nan_isolation(self, case, p, data):
+        case = _fitted(case, p)
         bad = data.draw(st.integers(0, 2), label="NaN matrix")
         values = host_float64(case.a)
         values[bad] = np.nan
@@ -138,6 +147,44 @@ class _Grader:
         errors[bad] = 0.0
         assert_per_matrix(errors, self.tolerances(case, p), case,
                           f"neighbours of a NaN matrix (index {bad}) vs a clean batch, p={p:g}")
+
+
+def _exponent_window(dtype: str, p: float) -> tuple[float, float]:
+    """Exponents (base 2) of eigenvalues of A + eps·I that keep both A and A^(-1/p)
+    well inside ``dtype``: for p < 1 the root spreads A's exponents by 1/p."""
+    low, high = safe_exponent_range(dtype, 1.0)
+    return max(low, -high * p), min(high, -low * p)
+
+
+def _exponent_span(case: SPDCase) -> tuple[float, float]:
+    """log2 of the smallest and largest eigenvalue of ``case.a + eps·I`` over the stack."""
+    return (float(np.log2((case.lam[..., 0] + case.eps).min())),
+            float(np.log2(case.lam[..., -1].max() + case.eps)))
+
+
+def _scale_exponents(case: SPDCase, p: float, limit: float = np.inf) -> tuple[int, int]:
+    """The k (|k| <= limit, 0 always among them) for which ``2**k · case`` and its root
+    ``p`` stay in range."""
+    low, high = _exponent_window(case.dtype, p)
+    bottom, top = _exponent_span(case)
+    return (int(min(0, max(-limit, np.ceil(low - bottom)))),
+            int(max(0, min(limit, np.floor(high - top)))))
+
+
+def _fitted(case: SPDCase, p: float) -> SPDCase:
+    """``case``, or ``case`` times the power of two nearest to it whose root ``p`` stays
+    in range: only p < 1 ever moves a drawn case."""
+    low, high = _exponent_window(case.dtype, p)
+    bottom, top = _exponent_span(case)
+    # One unit of slack: the strategies put λ at 2**low or 2**high up to rounding.
+    if bottom >= low - 1 and top <= high + 1:
+        return case
+    if top - bottom > high - low:
+        shift = np.floor((low + high - top - bottom) / 2)
+    else:
+        shift = np.floor(high - top) if top > high else np.ceil(low - bottom)
+    c = 2.0 ** shift
+    return SPDCase(case.asarray(host_float64(case.a) * c), case.eps * c, case.family)
 
 
 def _strategy(prop: str, *, n, kappa, dtype, xp, device):
@@ -227,8 +274,14 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     unknown = sorted(set(skip) - set(PROPERTIES))
     if unknown:
         raise ValueError(f"unknown properties {unknown} in skip; choose from {PROPERTIES}")
-    ps = (p,) if np.ndim(p) == 0 else tuple(p)  # type: ignore[arg-type]
-    if rtol is None and accuracy_tolerance(dtype, kappa[1], min(ps), method=method) is None:  # type: ignore[arg-type,type-var]
+    ps: tuple[float, ...] = (p,) if np.ndim(p) == 0 else tuple(p)  # type: ignore[assignment,arg-type]
+    if not ps or not all(0 < q < np.inf for q in ps):
+        raise ValueError(f"p={p!r}: give one or more finite roots > 0")
+    low, high = _exponent_window(dtype_name(dtype), min(ps))
+    if np.log2(kappa[1]) > high - low:
+        raise ValueError(f"p={min(ps):g} with κ up to {kappa[1]:g} has roots beyond the range "
+                         f"of {dtype_name(dtype)}: raise p or lower kappa's top")
+    if rtol is None and accuracy_tolerance(dtype, kappa[1], min(ps), method=method) is None:
         raise ValueError(f"kappa={kappa!r} reaches beyond the accuracy table for {method!r} "
                          f"in {dtype}: lower the range's top or pass rtol=")
     grader = _Grader(solver, method, rtol)

@@ -36,11 +36,26 @@ __all__ = [
 
 
 def host_float64(x) -> np.ndarray:
-    """Any backend's array as a float64 NumPy array (bfloat16 included)."""
+    """Any backend's array (or nested lists of numbers) as a float64 NumPy array,
+    bfloat16 included."""
+    if isinstance(x, (list, tuple, int, float)):
+        return np.asarray(x, dtype=np.float64)
+    if str(x.dtype).endswith("bfloat16") and not isinstance(x, np.ndarray):
+        # Some backends (torch) cannot hand bfloat16 to NumPy; float32 holds it exactly.
+        xp = array_namespace(x)
+        x = xp.astype(x, xp.float32)
     out = to_numpy(x)
     if str(out.dtype) == "bfloat16":
         out = out.astype(np.float32)
     return out.astype(np.float64)
+
+
+def _matrices(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` if it is a stack of square matrices; ValueError naming ``name`` otherwise."""
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"{name} has shape {x.shape}; expected a (..., n, n) stack of "
+                         "square matrices")
+    return x
 
 
 def _power_of_two_scale(a: np.ndarray, floor: float = 0.0) -> np.ndarray:
@@ -78,7 +93,9 @@ def oracle_inv_root(a, p: float, eps: float = 0.0) -> np.ndarray:
 
     Indefinite or singular matrices give NaN or Inf, as they have no real inverse root.
     """
-    lam, q, scale = _scaled_eigh(host_float64(a), eps)
+    if not p > 0:
+        raise ValueError(f"p={p!r}: the root's order must be > 0")
+    lam, q, scale = _scaled_eigh(_matrices(host_float64(a), "a"), eps)
     # Scaled, so that a spectrum beyond float64's range (entries near its largest
     # number) still has a root in range.
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -86,8 +103,16 @@ def oracle_inv_root(a, p: float, eps: float = 0.0) -> np.ndarray:
 
 
 def relative_error(x, ref) -> np.ndarray:
-    """Per-matrix relative Frobenius error ``‖x − ref‖_F / ‖ref‖_F``, safe at any scale."""
-    x, ref = host_float64(x), np.asarray(ref, dtype=np.float64)
+    """Per-matrix relative Frobenius error ``‖x − ref‖_F / ‖ref‖_F``, safe at any scale.
+
+    ``x`` and ``ref`` are stacks of the same shape, any backend (``ref`` may also be
+    one matrix for the whole stack ``x``); other shapes raise ValueError rather than
+    broadcast into a plausible number.
+    """
+    x, ref = _matrices(host_float64(x), "x"), _matrices(host_float64(ref), "ref")
+    if x.shape[-1] != ref.shape[-1] or np.broadcast_shapes(x.shape, ref.shape) != x.shape:
+        raise ValueError(f"x has shape {x.shape} but ref has shape {ref.shape}: compare "
+                         "stacks of the same shape")
     scale = _power_of_two_scale(ref)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (np.linalg.norm((x - ref) / scale, axis=(-2, -1))

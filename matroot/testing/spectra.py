@@ -103,7 +103,18 @@ SPECTRAL_FAMILIES: dict[str, Spectrum] = {
 
 def spectrum(family: str, rng: np.random.Generator, batch: tuple, n: int,
              kappa: float) -> np.ndarray:
-    """Sorted eigenvalues ``(*batch, n)`` of a spectral family, in ``[1/kappa, 1]``."""
+    """Sorted eigenvalues ``(*batch, n)`` of a spectral family, in ``[1/kappa, 1]``.
+
+    Raises
+    ------
+    ValueError
+        For a family that is not spectral or a kappa below 1.
+    """
+    if family not in SPECTRAL_FAMILIES:
+        raise ValueError(f"{family!r} is not a spectral family; choose from "
+                         f"{tuple(SPECTRAL_FAMILIES)}")
+    if not kappa >= 1:
+        raise ValueError(f"kappa={kappa!r}: a condition number is at least 1")
     if n == 1:
         return np.ones((*batch, 1))
     return SPECTRAL_FAMILIES[family](rng, tuple(batch), n, kappa)

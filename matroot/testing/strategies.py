@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from .oracle import SPDCase
 from .spectra import FAMILIES, family_stack
+from .tolerances import dtype_name
 
 __all__ = ["available_namespaces", "safe_exponent_range", "spd_stacks"]
 
@@ -61,9 +62,10 @@ def _as_range(value, name: str) -> tuple[float, float]:
     return low, high
 
 
-def _check_dtype(name: str) -> str:
+def _check_dtype(dtype) -> str:
+    name = dtype_name(dtype)
     if name not in ("float32", "float64"):
-        raise ValueError(f"dtype {name!r} is not supported; use 'float32' or 'float64'")
+        raise ValueError(f"dtype {dtype!r} is not supported; use 'float32' or 'float64'")
     return name
 
 
@@ -170,7 +172,8 @@ def spd_stacks(*, n: int | tuple[int, int] | st.SearchStrategy[int] = (1, 8),
         raise ValueError(f"unknown spectrum families {unknown}; choose from {FAMILIES}")
     if eps is not None and not 0.0 <= eps <= 1.0:
         raise ValueError(f"eps={eps!r} is a fraction of λmin(a + eps·I): give 0 to 1")
-    dtypes = tuple(_check_dtype(d) for d in ([dtype] if isinstance(dtype, str) else dtype))
+    several = isinstance(dtype, Sequence) and not isinstance(dtype, str)
+    dtypes = tuple(_check_dtype(d) for d in (dtype if several else [dtype]))
     if isinstance(batch_shape, tuple):
         batch_shape = st.just(batch_shape)
     # Keep a float64 κ strictly inside the range despite rounding in the construction.

@@ -31,8 +31,18 @@ __all__ = [
     "assert_inv_root_close",
     "assert_per_matrix",
     "case_tolerances",
+    "dtype_name",
 ]
 
+
+
+def dtype_name(dtype) -> str:
+    """The plain name ("float32") of a dtype given as a string, a NumPy or JAX scalar
+    type, or any backend's dtype object."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # torch.float32 and other dtype objects NumPy does not know
+        return str(dtype).rsplit(".", 1)[-1]
 
 
 def _row(method: str) -> str:
@@ -72,7 +82,7 @@ def accuracy_tolerance(dtype: str, kappa: float, p: float = 2, *,
     ValueError
         For an unknown row or method, or a dtype the table has no column for.
     """
-    key = (_row(method), str(dtype).rsplit(".", 1)[-1])
+    key = (_row(method), dtype_name(dtype))
     if key not in ACCURACY_TABLE:
         raise ValueError(f"the accuracy table has rows for float32 and float64, not {dtype!r};"
                          " pass rtol= to set a tolerance yourself")
