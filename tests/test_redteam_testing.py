@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from matroot.cli import main
 from matroot.testing import (
@@ -16,6 +17,7 @@ from matroot.testing import (
     oracle_inv_root,
     relative_error,
     spd_stack,
+    spd_stacks,
 )
 
 torch = pytest.importorskip("torch")
@@ -142,3 +144,17 @@ def test_bench_report_reads_a_solvers_json(tmp_path, capsys):
 ])
 def test_infinite_options_are_refused_before_any_work(capsys, argv, fragment):
     assert fragment in one_line_error(capsys, *argv)
+
+
+def test_an_empty_batch_is_refused_by_name():
+    # Before: numpy's "zero-size array to reduction operation maximum" from deep inside.
+    with pytest.raises(ValueError, match=r"batch_shape \(0,\) holds no matrices"):
+        spd_stacks(batch_shape=(0,))
+
+    @settings(max_examples=5, deadline=None)
+    @given(spd_stacks(batch_shape=st.just((2, 0)), n=2))
+    def draws(case):
+        pass
+
+    with pytest.raises(ValueError, match=r"batch_shape \(2, 0\) holds no matrices"):
+        draws()
