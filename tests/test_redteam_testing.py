@@ -158,3 +158,17 @@ def test_an_empty_batch_is_refused_by_name():
 
     with pytest.raises(ValueError, match=r"batch_shape \(2, 0\) holds no matrices"):
         draws()
+
+
+def test_check_polar_solver_grades_the_result_dtype():
+    # Before: the result went to float64 NumPy unchecked, so a solver answering float32
+    # input in float64 passed.
+    from matroot.testing import check_polar_solver
+
+    def svd_polar_in_float64(g):
+        u, _, vt = np.linalg.svd(g.astype(np.float64), full_matrices=False)
+        return u @ vt
+
+    with pytest.raises(AssertionError, match=r"fails the 'accuracy' property: result "
+                                             r"\(module, shape, dtype\)"):
+        check_polar_solver(svd_polar_in_float64, m=(2, 4), n=(2, 4), max_examples=10)

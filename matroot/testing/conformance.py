@@ -59,6 +59,17 @@ _RELATIONAL_KAPPA = 1e4
 _NEIGHBOUR_EXPONENT = 20
 
 
+def assert_like_input(result, given) -> None:
+    """AssertionError unless ``result`` has the namespace, device, dtype and shape of the
+    solver's input ``given``."""
+    got = (type(result).__module__, tuple(result.shape), str(result.dtype))
+    want = (type(given).__module__, tuple(given.shape), str(given.dtype))
+    assert got == want, f"result (module, shape, dtype) {got} != input's {want}"
+    assert array_namespace(result) is array_namespace(given), "result in another namespace"
+    assert device_of(result) == device_of(given), (
+        f"result on device {device_of(result)}, input on {device_of(given)}")
+
+
 @dataclass(frozen=True)
 class _Grader:
     solver: Callable
@@ -75,12 +86,7 @@ class _Grader:
         assert np.array_equal(host_float64(case.a), before, equal_nan=True), (
             "the solver changed its input a in place (or returned a view it then wrote "
             "to); work on a copy")
-        got = (type(root).__module__, tuple(root.shape), str(root.dtype))
-        want = (type(case.a).__module__, tuple(case.a.shape), str(case.a.dtype))
-        assert got == want, f"result (module, shape, dtype) {got} != input's {want}"
-        assert array_namespace(root) is array_namespace(case.a), "result in another namespace"
-        assert device_of(root) == device_of(case.a), (
-            f"result on device {device_of(root)}, input on {device_of(case.a)}")
+        assert_like_input(root, case.a)
 
     def symmetric(self, case, p, data):
         case = _fitted(case, p)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .._xp import from_numpy
+from .conformance import assert_like_input
 from .oracle import host_float64
 from .polar_oracle import PolarCase, polar_case, polar_error_bound, polar_relative_error
 from .spectra import random_orthogonal
@@ -64,8 +65,10 @@ class _Grader:
         self.method = method
 
     def run(self, g: np.ndarray) -> np.ndarray:
-        return host_float64(self.solver(from_numpy(self.xp, g,
-                                                   dtype=getattr(self.xp, self.dtype))))
+        given = from_numpy(self.xp, g, dtype=getattr(self.xp, self.dtype))
+        factor = self.solver(given)
+        assert_like_input(factor, given)
+        return host_float64(factor)
 
     def tolerance(self, kappa: float) -> float:
         return polar_error_bound(self.dtype, kappa, self.rtol, self.method)
