@@ -231,7 +231,8 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     Each property runs as its own hypothesis search over :func:`spd_stacks` cases, in
     the order of :data:`PROPERTIES`:
 
-    - ``namespace``: the result has the input's namespace, device, dtype and shape;
+    - ``namespace``: the result has the input's namespace, device, dtype and shape,
+      and the input is left unchanged;
     - ``symmetric``: ``‖X − Xᵀ‖_F ≤ tol·‖X‖_F`` for every finite result;
     - ``accuracy``: within the accuracy table (:func:`accuracy_tolerance`) of the
       float64 oracle, every family at moderate scale;
@@ -250,7 +251,8 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     solver : callable
         ``solver(a, p, eps)`` with ``a`` a ``(*batch, n, n)`` array of namespace ``xp``.
     p : float or sequence of float
-        The roots to try.
+        The roots to try, finite and > 0 (for p < 1 each case is scaled by a power of
+        two so that its root stays in the dtype's range as well).
     dtype : {"float32", "float64"}
         Dtype of the inputs; picks the accuracy table's column.
     xp : namespace, optional
@@ -275,7 +277,8 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
     AssertionError
         Naming the solver, the property and hypothesis's shrunk counterexample.
     ValueError
-        For an unknown property name in ``skip`` (or bad strategy arguments).
+        For an unknown property name in ``skip``, a p that is not > 0 or is too small
+        for the dtype's range at the top of ``kappa`` (or bad strategy arguments).
     """
     unknown = sorted(set(skip) - set(PROPERTIES))
     if unknown:
