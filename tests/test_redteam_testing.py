@@ -172,3 +172,17 @@ def test_check_polar_solver_grades_the_result_dtype():
     with pytest.raises(AssertionError, match=r"fails the 'accuracy' property: result "
                                              r"\(module, shape, dtype\)"):
         check_polar_solver(svd_polar_in_float64, m=(2, 4), n=(2, 4), max_examples=10)
+
+
+@pytest.mark.parametrize("preset, n, batches", [
+    ("smoke", 1, (2,)),      # was (2097152,): minutes of a "seconds" preset
+    ("quick", 2, (8,)),
+    ("full", 64, (512,)),  # the full run keeps its memory-filling default
+])
+def test_quick_presets_keep_their_scale_for_other_sizes(preset, n, batches):
+    from matroot.cli import build_parser
+    from matroot.cli.bench import solvers_config
+
+    argv = ["bench", "solvers", *([] if preset == "full" else [f"--{preset}"]),
+            "--sizes", str(n)]
+    assert solvers_config(build_parser().parse_args(argv)).batches[n] == batches

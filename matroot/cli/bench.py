@@ -99,7 +99,8 @@ def solvers_config(args):
         raise UsageError(f"--kappa must be a finite number >= 1, got {args.kappa:g}")
     if args.sizes:
         changes["sizes"] = tuple(args.sizes)
-        changes["batches"] = {n: tuple(args.batch) if args.batch else base.batches_for(n)
+        changes["batches"] = {n: tuple(args.batch) if args.batch
+                              else _preset_batches(base, n, args.preset)
                               for n in args.sizes}
     elif args.batch:
         changes["batches"] = {n: tuple(args.batch) for n in base.sizes}
@@ -114,6 +115,17 @@ def solvers_config(args):
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from " + ", ".join(known))
     return Config(**{**asdict(base), **changes})
+
+
+def _preset_batches(base, n: int, preset: str | None) -> tuple:
+    """Batch sizes for an n the preset does not list: the full run's memory-filling
+    default, capped for --quick/--smoke at the preset's own largest batch (else
+    ``--smoke --sizes 1`` would stack two million matrices)."""
+    batches = base.batches_for(n)
+    if preset is None or n in base.batches:
+        return batches
+    cap = max(b for listed in base.batches.values() for b in listed)
+    return tuple(sorted({min(b, cap) for b in batches}))
 
 
 def _run_solvers(args) -> int:
