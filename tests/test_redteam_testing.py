@@ -186,3 +186,16 @@ def test_quick_presets_keep_their_scale_for_other_sizes(preset, n, batches):
     argv = ["bench", "solvers", *([] if preset == "full" else [f"--{preset}"]),
             "--sizes", str(n)]
     assert solvers_config(build_parser().parse_args(argv)).batches[n] == batches
+
+
+def test_a_case_that_cannot_be_drawn_is_the_callers_error_not_the_solvers():
+    # Before: "eigh_reference fails the 'namespace' property: ValueError: ..." for a
+    # device numpy does not have (or jax without float64), blaming a correct solver.
+    with pytest.raises(ValueError, match="cuda"):
+        check_inv_root_solver(eigh_reference, device="cuda", max_examples=3)
+
+
+def test_a_zero_result_is_graded_by_accuracy_not_as_an_asymmetry():
+    # Before: ‖X − Xᵀ‖/‖X‖ = 0/0 made the 'symmetric' property report "error nan".
+    with pytest.raises(AssertionError, match="fails the 'accuracy' property"):
+        check_inv_root_solver(lambda a, p, eps: a * 0, max_examples=10)
