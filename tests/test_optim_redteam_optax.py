@@ -218,3 +218,17 @@ def test_optax_inject_hyperparams_schedules_muons_learning_rate_and_decay_under_
     with pytest.raises(TypeError, match=r"static_args=\('polar_lower',\)"):
         bad = optax.inject_hyperparams(muon)(learning_rate=0.1, polar_lower=1e-3)
         jax.jit(bad.update)(grads, bad.init(params), params)
+
+
+def test_shampoo_updates_keep_the_gradients_dtype():
+    """optax's transforms return updates in the gradients' dtype: a bfloat16 model's
+    hand-written ``p + u`` must not turn its parameters into float32."""
+    params = {"w": jnp.ones((8, 4), jnp.bfloat16), "b": jnp.ones((4,), jnp.bfloat16)}
+    grads = jax.tree_util.tree_map(
+        lambda p: ((jnp.arange(p.size).reshape(p.shape) % 3 + 1) * 0.1).astype(p.dtype), params)
+    tx = shampoo(1e-3)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert jax.tree_util.tree_map(lambda u: u.dtype, updates) == {"w": jnp.bfloat16,
+                                                                  "b": jnp.bfloat16}
+    assert all(bool(jnp.all(jnp.isfinite(u.astype(jnp.float32))))
+               for u in jax.tree_util.tree_leaves(updates))

@@ -116,7 +116,9 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
             taken = state.step != step_before
             directions = [d + jnp.where(taken, traced_decay, 0.0) * p.astype(d.dtype)
                           for d, p in zip(directions, param_leaves)]
-        return treedef.unflatten(directions), state
+        # Updates in the gradients' dtypes, as optax's transforms give them: a bfloat16
+        # model's hand-written `p + u` stays bfloat16 (the core computes in float32).
+        return treedef.unflatten([d.astype(g.dtype) for d, g in zip(directions, leaves)]), state
 
     return optax.GradientTransformation(init_fn, update_fn)
 
