@@ -199,3 +199,25 @@ def test_a_zero_result_is_graded_by_accuracy_not_as_an_asymmetry():
     # Before: ‖X − Xᵀ‖/‖X‖ = 0/0 made the 'symmetric' property report "error nan".
     with pytest.raises(AssertionError, match="fails the 'accuracy' property"):
         check_inv_root_solver(lambda a, p, eps: a * 0, max_examples=10)
+
+
+@pytest.mark.parametrize("text", ["", ",", " , "])
+def test_plan_refuses_empty_shapes(text):
+    from matroot.optim.cluster_sizing import parse_shapes
+
+    with pytest.raises(ValueError, match="--shapes is empty"):
+        parse_shapes(text)
+
+
+def test_looped_eigh_baseline_runs_on_array_api_strict():
+    """``matroot bench solvers --backends array_api_strict`` indexed a[i], which
+    array-api-strict refuses for a 3-D array."""
+    xp = pytest.importorskip("array_api_strict")
+    from matroot.bench.contenders import eigh_root_batched, eigh_root_loop
+
+    a = xp.asarray(np.stack([np.diag([4.0, 16.0]), np.diag([1.0, 9.0])]))
+    looped = eigh_root_loop(xp, a, 2)
+    batched = eigh_root_batched(xp, a, 2)
+    assert len(looped) == 2
+    np.testing.assert_allclose(np.asarray(looped[1]), np.asarray(batched[1, ...]), rtol=1e-12)
+    np.testing.assert_allclose(np.diag(np.asarray(looped[0])), [0.5, 0.25], rtol=1e-12)

@@ -45,7 +45,7 @@ def eigh_root_batched(xp, a, p, eps: float = 0.0):
 
 def eigh_root_loop(xp, a, p, eps: float = 0.0):
     """The same root, one matrix at a time in a Python loop (Distributed Shampoo's way)."""
-    return [eigh_root_batched(xp, a[i], p, eps) for i in range(a.shape[0])]
+    return [eigh_root_batched(xp, a[i, ...], p, eps) for i in range(a.shape[0])]
 
 
 def contender(a, method: str, p, **options):

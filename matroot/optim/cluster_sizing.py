@@ -111,6 +111,9 @@ def parse_shapes(text: str) -> list:
     >>> parse_shapes("4x3, 7")
     [('0', (4, 3)), ('1', (7,))]
     """
+    if not text.replace(",", "").strip():
+        raise ValueError("--shapes is empty: give the parameters' shapes, e.g. "
+                         "2048x2048,5632x2048,2048")
     out = []
     for i, item in enumerate(text.split(",")):
         item = item.strip()
