@@ -221,3 +221,11 @@ def test_looped_eigh_baseline_runs_on_array_api_strict():
     assert len(looped) == 2
     np.testing.assert_allclose(np.asarray(looped[1]), np.asarray(batched[1, ...]), rtol=1e-12)
     np.testing.assert_allclose(np.diag(np.asarray(looped[0])), [0.5, 0.25], rtol=1e-12)
+
+
+def test_assert_inv_root_close_names_a_list_and_the_fix():
+    from matroot.testing import SPDCase, assert_inv_root_close
+
+    case = SPDCase(np.diag([1.0, 100.0]), eps=0.0, family="geometric")
+    with pytest.raises(TypeError, match=r"got list: pass np\.asarray"):
+        assert_inv_root_close([[1.0, 0.0], [0.0, 0.1]], case, 2)

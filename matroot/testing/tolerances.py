@@ -156,6 +156,9 @@ def assert_inv_root_close(actual, case, p: float, *, eps: float | None = None,
     """
     from .oracle import relative_error
 
+    if not hasattr(actual, "shape"):
+        raise TypeError(f"actual must be an array of roots (NumPy, torch, JAX, CuPy), got "
+                        f"{type(actual).__name__}: pass np.asarray(actual)")
     if tuple(actual.shape) != tuple(case.a.shape):
         raise AssertionError(f"inverse root has shape {tuple(actual.shape)}, "
                              f"expected {tuple(case.a.shape)}")
