@@ -131,9 +131,6 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     bounds = {name: check_bound(value, name, xp, batch, traced=traced) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
-    if traced:  # a graph keeps the precision it was traced with (and torch 2.11's
-        # tracer failed on the context manager when it compiled a second function)
-        return _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
     with _xp.full_float32_products(xp, a):
         return _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
 

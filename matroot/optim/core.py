@@ -46,6 +46,7 @@ from .config import (
     ROOT_OPTIONS,
     NonFiniteGradientError,
     ShampooConfig,
+    check_keywords,
 )
 from .factor_bounds import unknown_bounds
 from .phases import (
@@ -375,6 +376,7 @@ def shampoo(**hyperparameters) -> GradientTransformation:
     >>> bool(np.all(params[0] < 1)), state.root_refreshes
     (True, 1)
     """
+    check_keywords(hyperparameters, "shampoo")
     config = ShampooConfig(**hyperparameters)
 
     def init_fn(params):

@@ -18,6 +18,7 @@ import optax
 
 from .. import _xp
 from . import core
+from .config import check_keywords
 from .muon_optax import MuonOptaxState, muon, scale_by_muon  # noqa: F401  (re-export)
 from .optax_keywords import host_values, with_keywords
 
@@ -50,6 +51,7 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
     if "lr" in hyperparameters:
         raise ValueError("scale_by_shampoo takes no lr: chain it with "
                          "optax.scale_by_learning_rate (matroot.optim.optax.shampoo does)")
+    check_keywords(hyperparameters, "scale_by_shampoo")
     # A traced decay (optax.inject_hyperparams under jax.jit) is added here, outside the
     # config: decoupled, it is the same sum the core would form.
     traced_decay = hyperparameters.get("weight_decay")
