@@ -109,7 +109,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     convergence checks. ``torch.compile(opt.step)`` works; the root refresh runs
     outside its graph (docs/optimizer.rst, "Compiling the optimizer step").
     Moments and factors of bfloat16/float16 parameters are float32 and stay
-    float32 through ``state_dict()``/``load_state_dict()``.
+    float32 through ``state_dict()``/``load_state_dict()``, which loads each
+    tensor in the dtype this optimizer's parameters call for.
 
     Examples
     --------

@@ -1,0 +1,98 @@
+"""The torch shells in a second red-team round, as scripts written for AdamW, torch.optim.Muon
+and Distributed Shampoo use them after swapping in matroot: each test is a finding (a crash
+with an unclear error, a silently wrong update, a broken torch.optim convention) and fails
+without its fix, unless its docstring says it pins a convention that already held."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from matroot.optim import Muon, Shampoo  # noqa: E402
+
+SHAMPOO = dict(lr=1e-2, block_size=4, precondition_frequency=2)
+
+
+def _mlp(dtype, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(),
+                               torch.nn.Linear(5, 3)).to(dtype)
+
+
+def _train(model, opt, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    dtype = next(model.parameters()).dtype
+    for _ in range(steps):
+        opt.zero_grad()
+        x = torch.randn(8, 6, generator=g).to(dtype)
+        model(x).float().square().mean().backward()
+        opt.step()
+
+
+def _through_torch_save(state_dict):
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _state_layout(opt):
+    """(key, dtype, shape) of every tensor of a state dict, families included."""
+    sd = opt.state_dict()
+    per_param = sorted((i, k, v.dtype, tuple(v.shape)) for i, entry in sd["state"].items()
+                       for k, v in entry.items() if torch.is_tensor(v))
+    stacks = [(name, j, a.dtype, tuple(a.shape)) for record in sd.get("shampoo_families", [])
+              for name in ("factors", "roots", "factor_bounds")
+              for j, a in enumerate(record[name]) if a is not None]
+    return per_param, stacks
+
+
+DTYPE_CHANGES = [(torch.float32, torch.bfloat16), (torch.float32, torch.float64),
+                 (torch.float64, torch.float32), (torch.bfloat16, torch.float64)]
+
+
+@pytest.mark.parametrize("saved, loading", DTYPE_CHANGES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("optimizer", [Shampoo, Muon])
+def test_a_checkpoint_loads_into_a_model_of_another_dtype(optimizer, saved, loading):
+    """A float32 model's checkpoint loaded into the model in float64 kept float32
+    moments, factors and roots (and a float64 one's stayed float64 in float32), where
+    torch's loader casts state to the parameters' dtype: the state must be a fresh
+    optimizer's (Shampoo's dtypes: float32 for 16-bit parameters), values carried over.
+    Muon already followed torch's rule (its state is in the parameters' dtype): pinned."""
+    kwargs = SHAMPOO if optimizer is Shampoo else dict(lr=0.02)
+    model = _mlp(saved)
+    opt = optimizer(model.parameters(), **kwargs)
+    _train(model, opt, 4)
+    checkpoint = _through_torch_save(opt.state_dict())
+
+    reloaded = _mlp(loading)
+    resumed = optimizer(reloaded.parameters(), **kwargs)
+    resumed.load_state_dict(checkpoint)
+    fresh_model = _mlp(loading)
+    fresh = optimizer(fresh_model.parameters(), **kwargs)
+    _train(fresh_model, fresh, 4)
+    per_param, stacks = _state_layout(resumed)
+    assert (per_param, stacks) == _state_layout(fresh)
+    assert optimizer is Muon or any(name == "roots" for name, *_ in stacks)
+    key = "exp_avg_sq" if optimizer is Shampoo else "momentum_buffer"
+    loaded = resumed.state[reloaded[0].weight][key]
+    assert torch.equal(loaded, checkpoint["state"][0][key].to(loaded.dtype))
+    _train(reloaded, resumed, 2)
+    assert all(torch.isfinite(p).all() for p in reloaded.parameters())
+    assert _state_layout(resumed) == _state_layout(fresh)
+
+
+def test_shampoo_refuses_a_dtype_change_that_merges_factor_stacks():
+    """Parameters of two float dtypes keep factors in two stacks of one family; loading
+    into a model where both have one dtype would merge them: a clear refusal."""
+    torch.manual_seed(0)
+    mixed = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).double()])
+    opt = Shampoo(mixed.parameters(), **SHAMPOO)
+    for layer in mixed:
+        layer(torch.ones(2, 4, dtype=layer.weight.dtype)).sum().backward()
+    opt.step()
+    single = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+    with pytest.raises(ValueError, match="load it into a model of the saved dtypes"):
+        Shampoo(single.parameters(), **SHAMPOO).load_state_dict(opt.state_dict())
