@@ -96,3 +96,40 @@ def test_shampoo_refuses_a_dtype_change_that_merges_factor_stacks():
     single = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
     with pytest.raises(ValueError, match="load it into a model of the saved dtypes"):
         Shampoo(single.parameters(), **SHAMPOO).load_state_dict(opt.state_dict())
+
+
+def _two_layers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+def test_muon_group_lr_without_use_muon_is_refused_where_adamw_would_take_it():
+    """``Muon([{"params": model.parameters(), "lr": 0.05}], adamw_lr=1e-3)`` gave the
+    biases (AdamW) lr 0.05, not adamw_lr: the group's lr reached both halves. A script
+    for AdamW means it for every parameter, one for torch.optim.Muon for the matrices;
+    matroot now asks which."""
+    model = _two_layers()
+    with pytest.raises(ValueError, match=r"sets 'lr'.*0\.bias of shape \(5,\).*'adamw_lr'"):
+        Muon([{"params": list(model.named_parameters()), "lr": 0.05}], adamw_lr=1e-3)
+    with pytest.raises(ValueError, match="'adamw_weight_decay'"):
+        Muon([{"params": model.parameters(), "weight_decay": 0.1}])
+    opt = Muon([{"params": model.parameters(), "lr": 0.05, "adamw_lr": 2e-3}], adamw_lr=1e-3)
+    assert [(g["use_muon"], g["lr"]) for g in opt.param_groups] == [(True, 0.05), (False, 2e-3)]
+    assert not any("adamw_lr" in g for g in opt.param_groups)
+
+
+def test_muon_group_keys_follow_the_constructor_and_torch_muon_groups_carry_over():
+    """A group of matrices only (torch.optim.Muon's groups) keeps its lr; a group with
+    use_muon (MuonWithAuxAdam's) is one half and may not set the adamw_ keys; the same
+    rule holds for add_param_group."""
+    model = _two_layers()
+    weights = [model[0].weight, model[2].weight]
+    opt = Muon([{"params": weights, "lr": 0.05, "weight_decay": 0.1}], adamw_lr=1e-3)
+    assert [(g["use_muon"], g["lr"], g["weight_decay"]) for g in opt.param_groups] == \
+        [(True, 0.05, 0.1)]
+    opt.add_param_group({"params": [model[0].bias, model[2].bias], "betas": (0.8, 0.9)})
+    assert [(g["use_muon"], g["lr"]) for g in opt.param_groups] == [(True, 0.05), (False, 1e-3)]
+    with pytest.raises(ValueError, match="sets 'lr'"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))], "lr": 0.1})
+    with pytest.raises(ValueError, match="with 'use_muon' sets 'adamw_lr'"):
+        Muon([{"params": weights, "use_muon": True, "adamw_lr": 1e-3}])
