@@ -133,3 +133,74 @@ def test_muon_group_keys_follow_the_constructor_and_torch_muon_groups_carry_over
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))], "lr": 0.1})
     with pytest.raises(ValueError, match="with 'use_muon' sets 'adamw_lr'"):
         Muon([{"params": weights, "use_muon": True, "adamw_lr": 1e-3}])
+
+
+def test_muon_refuses_a_checkpoint_of_a_model_whose_shapes_changed():
+    """A checkpoint of a model whose layer was since resized loaded silently and the next
+    step failed with "The size of tensor a (8) must match the size of tensor b (9)"."""
+    old, new = torch.nn.Linear(6, 8), torch.nn.Linear(6, 9)
+    opt = Muon(old.parameters(), lr=0.02)
+    old(torch.ones(2, 6)).sum().backward()
+    opt.step()
+    with pytest.raises(ValueError, match=r"'momentum_buffer' of parameter 0 has shape "
+                                         r"\(8, 6\) but that parameter has \(9, 6\)"):
+        Muon(new.parameters(), lr=0.02).load_state_dict(opt.state_dict())
+
+
+def test_shampoo_refuses_a_checkpoint_of_a_model_whose_shapes_changed():
+    """Pinned (it held): Shampoo's saved layout names the shapes it was made for."""
+    old, new = torch.nn.Linear(6, 8), torch.nn.Linear(6, 9)
+    opt = Shampoo(old.parameters(), **SHAMPOO)
+    old(torch.ones(2, 6)).sum().backward()
+    opt.step()
+    with pytest.raises(ValueError, match="layout does not fit the parameters' shapes"):
+        Shampoo(new.parameters(), **SHAMPOO).load_state_dict(opt.state_dict())
+
+
+def _jax_tree():
+    jnp = pytest.importorskip("jax.numpy")
+    pytest.importorskip("optax")
+    return {"dense": {"kernel": jnp.ones((6, 5)) + jnp.eye(6, 5), "bias": jnp.zeros(5)}}
+
+
+def test_optax_apply_if_finite_wraps_shampoo_eagerly():
+    """``optax.apply_if_finite(shampoo(...), n)`` called eagerly (no jax.jit) failed at
+    every step with TracerBoolConversionError: its lax.cond branch closes over concrete
+    gradients, so Shampoo's eager NaN check ran ``bool()`` on a traced flag."""
+    params = _jax_tree()
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from matroot.optim.optax import shampoo
+    opt = optax.apply_if_finite(shampoo(1e-2, block_size=4, precondition_frequency=1), 3)
+    state = opt.init(params)
+    nans = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), params)
+    updates, state = opt.update(nans, state, params)
+    assert int(state.notfinite_count) == 1
+    assert all(bool(jnp.all(u == 0)) for u in jax.tree_util.tree_leaves(updates))
+    grads = jax.tree_util.tree_map(lambda x: x + 0.5, params)
+    updates, state = opt.update(grads, state, params)
+    assert int(state.notfinite_count) == 0 and int(state.inner_state[0].root_refreshes) == 1
+    assert all(bool(jnp.all(jnp.isfinite(u)) & jnp.any(u != 0))
+               for u in jax.tree_util.tree_leaves(updates))
+
+
+@pytest.mark.parametrize("factory", ["shampoo", "muon"])
+def test_optax_shells_name_the_leaf_a_changed_model_no_longer_fits(factory):
+    """Gradients of a resized model met the state of the old one: Muon failed with
+    "add got incompatible shapes for broadcasting", Shampoo with "gradient 0 has shape
+    (7,), parameter has (5,)" though the user's parameter was (7,)."""
+    params = _jax_tree()
+    import jax.numpy as jnp
+
+    from matroot.optim import optax as shells
+    opt = getattr(shells, factory)(1e-2)
+    state = opt.init(params)
+    resized = {"dense": {"kernel": jnp.ones((6, 7)), "bias": jnp.zeros(7)}}
+    with pytest.raises(ValueError, match=r"leaf 'dense.bias' has shape \(7,\) where the state "
+                                         r"has \(5,\); init the optimizer again"):
+        opt.update(resized, state, resized)
+    grown = {**params, "extra": jnp.ones(3)}
+    with pytest.raises(ValueError, match="the gradients have 3 leaves where the state has 2"):
+        opt.update(grown, state, grown)

@@ -19,6 +19,7 @@ import optax
 from .. import _xp
 from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
 from .optax_keywords import host_values, with_keywords
+from .optax_leaves import check_leaves_fit
 
 __all__ = ["muon", "scale_by_muon", "MuonOptaxState"]
 
@@ -87,6 +88,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
+        check_leaves_fit(updates, [m.shape for m in state.momentum], "muon")
         # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
         state = jax.tree_util.tree_map(jnp.asarray, state)
         muon = _muon_leaves(updates, use_muon)

@@ -221,6 +221,25 @@ class Muon(torch.optim.Optimizer):
                 [float(g.get("momentum", self.config.momentum)) for g in groups],
                 [tuple(g.get("betas", self.config.betas)) for g in groups])
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``, after checking that every saved tensor has its
+        parameter's shape (torch's loader does not look; a changed model then failed at
+        the next step with a broadcasting error)."""
+        saved_groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in saved_groups] == \
+                [len(g["params"]) for g in self.param_groups]:
+            numbers = (i for g in saved_groups for i in g["params"])
+            params = (p for g in self.param_groups for p in g["params"])
+            for number, p in zip(numbers, params):
+                for key, value in state_dict["state"].get(number, {}).items():
+                    if torch.is_tensor(value) and value.ndim and value.shape != p.shape:
+                        raise ValueError(
+                            f"the state dict's {key!r} of parameter {number} has shape "
+                            f"{tuple(value.shape)} but that parameter has "
+                            f"{tuple(p.shape)}: it was saved for another model; load it "
+                            "into the model it was saved from")
+        super().load_state_dict(state_dict)
+
     def __repr__(self) -> str:
         options = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}"
                             for f in dataclasses.fields(self.config))
