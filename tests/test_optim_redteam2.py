@@ -204,3 +204,29 @@ def test_optax_shells_name_the_leaf_a_changed_model_no_longer_fits(factory):
     grown = {**params, "extra": jnp.ones(3)}
     with pytest.raises(ValueError, match="the gradients have 3 leaves where the state has 2"):
         opt.update(grown, state, grown)
+
+
+def test_optax_shampoo_init_runs_traced():
+    """``jax.eval_shape(tx.init, params)`` (the abstract state orbax restores into, as
+    flax's TrainState scripts build it), ``jax.jit(tx.init)`` and ``jax.vmap(tx.init)``
+    (an ensemble) raised ConcretizationTypeError: init read the traced params'
+    ``committed`` placement."""
+    params = _jax_tree()
+    import jax
+    import jax.numpy as jnp
+
+    from matroot.optim.optax import shampoo
+    opt = shampoo(1e-2, block_size=4)
+    eager = opt.init(params)
+    abstract = jax.eval_shape(opt.init, params)
+    assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(eager)
+    assert [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(abstract)] == \
+        [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(eager)]
+    jitted = jax.jit(opt.init)(params)
+    # Same program (init's jitted builder) on the same inputs: the same values.
+    assert all(bool(jnp.array_equal(a, b)) for a, b in
+               zip(jax.tree_util.tree_leaves(jitted), jax.tree_util.tree_leaves(eager)))
+    ensemble = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), params)
+    stacked = jax.vmap(opt.init)(ensemble)
+    assert [a.shape for a in jax.tree_util.tree_leaves(stacked)] == \
+        [(2, *a.shape) for a in jax.tree_util.tree_leaves(eager)]

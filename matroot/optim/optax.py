@@ -87,9 +87,11 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
         # Every array of the state is committed to a device, or none is, as the params
         # are: jax.jit keys its cache on it, so a mix compiles the step a second time
         # once the first step's outputs come back committed. A jitted init's outputs
-        # depend on no input's values, so they are uncommitted.
+        # depend on no input's values, so they are uncommitted. Traced params (init under
+        # jax.jit, jax.eval_shape, jax.vmap) have no placement to follow: reading it raises.
         state = jax.jit(build_state)(leaves)
-        committed = [leaf for leaf in leaves if getattr(leaf, "committed", False)]
+        committed = [leaf for leaf in leaves
+                     if not _xp.is_traced(leaf) and getattr(leaf, "committed", False)]
         if committed and len(committed[0].sharding.device_set) == 1:
             state = jax.device_put(state, next(iter(committed[0].sharding.device_set)))
         return state
