@@ -230,3 +230,38 @@ def test_optax_shampoo_init_runs_traced():
     stacked = jax.vmap(opt.init)(ensemble)
     assert [a.shape for a in jax.tree_util.tree_leaves(stacked)] == \
         [(2, *a.shape) for a in jax.tree_util.tree_leaves(eager)]
+
+
+@pytest.mark.parametrize("keyword, value, says", [
+    ("ns_steps", 5, "use polar_steps"), ("adjust_lr_fn", "match_rms_adamw", "use shape_scale"),
+    ("ns_coefficients", (3.4445, -4.775, 2.0315), "polar_method='quintic'"),
+    ("adamw_betas", (0.9, 0.95), r"use betas=\(b1, b2\)"), ("foreach", True, "leave it out"),
+    ("momentm", 0.9, "did you mean 'momentum'")])
+def test_muon_names_another_muons_option_and_the_fix(keyword, value, says):
+    """torch.optim.Muon's ``ns_steps``/``adjust_lr_fn``/``ns_coefficients`` (and
+    MuonWithAuxAdam-style ``adamw_betas``) raised "MuonConfig.__init__() got an
+    unexpected keyword argument", naming neither the optimizer nor the fix."""
+    with pytest.raises(TypeError, match=f"Muon has no option '{keyword}' .*{says}"):
+        Muon(torch.nn.Linear(4, 3).parameters(), lr=0.02, **{keyword: value})
+
+
+def test_optax_muon_names_optax_contribs_option_and_the_fix():
+    """optax.contrib.muon's ``beta`` is ``momentum`` here."""
+    pytest.importorskip("optax")
+    from matroot.optim.optax import muon
+    with pytest.raises(TypeError, match=r"scale_by_muon has no option 'beta' .*use momentum"):
+        muon(1e-2, beta=0.9)
+
+
+def test_shampoo_takes_tensor_betas_as_torch_adam_does():
+    """``betas=(torch.tensor(0.9), torch.tensor(0.999))`` (torch's Adam takes it) raised
+    "betas[0] must be a finite real number, got tensor(0.9000)"."""
+    first, second = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+    second.load_state_dict(first.state_dict())
+    betas = (torch.tensor(0.9), torch.tensor(0.999))
+    optimizers = [Shampoo(first.parameters(), betas=betas, **SHAMPOO),
+                  Shampoo(second.parameters(), betas=tuple(b.item() for b in betas), **SHAMPOO)]
+    for model, opt in zip((first, second), optimizers):
+        _train(model, opt, 3)
+    # Same program and inputs, the betas read as the same floats: the same bits.
+    assert torch.equal(first.weight, second.weight)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from .option_groups import (
@@ -304,9 +305,11 @@ _OTHER_OPTIMIZERS_KEYWORDS = ("foreach", "fused", "capturable", "differentiable"
                               "maximize", "amsgrad", "nesterov", "dampening")
 
 
-def check_keywords(names, where: str = "Shampoo") -> None:
-    """Raise a TypeError naming each of ``names`` that is not a :class:`ShampooConfig`
-    field, with the nearest field name or, for another optimizer's switch, the fix.
+def check_keywords(names, where: str = "Shampoo", *, config: type = ShampooConfig,
+                   renamed: Mapping[str, str] | None = None) -> None:
+    """Raise a TypeError naming each of ``names`` that is not a field of ``config``, with
+    the fix: for a name another optimizer uses, its entry in ``renamed`` or, for an
+    implementation switch, to leave it out; else the nearest field name.
 
     Examples
     --------
@@ -316,15 +319,17 @@ def check_keywords(names, where: str = "Shampoo") -> None:
     ...
     TypeError: Shampoo has no option 'epsilon' (did you mean 'eps'?)
     """
-    known = [f.name for f in fields(ShampooConfig)]
+    known = [f.name for f in fields(config)]
+    renamed = renamed or {}
     for name in names:
         if name in known:
             continue
-        if name in _OTHER_OPTIMIZERS_KEYWORDS:
+        if name in renamed:
+            hint = renamed[name]
+        elif name in _OTHER_OPTIMIZERS_KEYWORDS:
             hint = "another optimizer's implementation or variant switch: leave it out"
         else:
             close = difflib.get_close_matches(name, known, n=1)
             hint = (f"did you mean {close[0]!r}?" if close else
-                    "see ShampooConfig for the options")
+                    f"see {config.__name__} for the options")
         raise TypeError(f"{where} has no option {name!r} ({hint})")
-

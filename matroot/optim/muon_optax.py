@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import optax
 
 from .. import _xp
-from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+from .muon import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
+                   muon_directions)
 from .optax_keywords import host_values, with_keywords
 from .optax_leaves import check_leaves_fit
 
@@ -74,6 +75,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
     **config
         :class:`~matroot.optim.muon.MuonConfig` fields.
     """
+    check_muon_keywords(config, "scale_by_muon")
     config = host_values("scale_by_muon", config, traced_ok=("momentum",))
     # An injected μ (optax.inject_hyperparams under jit: a momentum warm-up) is an
     # array the core applies as it is; the config keeps its default.

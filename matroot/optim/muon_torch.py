@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+from .muon import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
+                   muon_directions)
 
 __all__ = ["Muon"]
 
@@ -147,6 +148,7 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, weight_decay: float = 0.0,
                  adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, **config: Any):
+        check_muon_keywords(config)
         self.config = MuonConfig(**config)
         self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
         groups = _split_groups(params, *self._split_defaults)

@@ -66,10 +66,13 @@ def _loaded_entry(key, value, device, dtype):
 def host_number(value):
     """A one-element tensor hyperparameter of a group as the Python number the config
     validates (torch's optimizers take ``lr=torch.tensor(...)``, and schedulers then
-    ``fill_`` it); any other value as it is. One host read where the tensor is on a
+    ``fill_`` it; Adam's ``betas`` may be a pair of them), a tuple or list of values
+    element by element, any other value as it is. One host read per tensor on a
     device."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
+    if isinstance(value, (tuple, list)):
+        return type(value)(host_number(v) for v in value)
     return value
 
 
