@@ -265,3 +265,17 @@ def test_shampoo_takes_tensor_betas_as_torch_adam_does():
         _train(model, opt, 3)
     # Same program and inputs, the betas read as the same floats: the same bits.
     assert torch.equal(first.weight, second.weight)
+
+
+@pytest.mark.parametrize("keyword, says", [
+    ("epsilon", r"'matrix_eps' \(the factors' ridge, Distributed Shampoo's epsilon\)"),
+    ("max_preconditioner_dim", "is the block size: use block_size"),
+    ("use_decoupled_weight_decay", "weight_decay_type='decoupled' or 'l2'"),
+    ("preconditioner_config", "use root_method")])
+def test_shampoo_hints_the_option_a_distributed_shampoo_script_means(keyword, says):
+    """A Distributed Shampoo script's ``max_preconditioner_dim`` was answered "did you
+    mean 'max_preconditioned_dim'?" (which leaves long dimensions unpreconditioned: its
+    block size is ``block_size``) and ``epsilon`` (the factors' ridge there) "did you
+    mean 'eps'?" (Adam's denominator here): following the hint changed the method."""
+    with pytest.raises(TypeError, match=f"no option '{keyword}' .*{says}"):
+        Shampoo(torch.nn.Linear(4, 3).parameters(), **{keyword: 1})

@@ -305,8 +305,27 @@ _OTHER_OPTIMIZERS_KEYWORDS = ("foreach", "fused", "capturable", "differentiable"
                               "maximize", "amsgrad", "nesterov", "dampening")
 
 
+#: Other optimizers' names (Distributed Shampoo's, mostly) whose nearest ShampooConfig
+#: field would mislead (its ``epsilon`` is the factors' ridge, not Adam's ``eps``) or
+#: that have none near; the whole mapping: docs/optimizer.rst, "Migrating from Meta's
+#: Distributed Shampoo".
+_DISTRIBUTED_SHAMPOO_NAMES = {
+    "epsilon": "did you mean 'eps' (Adam's denominator floor, Keras's epsilon) or "
+               "'matrix_eps' (the factors' ridge, Distributed Shampoo's epsilon)?",
+    "max_preconditioner_dim": "Distributed Shampoo's max_preconditioner_dim is the block "
+                              "size: use block_size (max_preconditioned_dim leaves longer "
+                              "dimensions without a factor)",
+    "use_decoupled_weight_decay": "use weight_decay_type='decoupled' or 'l2'",
+    "grafting_config": "use grafting='adam', 'rmsprop', 'adagrad' or 'sgd' and "
+                       "grafting_beta2",
+    "preconditioner_config": "use root_method and root_options",
+    "inv_factor_matrix_dtype": "use root_storage_dtype",
+    "distributed_config": "use Shampoo's distributed= argument",
+}
+
+
 def check_keywords(names, where: str = "Shampoo", *, config: type = ShampooConfig,
-                   renamed: Mapping[str, str] | None = None) -> None:
+                   renamed: Mapping[str, str] = _DISTRIBUTED_SHAMPOO_NAMES) -> None:
     """Raise a TypeError naming each of ``names`` that is not a field of ``config``, with
     the fix: for a name another optimizer uses, its entry in ``renamed`` or, for an
     implementation switch, to leave it out; else the nearest field name.
@@ -314,13 +333,12 @@ def check_keywords(names, where: str = "Shampoo", *, config: type = ShampooConfi
     Examples
     --------
     >>> check_keywords(["lr", "betas"])
-    >>> check_keywords(["epsilon"])
+    >>> check_keywords(["bias_corection"])
     Traceback (most recent call last):
     ...
-    TypeError: Shampoo has no option 'epsilon' (did you mean 'eps'?)
+    TypeError: Shampoo has no option 'bias_corection' (did you mean 'bias_correction'?)
     """
     known = [f.name for f in fields(config)]
-    renamed = renamed or {}
     for name in names:
         if name in known:
             continue
