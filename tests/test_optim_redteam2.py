@@ -279,3 +279,17 @@ def test_shampoo_hints_the_option_a_distributed_shampoo_script_means(keyword, sa
     mean 'eps'?" (Adam's denominator here): following the hint changed the method."""
     with pytest.raises(TypeError, match=f"no option '{keyword}' .*{says}"):
         Shampoo(torch.nn.Linear(4, 3).parameters(), **{keyword: 1})
+
+
+def test_muon_refuses_a_set_and_non_tensors_in_a_group_as_torch_does():
+    """``{"params": set(...)}`` was accepted (torch refuses it: a set's order, which the
+    state dict's numbering follows, changes between runs), and
+    ``Muon(dict(model.named_parameters()))`` failed with "'str' object has no attribute
+    'shape'"."""
+    model = _two_layers()
+    with pytest.raises(TypeError, match="ordered collections"):
+        Muon([{"params": set(model.parameters())}])
+    with pytest.raises(TypeError, match=r"one of the params is str: pass .*named_parameters"):
+        Muon(dict(model.named_parameters()))
+    with pytest.raises(TypeError, match="one of the params is NoneType"):
+        Muon([model[0].weight, None])

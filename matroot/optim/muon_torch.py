@@ -30,6 +30,28 @@ __all__ = ["Muon"]
 _ADAMW_KEYS = {"adamw_lr": "lr", "adamw_weight_decay": "weight_decay"}
 
 
+def _members(params) -> list:
+    """A group's ``params`` as a list of tensors or ``(name, tensor)`` pairs, refused as
+    torch's optimizers refuse them: a set (its order, which a state dict's numbering
+    follows, changes between runs) and anything that is not a tensor."""
+    if isinstance(params, torch.Tensor):
+        # One tensor, as torch's optimizers allow (iterating it would give its rows).
+        return [params]
+    if isinstance(params, set):
+        raise TypeError("optimizer parameters need to be organized in ordered collections, "
+                        "but the ordering of tensors in sets will change between runs. "
+                        "Please use a list instead.")
+    members = list(params)
+    for p in members:
+        tensor = p[1] if isinstance(p, tuple) and len(p) == 2 else p
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"Muon optimizes tensors or (name, tensor) pairs, but one of the params "
+                f"is {torch.typename(p)}: pass model.parameters() or "
+                "model.named_parameters() (a dict iterates its names)")
+    return members
+
+
 def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> list[dict]:
     """torch-style ``params`` (tensors, (name, tensor) pairs or group dicts) as groups
     that each say ``use_muon``."""
@@ -44,10 +66,7 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
     groups = []
     for entry in entries:
         options = {k: v for k, v in entry.items() if k != "params"}
-        # A group may hold one tensor, as torch's optimizers allow (iterating it
-        # would give its rows).
-        members = ([entry["params"]] if isinstance(entry["params"], torch.Tensor)
-                   else list(entry["params"]))
+        members = _members(entry["params"])
         if any(isinstance(p[1] if isinstance(p, tuple) else p,
                           torch.nn.parameter.UninitializedParameter) for p in members):
             raise ValueError("Muon splits parameters by shape when it is made: run one "
