@@ -293,3 +293,22 @@ def test_muon_refuses_a_set_and_non_tensors_in_a_group_as_torch_does():
         Muon(dict(model.named_parameters()))
     with pytest.raises(TypeError, match="one of the params is NoneType"):
         Muon([model[0].weight, None])
+
+
+def test_shampoo_names_a_parameter_removed_from_its_group_after_the_first_step():
+    """Model surgery (a layer replaced, its old parameters taken out of the group) made
+    the next step fail with ``KeyError: 140481104174832``: a family's stacks cannot drop
+    a member, which now says so, at the step and at state_dict()."""
+    model = _two_layers()
+    opt = Shampoo(model.parameters(), **SHAMPOO)
+    _train(model, opt, 1)
+    old = model[2]
+    model[2] = torch.nn.Linear(5, 3)
+    group = opt.param_groups[0]
+    group["params"] = [p for p in group["params"] if p is not old.weight and p is not old.bias]
+    opt.add_param_group({"params": list(model[2].parameters())})
+    with pytest.raises(ValueError, match=r"shape \(3, 5\) left the parameter groups.*new "
+                                         "optimizer"):
+        _train(model, opt, 1)
+    with pytest.raises(ValueError, match="left the parameter groups"):
+        opt.state_dict()

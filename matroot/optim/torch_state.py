@@ -214,6 +214,7 @@ class ShampooStateDict:
     def state_dict(self):
         """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
         the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
+        self._group_of()        # every family member still in a group, or a clear error
         sd = super().state_dict()
         sd["shampoo_families"] = self._family_records()
         return sd
