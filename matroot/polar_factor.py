@@ -191,6 +191,7 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     ([[1.0, 0.0], [0.0, -1.0], [0.0, 0.0]], [True])
     """
     xp = check_stack(g, "g", square=False)
+    _xp.refuse_torch_func(g, "polar")
     check_choice(method, "method", polar_method_names())
     check_choice(sigma_bound, "sigma_bound", SIGMA_BOUNDS)
     method, work_name, rtol, sigma_bound, rows = _resolve(

@@ -1,0 +1,129 @@
+"""Automatic differentiation: a result whose derivative is given by a formula instead
+of by differentiating the operations that computed it.
+
+matroot's solvers stop on data-dependent tests (a host check eagerly, a
+``lax.while_loop`` under ``jax.jit``), and their operations' own derivatives are
+not the derivative of the function they approximate: torch's ``eigh`` backward
+divides by eigenvalue gaps (NaN for the identity), JAX cannot reverse a
+``while_loop``. So a differentiated input is solved without gradient tracking and
+the result is attached to the input through a backward formula
+(:func:`with_gradient`): ``torch.autograd.Function`` for PyTorch,
+``jax.custom_vjp`` for JAX (whose tracers cannot tell ``jax.grad`` from
+``jax.jit``; the rule costs nothing where nothing is differentiated).
+
+torch.func's transforms (``vmap``, ``grad``, ``jacrev``) wrap tensors in a way
+that the solvers' host reads and the custom backward do not support; they are
+refused by name (:func:`refuse_torch_func`).
+"""
+
+from __future__ import annotations
+
+import array_api_compat
+
+from .namespace import is_traced
+
+__all__ = ["refuse_torch_func", "gradient_flows", "without_gradient", "with_gradient"]
+
+
+def refuse_torch_func(a, name: str) -> None:
+    """Raise a TypeError naming the fix when ``a`` is wrapped by a torch.func transform."""
+    if not array_api_compat.is_torch_array(a):
+        return
+    import torch
+
+    if torch._C._functorch.is_functorch_wrapped_tensor(a):
+        raise TypeError(
+            f"{name} does not run under torch.func transforms (vmap, grad, jacrev, "
+            "functional_call's grads): its solvers read values on the host. It takes "
+            "stacks already: pass the batch as leading dimensions instead of vmap, and "
+            "differentiate with torch.autograd (loss.backward() or "
+            f"torch.autograd.grad), which {name} supports")
+
+
+def gradient_flows(a) -> bool:
+    """Whether a derivative with respect to ``a`` may be asked for: a torch tensor
+    that requires grad with grad mode on, or any JAX tracer."""
+    if array_api_compat.is_torch_array(a):
+        import torch
+
+        return bool(a.requires_grad) and torch.is_grad_enabled()
+    return array_api_compat.is_jax_array(a) and is_traced(a)
+
+
+def without_gradient(a):
+    """``a`` cut from the derivative graph (the same values)."""
+    if array_api_compat.is_torch_array(a):
+        return a.detach()
+    if array_api_compat.is_jax_array(a):
+        import jax
+
+        return jax.lax.stop_gradient(a)
+    return a
+
+
+def with_gradient(a, out, cotangent):
+    """``out`` (computed from ``a`` without gradient tracking) as a function of ``a``
+    whose reverse-mode derivative is ``cotangent(a, out_bar) -> a_bar``.
+
+    Parameters
+    ----------
+    a : torch tensor or JAX array
+        The differentiated input.
+    out : array
+        The result, the same library as ``a``, not tracked.
+    cotangent : callable
+        ``cotangent(a, out_bar)``: the vector-Jacobian product, an array shaped
+        like ``a``.
+    """
+    if array_api_compat.is_torch_array(a):
+        return _TorchAttached.apply(a, out, cotangent)
+    import jax
+
+    @jax.custom_vjp
+    def attached(a_in, out_in):
+        return out_in
+
+    def forward(a_in, out_in):
+        return out_in, a_in
+
+    def backward(a_saved, out_bar):
+        return cotangent(a_saved, out_bar), jax.numpy.zeros_like(out_bar)
+
+    attached.defvjp(forward, backward)
+    return attached(a, out)
+
+
+def _torch_function():
+    import torch
+
+    class Attached(torch.autograd.Function):
+        @staticmethod
+        def forward(a, out, cotangent):
+            return out.view_as(out)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            a, _, cotangent = inputs
+            ctx.save_for_backward(a)
+            ctx.cotangent = cotangent
+
+        @staticmethod
+        def backward(ctx, out_bar):
+            (a,) = ctx.saved_tensors
+            return ctx.cotangent(a, out_bar), None, None
+
+    return Attached
+
+
+class _LazyTorchFunction:
+    """The torch Function class, made on first use so importing matroot needs no torch."""
+
+    _cls = None
+
+    def apply(self, *args):
+        if self._cls is None:
+            type(self)._cls = _torch_function()
+        return self._cls.apply(*args)
+
+
+_TorchAttached = _LazyTorchFunction()
