@@ -158,7 +158,7 @@ def check_rtol(rtol, unit: float) -> float:
     ...
     ValueError: rtol=1e-08 is below what this computation can certify (10 unit roundoffs ...
     """
-    refuse_traced(rtol, "rtol")
+    rtol = refuse_traced(rtol, "rtol")
     if isinstance(rtol, bool) or not isinstance(rtol, numbers.Real):
         raise ValueError(f"rtol must be a real number in (0, 1], got {rtol!r}")
     value = float(rtol)

@@ -17,7 +17,9 @@ importing only those listed before it:
 - :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
   policy, counted;
 - :mod:`~matroot._xp.autodiff`: results attached to their input through a backward
-  formula (torch autograd, ``jax.custom_vjp``); torch.func transforms refused.
+  formula (``jax.custom_vjp``; torch autograd through
+  :mod:`~matroot._xp.torch_autodiff`, imported on first use); torch.func transforms
+  refused.
 
 The rest of matroot imports this package (``from matroot import _xp``), never
 one of its modules, so a helper can move between them freely.

@@ -31,7 +31,8 @@ def refuse_torch_func(a, name: str) -> None:
         return
     import torch
 
-    if torch._C._functorch.is_functorch_wrapped_tensor(a):
+    # Dynamo cannot trace the test (and a compiled graph sees plain tensors).
+    if not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(a):
         raise TypeError(
             f"{name} does not run under torch.func transforms (vmap, grad, jacrev, "
             "functional_call's grads): its solvers read values on the host. It takes "
@@ -76,7 +77,9 @@ def with_gradient(a, out, cotangent):
         like ``a``.
     """
     if array_api_compat.is_torch_array(a):
-        return _TorchAttached.apply(a, out, cotangent)
+        from .torch_autodiff import Attached  # a module: torch.compile cannot trace a class body
+
+        return Attached.apply(a, out, cotangent)
     import jax
 
     @jax.custom_vjp
@@ -91,39 +94,3 @@ def with_gradient(a, out, cotangent):
 
     attached.defvjp(forward, backward)
     return attached(a, out)
-
-
-def _torch_function():
-    import torch
-
-    class Attached(torch.autograd.Function):
-        @staticmethod
-        def forward(a, out, cotangent):
-            return out.view_as(out)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            a, _, cotangent = inputs
-            ctx.save_for_backward(a)
-            ctx.cotangent = cotangent
-
-        @staticmethod
-        def backward(ctx, out_bar):
-            (a,) = ctx.saved_tensors
-            return ctx.cotangent(a, out_bar), None, None
-
-    return Attached
-
-
-class _LazyTorchFunction:
-    """The torch Function class, made on first use so importing matroot needs no torch."""
-
-    _cls = None
-
-    def apply(self, *args):
-        if self._cls is None:
-            type(self)._cls = _torch_function()
-        return self._cls.apply(*args)
-
-
-_TorchAttached = _LazyTorchFunction()

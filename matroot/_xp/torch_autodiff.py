@@ -1,0 +1,29 @@
+"""The torch side of :func:`matroot._xp.autodiff.with_gradient`, in a module of its own
+so that importing matroot needs no torch and torch.compile finds the class made
+(it cannot trace a class definition)."""
+
+from __future__ import annotations
+
+import torch
+
+#: Nothing for the package to re-export: only :mod:`.autodiff` uses ``Attached``.
+__all__: list[str] = []
+
+
+class Attached(torch.autograd.Function):
+    """``out`` as a function of ``a`` whose backward pass is ``cotangent(a, out_bar)``."""
+
+    @staticmethod
+    def forward(a, out, cotangent):
+        return out.view_as(out)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        a, _, cotangent = inputs
+        ctx.save_for_backward(a)
+        ctx.cotangent = cotangent
+
+    @staticmethod
+    def backward(ctx, out_bar):
+        (a,) = ctx.saved_tensors
+        return ctx.cotangent(a, out_bar), None, None
