@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.testing import oracle_inv_root, relative_error
+from matroot.testing import (oracle_inv_root, relative_error, scaled_spd_stack, shampoo_factors,
+                             spd_stack)
 
 torch = pytest.importorskip("torch")
 
@@ -184,3 +185,25 @@ def test_traced_options_name_the_static_fix(jax_x64, name):
     value = {"p": 2.0, "eps": 1e-3, "rtol": 1e-3}[name]
     with pytest.raises(TypeError, match=rf"{name} is traced.*static_argnames"):
         jax_x64.jit(fn)(jnp.asarray(_gram_stack(0)), value)
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, 10.0, lam_max=-1.0),
+     ValueError, "lam_max"),
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, 10.0, lam_max=0.0),
+     ValueError, "lam_max"),
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, 10.0, lam_max=np.inf),
+     ValueError, "lam_max"),
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, np.inf), ValueError, "finite"),
+    (lambda: scaled_spd_stack(2, 3, np.inf), ValueError, "finite"),
+    (lambda: scaled_spd_stack(2, 3, 10.0, dtype=np.int32), TypeError, "real floating"),
+    (lambda: shampoo_factors(0, 3), ValueError, "batch must be >= 1"),
+])
+def test_test_helpers_refuse_what_is_no_spd_stack(make, error, match):
+    """matroot.testing, called as a user's own tests call it: ``lam_max <= 0`` built a
+    negative (semi)definite "SPD" stack and ``lam_max=inf`` one of NaN, silently;
+    ``kappa=inf`` died in NumPy ("Geometric sequence cannot include zero"); an
+    integer ``dtype`` truncated the stack to mostly zeros; ``shampoo_factors(0, n)``
+    raised IndexError."""
+    with pytest.raises(error, match=match):
+        make()
