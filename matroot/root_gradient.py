@@ -4,9 +4,10 @@ For symmetric ``S = V·diag(λ)·Vᵀ`` and ``f(λ) = (λ + eps)^(-1/p)``, the
 Daleckii–Krein theorem gives the derivative of ``F(S) = f(S)`` in a direction
 ``E`` as ``V·(Γ ∘ (Vᵀ·E·V))·Vᵀ`` with the first divided differences
 ``Γᵢⱼ = (f(λᵢ) − f(λⱼ))/(λᵢ − λⱼ)`` (``f'(λᵢ)`` where ``λᵢ = λⱼ``). Γ is symmetric,
-so the map is self-adjoint and the same expression applied to the output's
-cotangent is the cotangent of ``S``. The root is a function of ``(A + Aᵀ)/2``, so
-the cotangent of ``A`` is the symmetric part of that of ``S``.
+so the map is self-adjoint: the same expression is the forward derivative (JVP)
+and, applied to the output's cotangent, the cotangent of ``S``. The root is a
+function of ``(A + Aᵀ)/2``, so both take the symmetric part of ``E``, which the
+symmetric part of the result gives (Γ symmetric).
 
 This is the derivative of the exact root at the input, whichever method computed
 the returned root (the solvers stop on data-dependent tests, whose own
@@ -19,18 +20,20 @@ from __future__ import annotations
 from . import _xp
 from .accuracy import unit_roundoff
 
-__all__ = ["inv_root_cotangent"]
+__all__ = ["inv_root_derivative"]
 
 
-def inv_root_cotangent(a, root_bar, p: float, eps: float):
-    """The cotangent of ``a`` for ``root = (sym(a) + eps·I)^(-1/p)`` given ``root_bar``.
+def inv_root_derivative(a, direction, p: float, eps: float):
+    """The derivative of ``root = (sym(a) + eps·I)^(-1/p)`` at ``a`` in ``direction``,
+    which is also the cotangent of ``a`` for a cotangent ``direction`` of the root.
 
     Parameters
     ----------
     a : array, shape (..., n, n)
         The input of the root (any real floating dtype).
-    root_bar : array, shape (..., n, n)
-        The cotangent of the root.
+    direction : array, shape (..., n, n)
+        A direction in ``a``'s space (forward mode), or the cotangent of the root
+        (reverse mode). Linear operations only touch it, so JAX can transpose them.
     p, eps : float
         The root's order and ridge.
 
@@ -43,9 +46,9 @@ def inv_root_cotangent(a, root_bar, p: float, eps: float):
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.root_gradient import inv_root_cotangent
+    >>> from matroot.root_gradient import inv_root_derivative
     >>> a = np.diag([4.0, 4.0])  # d/da (a^(-1/2)) = -a^(-3/2)/2 = -1/16
-    >>> inv_root_cotangent(a, np.eye(2), 2, 0.0).tolist()
+    >>> inv_root_derivative(a, np.eye(2), 2, 0.0).tolist()
     [[-0.0625, 0.0], [0.0, -0.0625]]
     """
     xp = _xp.array_namespace(a)
@@ -65,5 +68,5 @@ def inv_root_cotangent(a, root_bar, p: float, eps: float):
     quotient = (f[..., :, None] - f[..., None, :]) / xp.where(close, xp.ones_like(gap), gap)
     gamma = xp.where(close, slope, quotient)
     vec_t = xp.matrix_transpose(vec)
-    inner = vec_t @ xp.astype(root_bar, work) @ vec
+    inner = vec_t @ xp.astype(direction, work) @ vec
     return xp.astype(_xp.symmetric_part(vec @ (gamma * inner) @ vec_t), a.dtype)

@@ -16,7 +16,7 @@ from . import _xp, stack_solve
 from ._checks import check_bound, check_choice, check_stack
 from ._typing import Array
 from .call import RootCall, resolve_call
-from .root_gradient import inv_root_cotangent
+from .root_gradient import inv_root_derivative
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
 from .solvers import get_solver
 from .lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
@@ -142,7 +142,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     # The solve ran untracked; the root's derivative is the exact one (root_gradient).
     return result._replace(root=_xp.with_gradient(
         differentiated, result.root,
-        functools.partial(inv_root_cotangent, p=float(call.p), eps=float(call.eps))))
+        functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps))))
 
 
 def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,

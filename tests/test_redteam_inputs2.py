@@ -230,3 +230,18 @@ def test_verify_root_names_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         verify_root(a, root, 2, unit_roundoff=2.0 ** -53,
                     certificate=kwargs.get("certificate", "deterministic"))
+
+
+def test_jax_forward_mode_derivative(jax_x64):
+    """``jax.jvp`` through an iterative method worked before (forward mode through a
+    while_loop) and must keep working with the attached derivative: it is the same
+    exact one as reverse mode's."""
+    jnp = jax_x64.numpy
+    a = _gram_stack(9)
+    direction = np.random.default_rng(9).standard_normal(a.shape)
+    direction = direction + np.swapaxes(direction, -1, -2)
+    _, tangent = jax_x64.jvp(lambda x: matroot.inv_root(x, 4, method="newton_db", eps=1e-2),
+                             (jnp.asarray(a),), (jnp.asarray(direction),))
+    weight = np.random.default_rng(10).standard_normal(a.shape)
+    np.testing.assert_allclose(np.sum(np.asarray(tangent) * weight, axis=(-2, -1)),
+                               _oracle_directional(a, 4, 1e-2, weight, direction), rtol=1e-6)

@@ -17,7 +17,7 @@ importing only those listed before it:
 - :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
   policy, counted;
 - :mod:`~matroot._xp.autodiff`: results attached to their input through a backward
-  formula (``jax.custom_vjp``; torch autograd through
+  formula (``jax.custom_jvp``; torch autograd through
   :mod:`~matroot._xp.torch_autodiff`, imported on first use); torch.func transforms
   refused.
 

@@ -6,10 +6,11 @@ matroot's solvers stop on data-dependent tests (a host check eagerly, a
 not the derivative of the function they approximate: torch's ``eigh`` backward
 divides by eigenvalue gaps (NaN for the identity), JAX cannot reverse a
 ``while_loop``. So a differentiated input is solved without gradient tracking and
-the result is attached to the input through a backward formula
+the result is attached to the input through a derivative formula
 (:func:`with_gradient`): ``torch.autograd.Function`` for PyTorch,
-``jax.custom_vjp`` for JAX (whose tracers cannot tell ``jax.grad`` from
-``jax.jit``; the rule costs nothing where nothing is differentiated).
+``jax.custom_jvp`` for JAX (forward mode, and reverse mode by transposing it; JAX's
+tracers cannot tell ``jax.grad`` from ``jax.jit``, and the rule costs nothing where
+nothing is differentiated).
 
 torch.func's transforms (``vmap``, ``grad``, ``jacrev``) wrap tensors in a way
 that the solvers' host reads and the custom backward do not support; they are
@@ -62,9 +63,9 @@ def without_gradient(a):
     return a
 
 
-def with_gradient(a, out, cotangent):
+def with_gradient(a, out, derivative):
     """``out`` (computed from ``a`` without gradient tracking) as a function of ``a``
-    whose reverse-mode derivative is ``cotangent(a, out_bar) -> a_bar``.
+    whose derivative is the linear map ``derivative(a, direction)``.
 
     Parameters
     ----------
@@ -72,25 +73,27 @@ def with_gradient(a, out, cotangent):
         The differentiated input.
     out : array
         The result, the same library as ``a``, not tracked.
-    cotangent : callable
-        ``cotangent(a, out_bar)``: the vector-Jacobian product, an array shaped
-        like ``a``.
+    derivative : callable
+        ``derivative(a, d)``: the derivative of ``out`` at ``a`` applied to ``d``, an
+        array shaped like ``a``. It must be self-adjoint (as the derivative of a
+        symmetric matrix function is), so that it serves as the vector-Jacobian
+        product too: torch's backward pass calls it on the output's gradient; JAX
+        uses it as the JVP (``jax.jvp``, ``jacfwd``) and transposes it for
+        ``jax.grad``, so it must be built of linear operations in ``d``.
     """
     if array_api_compat.is_torch_array(a):
         from .torch_autodiff import Attached  # a module: torch.compile cannot trace a class body
 
-        return Attached.apply(a, out, cotangent)
+        return Attached.apply(a, out, derivative)
     import jax
 
-    @jax.custom_vjp
+    @jax.custom_jvp
     def attached(a_in, out_in):
         return out_in
 
-    def forward(a_in, out_in):
-        return out_in, a_in
+    @attached.defjvp
+    def tangent(primals, tangents):
+        a_in, out_in = primals
+        return out_in, derivative(a_in, tangents[0])
 
-    def backward(a_saved, out_bar):
-        return cotangent(a_saved, out_bar), jax.numpy.zeros_like(out_bar)
-
-    attached.defvjp(forward, backward)
     return attached(a, out)

@@ -11,19 +11,20 @@ __all__: list[str] = []
 
 
 class Attached(torch.autograd.Function):
-    """``out`` as a function of ``a`` whose backward pass is ``cotangent(a, out_bar)``."""
+    """``out`` as a function of ``a`` whose backward pass is ``derivative(a, out_bar)``
+    (a self-adjoint derivative is its own vector-Jacobian product)."""
 
     @staticmethod
-    def forward(a, out, cotangent):
+    def forward(a, out, derivative):
         return out.view_as(out)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        a, _, cotangent = inputs
+        a, _, derivative = inputs
         ctx.save_for_backward(a)
-        ctx.cotangent = cotangent
+        ctx.derivative = derivative
 
     @staticmethod
     def backward(ctx, out_bar):
         (a,) = ctx.saved_tensors
-        return ctx.cotangent(a, out_bar), None, None
+        return ctx.derivative(a, out_bar), None, None
