@@ -41,7 +41,8 @@ def inv_root_derivative(a, direction, p: float, eps: float):
     -------
     array, shape (..., n, n)
         Symmetric, in ``a``'s dtype. NaN for a matrix where ``A + eps·I`` is not
-        positive definite (the root is not differentiable there).
+        positive definite or has NaN/Inf entries (the root is not differentiable
+        there); the other matrices are unaffected.
 
     Examples
     --------
@@ -53,8 +54,13 @@ def inv_root_derivative(a, direction, p: float, eps: float):
     """
     xp = _xp.array_namespace(a)
     work = xp.float64 if _xp.has_float64(xp) else xp.float32
-    s = _xp.symmetric_part(xp.astype(a, work))
-    s = s + eps * _xp.identity_stack(xp, s.shape[-1], work, _xp.device_of(s))
+    shape, n = tuple(a.shape), a.shape[-1]
+    s = xp.reshape(_xp.symmetric_part(xp.astype(a, work)), (-1, n, n))
+    eye = _xp.identity_stack(xp, n, work, _xp.device_of(s))
+    # A matrix with NaN/Inf (check_finite=False) gets NaN, not a failed eigh that
+    # raises for the whole batch.
+    finite = _xp.finite_matrices(s)
+    s = _xp.batched_where(finite, s, eye) + eps * eye
     lam, vec = _xp.lapack_in_order(xp.linalg.eigh, s)
     f = lam ** (-1.0 / p)
     lam_i, lam_j = lam[..., :, None], lam[..., None, :]
@@ -68,5 +74,7 @@ def inv_root_derivative(a, direction, p: float, eps: float):
     quotient = (f[..., :, None] - f[..., None, :]) / xp.where(close, xp.ones_like(gap), gap)
     gamma = xp.where(close, slope, quotient)
     vec_t = xp.matrix_transpose(vec)
-    inner = vec_t @ xp.astype(direction, work) @ vec
-    return xp.astype(_xp.symmetric_part(vec @ (gamma * inner) @ vec_t), a.dtype)
+    inner = vec_t @ xp.reshape(xp.astype(direction, work), (-1, n, n)) @ vec
+    out = _xp.symmetric_part(vec @ (gamma * inner) @ vec_t)
+    out = _xp.batched_where(finite, out, xp.full_like(out, float("nan")))
+    return xp.astype(xp.reshape(out, shape), a.dtype)

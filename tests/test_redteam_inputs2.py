@@ -245,3 +245,38 @@ def test_jax_forward_mode_derivative(jax_x64):
     weight = np.random.default_rng(10).standard_normal(a.shape)
     np.testing.assert_allclose(np.sum(np.asarray(tangent) * weight, axis=(-2, -1)),
                                _oracle_directional(a, 4, 1e-2, weight, direction), rtol=1e-6)
+
+
+def test_torch_forward_mode_derivative():
+    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) went through the
+    iterations before the derivative was attached; it must still give the exact
+    derivative, not drop the tangent."""
+    forward_ad = torch.autograd.forward_ad
+    a = _gram_stack(11)
+    direction = np.random.default_rng(11).standard_normal(a.shape)
+    direction = direction + np.swapaxes(direction, -1, -2)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(torch.tensor(a), torch.tensor(direction))
+        tangent = forward_ad.unpack_dual(matroot.inv_root(dual, 2, method="minimax",
+                                                          eps=1e-2)).tangent
+    assert tangent is not None
+    weight = np.random.default_rng(12).standard_normal(a.shape)
+    np.testing.assert_allclose(np.sum(tangent.numpy() * weight, axis=(-2, -1)),
+                               _oracle_directional(a, 2, 1e-2, weight, direction), rtol=1e-6)
+
+
+def test_a_non_finite_matrix_leaves_the_others_gradients_alone():
+    """With ``check_finite=False`` one NaN matrix made torch's backward pass raise
+    ``linalg.eigh: (Batch element 1): The algorithm failed to converge`` for the
+    whole batch; its gradient is NaN now and its neighbours' are what they are alone."""
+    a = _gram_stack(13, b=3)
+    a[1, 0, 0] = np.nan
+    at = torch.tensor(a, requires_grad=True)
+    root = matroot.inv_root_info(at, 2, method="newton_db", check_finite=False).root
+    (grad,) = torch.autograd.grad(torch.nan_to_num(root).sum(), at)
+    assert torch.isnan(grad[1]).all()
+    alone = torch.tensor(a[[0, 2]], requires_grad=True)
+    (expected,) = torch.autograd.grad(matroot.inv_root(alone, 2, method="newton_db").sum(), alone)
+    # Same formula on the same matrices; batched LAPACK calls per matrix, so equal
+    # to rounding (not bitwise: the batch differs).
+    torch.testing.assert_close(grad[[0, 2]], expected, rtol=1e-12, atol=0)

@@ -44,11 +44,14 @@ def refuse_torch_func(a, name: str) -> None:
 
 def gradient_flows(a) -> bool:
     """Whether a derivative with respect to ``a`` may be asked for: a torch tensor
-    that requires grad with grad mode on, or any JAX tracer."""
+    that requires grad with grad mode on or carries a forward-mode tangent, or any
+    JAX tracer."""
     if array_api_compat.is_torch_array(a):
         import torch
 
-        return bool(a.requires_grad) and torch.is_grad_enabled()
+        from .torch_autodiff import has_forward_tangent
+
+        return (bool(a.requires_grad) and torch.is_grad_enabled()) or has_forward_tangent(a)
     return array_api_compat.is_jax_array(a) and is_traced(a)
 
 
@@ -82,9 +85,11 @@ def with_gradient(a, out, derivative):
         ``jax.grad``, so it must be built of linear operations in ``d``.
     """
     if array_api_compat.is_torch_array(a):
-        from .torch_autodiff import Attached  # a module: torch.compile cannot trace a class body
+        # A module: torch.compile cannot trace a class body.
+        from .torch_autodiff import Attached, AttachedWithTangent, has_forward_tangent
 
-        return Attached.apply(a, out, derivative)
+        function = AttachedWithTangent if has_forward_tangent(a) else Attached
+        return function.apply(a, out, derivative)
     import jax
 
     @jax.custom_jvp

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import torch
 
-#: Nothing for the package to re-export: only :mod:`.autodiff` uses ``Attached``.
+#: Nothing for the package to re-export: only :mod:`.autodiff` uses these.
 __all__: list[str] = []
+
+
+def has_forward_tangent(x) -> bool:
+    """Whether ``x`` is a forward-mode dual tensor (``torch.autograd.forward_ad``)."""
+    return torch.autograd.forward_ad.unpack_dual(x).tangent is not None
 
 
 class Attached(torch.autograd.Function):
@@ -28,3 +33,18 @@ class Attached(torch.autograd.Function):
     def backward(ctx, out_bar):
         (a,) = ctx.saved_tensors
         return ctx.derivative(a, out_bar), None, None
+
+
+class AttachedWithTangent(Attached):
+    """:class:`Attached` for a dual tensor: forward mode's tangent too. A class of its
+    own because torch.compile cannot trace a Function that defines ``jvp``."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        Attached.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def jvp(ctx, a_dot, out_dot, derivative_dot):
+        (a,) = ctx.saved_tensors
+        return ctx.derivative(a, a_dot)
