@@ -280,3 +280,14 @@ def test_a_non_finite_matrix_leaves_the_others_gradients_alone():
     # Same formula on the same matrices; batched LAPACK calls per matrix, so equal
     # to rounding (not bitwise: the batch differs).
     torch.testing.assert_close(grad[[0, 2]], expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 0.0), (np.float64, 1e-20),
+                                         (np.float32, 1e-8)])
+def test_polar_refuses_an_rtol_no_factor_can_meet(dtype, rtol):
+    """``polar(g, rtol=0)`` (or any rtol below the rounding of the returned factor)
+    ran the whole schedule and reported every matrix not converged, where
+    ``inv_root`` refuses such an rtol up front with the fix."""
+    g = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(dtype)
+    with pytest.raises(ValueError, match=r"rtol=.* is below what a float.. factor can meet"):
+        matroot.polar_info(g, rtol=rtol)
