@@ -60,8 +60,22 @@ def check_stack(a, name: str = "a", *, square: bool = True):
     return xp
 
 
+def refuse_traced(value, name: str):
+    """``value``, where an option that shapes the computation (a root order, a ridge,
+    a tolerance) must be known while tracing: a value traced by jax.jit or
+    torch.compile is a TypeError naming the fix."""
+    if not isinstance(value, numbers.Real) and hasattr(value, "shape") and is_traced(value):
+        raise TypeError(
+            f"{name} is traced (an argument of the jitted or compiled function), but it "
+            "decides the computation's steps and must be known while tracing: pass it as "
+            f"a Python number, static (jax.jit(f, static_argnames=['{name}'])) or closed "
+            "over, not as a traced argument")
+    return value
+
+
 def check_p(p):
     """Validate a root order (a finite real ``p > 0``); return it as int or float."""
+    p = refuse_traced(p, "p")
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
     if not math.isfinite(p) or p <= 0:
@@ -78,7 +92,8 @@ def check_choice(value, name: str, choices):
 
 
 def check_nonnegative(value, name: str) -> float:
-    if hasattr(value, "shape") and not isinstance(value, numbers.Real):
+    value = refuse_traced(value, name)
+    if not isinstance(value, numbers.Real) and hasattr(value, "shape"):
         # An array (a 0-d one included) is one value for the whole stack here, and a
         # traced one could not be read: the caller converts it.
         per_matrix = (" (a ridge per matrix: add it to the diagonals yourself and pass "

@@ -17,6 +17,7 @@ import numbers
 import numpy as np
 
 from . import _xp
+from ._checks import refuse_traced
 from ._typing import Array
 
 __all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "CHECK_RESOLUTION", "ESTIMATE_UNDERSHOOT",
@@ -157,6 +158,7 @@ def check_rtol(rtol, unit: float) -> float:
     ...
     ValueError: rtol=1e-08 is below what this computation can certify (10 unit roundoffs ...
     """
+    rtol = refuse_traced(rtol, "rtol")
     if isinstance(rtol, bool) or not isinstance(rtol, numbers.Real):
         raise ValueError(f"rtol must be a real number in (0, 1], got {rtol!r}")
     value = float(rtol)

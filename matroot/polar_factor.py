@@ -22,7 +22,7 @@ from . import _xp
 from ._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
                       check_stack)
 from ._typing import Array
-from .accuracy import unit_roundoff
+from .accuracy import RTOL_FLOOR_UNITS, unit_roundoff
 from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
 from .polar_coefficients import band_lower, default_margin
 from .polar_solvers import get_polar_method, polar_method_names
@@ -123,15 +123,20 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     precision = (matmul_dtype if matmul_dtype is not None and polar_method.forms_products
                  else work_name)
-    rtol = _default_rtol(xp, g.dtype, precision) if rtol is None else check_nonnegative(
-        rtol, "rtol")
+    unit = UNIT_ROUNDOFF[precision]
+    if rtol is None:
+        rtol = _default_rtol(xp, g.dtype, precision)
+    elif (rtol := check_nonnegative(rtol, "rtol")) < RTOL_FLOOR_UNITS * unit:
+        # 0 included: a factor in floating point carries a defect of its rounding.
+        raise ValueError(f"rtol={rtol!r} is below what a {precision} factor can meet "
+                         f"({RTOL_FLOOR_UNITS} unit roundoffs, {RTOL_FLOOR_UNITS * unit:.1g}): "
+                         "no matrix would converge; pass a larger rtol, or float64 input")
     if lower is None:
         lower = DEFAULT_LOWER[precision]
     elif not 0.0 < check_nonnegative(lower, "lower") < 1.0:
         raise ValueError(f"lower must lie in (0, 1) (a bound on σmin/σmax), got {lower!r}")
     # An empty matrix is not solved, but its call's options are checked all the same.
     n = max(min(g.shape[-2:]), 1)
-    unit = UNIT_ROUNDOFF[precision]
     max_iter = check_max_iter(max_iter)
 
     def rows_for(bound):
@@ -191,6 +196,7 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     ([[1.0, 0.0], [0.0, -1.0], [0.0, 0.0]], [True])
     """
     xp = check_stack(g, "g", square=False)
+    _xp.refuse_torch_func(g, "polar")
     check_choice(method, "method", polar_method_names())
     check_choice(sigma_bound, "sigma_bound", SIGMA_BOUNDS)
     method, work_name, rtol, sigma_bound, rows = _resolve(
@@ -310,7 +316,9 @@ def polar(g: Array, /, **options: Any) -> Array:
         See :data:`matroot.polar_solvers.POLAR_METHODS`; ``"auto"`` is
         ``"polar_express"``.
     rtol : float, optional
-        Bound on ``‖QᵀQ − I‖_F/√min(m, n)`` for ``converged``; default per
+        Bound on ``‖QᵀQ − I‖_F/√min(m, n)`` for ``converged``, at least 10 unit
+        roundoffs of the precision (a smaller one, 0 included, no factor could
+        meet: ValueError); default per
         precision in :data:`matroot.polar_accuracy.DEFAULT_RTOL`, for a float16 or
         bfloat16 input that dtype's (the factor returned in 16 bits carries its
         rounding, which float32's default could not meet).

@@ -4,6 +4,7 @@ repair what failed, warn."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
@@ -15,6 +16,7 @@ from . import _xp, stack_solve
 from ._checks import check_bound, check_choice, check_stack
 from ._typing import Array
 from .call import RootCall, resolve_call
+from .root_gradient import inv_root_derivative
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
 from .solvers import get_solver
 from .lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
@@ -111,8 +113,10 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     ([True, True], (2,))
     """
     xp = check_stack(a)
+    _xp.refuse_torch_func(a, "inv_root")
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(InvRootResult, ("method", "failure_probability"))
+    differentiated, a = a, _xp.without_gradient(a)
     call = resolve_call(xp, a, p, method=method, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
                         max_iter=max_iter, matmul_dtype=matmul_dtype,
                         compute_dtype=compute_dtype, fallback=fallback,
@@ -132,7 +136,13 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     bounds = {name: check_bound(value, name, xp, batch, traced=traced) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
     with _xp.full_float32_products(xp, a):
-        return _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
+        result = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
+    if not _xp.gradient_flows(differentiated):
+        return result
+    # The solve ran untracked; the root's derivative is the exact one (root_gradient).
+    return result._replace(root=_xp.with_gradient(
+        differentiated, result.root,
+        functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps))))
 
 
 def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,
@@ -292,7 +302,9 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     Returns
     -------
     array, shape (..., n, n)
-        Same namespace, device, shape and dtype as ``a``.
+        Same namespace, device, shape and dtype as ``a``. Differentiable (torch
+        autograd, ``jax.grad``): the derivative is the exact root's, whatever
+        the method (:mod:`matroot.root_gradient`, docs/jax.rst).
 
     Raises
     ------

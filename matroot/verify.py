@@ -64,6 +64,7 @@ import math
 import warnings
 
 from . import _xp
+from ._checks import check_choice
 import numpy as np
 
 from .probes import FROBENIUS_FACTOR, PROBE_SEED, PROBES, SPECTRAL_FACTOR, probe_block
@@ -248,6 +249,17 @@ def kappa_from_root(scaled, root, p, kappa_bound):
     return kappa, 2 * min(_KAPPA_POWER_VECTORS, n) * _KAPPA_POWER_STEPS / n
 
 
+def _check_stacks(scaled, root, certificate: str) -> None:
+    """A public caller's arguments: two stacks of one shape (a single matrix would be
+    read as a stack of rows) and a known certificate."""
+    check_choice(certificate, "certificate", CERTIFICATES)
+    if scaled.ndim < 3 or tuple(scaled.shape) != tuple(root.shape) \
+            or scaled.shape[-1] != scaled.shape[-2]:
+        raise ValueError(f"scaled and root must be stacks (b, n, n) of one shape, got "
+                         f"{tuple(scaled.shape)} and {tuple(root.shape)}; add a leading "
+                         "axis to a single matrix (a[None])")
+
+
 def verify_root(scaled, root, p, *, unit_roundoff: float,
                 ritz: RitzValues | None = None, kappa_bound=None,
                 certificate: str = DEFAULT_CERTIFICATE, probe_seed: int = PROBE_SEED) -> RootCheck:
@@ -298,6 +310,7 @@ def verify_root(scaled, root, p, *, unit_roundoff: float,
     >>> float(flipped.residual[0]), bool(flipped.positive[0])
     (0.0, False)
     """
+    _check_stacks(scaled, root, certificate)
     xp = _xp.array_namespace(root)
     n = root.shape[-1]
     finite = _xp.finite_matrices(root)

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("matroot.accuracy",),
     ("matroot.krylov", "matroot.lambda_max_bounds", "matroot.scaling"),
     ("matroot.solvers",),
-    ("matroot.probes", "matroot.result"),
+    ("matroot.probes", "matroot.result", "matroot.root_gradient"),
     ("matroot.verify",),
     ("matroot.call",),
     ("matroot.stack_solve",),
@@ -43,7 +43,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 #: The modules of the matroot._xp package, bottom first: each imports only modules
 #: listed before it (and never the package itself, whose __init__ re-exports them).
-XP_MODULES = ("namespace", "transfer", "precision", "tracing", "linalg", "matmul")
+XP_MODULES = ("namespace", "transfer", "precision", "tracing", "linalg", "matmul",
+              "torch_autodiff", "autodiff")
 
 
 def _module_name(path: Path) -> str:

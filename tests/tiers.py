@@ -48,6 +48,8 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
     ("tests/test_converged_means_right.py::test_isolated_top_at_n1024[*", "n = 1024 solves"),
     ("tests/test_optim_options.py::test_a_dtensor_parameter_in_a_world_of_one*",
      "starts a process group"),
+    ("tests/test_redteam_inputs2.py::test_jax_vmap_over_coupled_newton",
+     "compiles a vmapped coupled Newton solve"),
     ("tests/test_optim_bench.py::test_digits_example_quick_run_writes_its_results",
      "trains a model"),
     # The accuracy table's other backends: the quick tier keeps NumPy and torch.

@@ -15,7 +15,11 @@ importing only those listed before it:
   products and ``beta*c + alpha*(a @ b)`` sums torch forms in one operation,
   per-matrix Cholesky success, finiteness);
 - :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
-  policy, counted.
+  policy, counted;
+- :mod:`~matroot._xp.autodiff`: results attached to their input through a backward
+  formula (``jax.custom_jvp``; torch autograd through
+  :mod:`~matroot._xp.torch_autodiff`, imported on first use); torch.func transforms
+  refused.
 
 The rest of matroot imports this package (``from matroot import _xp``), never
 one of its modules, so a helper can move between them freely.
@@ -23,6 +27,7 @@ one of its modules, so a helper can move between them freely.
 
 from __future__ import annotations
 
+from .autodiff import gradient_flows, refuse_torch_func, with_gradient, without_gradient
 from .linalg import (
     add_product,
     add_scaled,
@@ -116,4 +121,8 @@ __all__ = [
     "cholesky_succeeds",
     "spd_solve",
     "Matmul",
+    "refuse_torch_func",
+    "gradient_flows",
+    "without_gradient",
+    "with_gradient",
 ]

@@ -108,7 +108,8 @@ def iterate_frozen(
         stall_level = min(tol ** 0.5, STALL_SPECTRAL_CEILING / math.sqrt(max(n, 1)))
     judge = _Judge(xp, state[0], tol=tol / residual_scale,
                    stall_level=stall_level / residual_scale)
-    if _xp.is_traced(state[0]):
+    # Any leaf: under jax.vmap a leaf built from constants (an identity start) is concrete.
+    if any(_xp.is_traced(leaf) for leaf in state):
         state, residual, iterations, limited = _iterate_traced(
             xp, state, step, judge, max_iter=max_iter, check_every=check_every)
         residual = xp.where(limited, residual_of(state), residual)

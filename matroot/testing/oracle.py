@@ -16,6 +16,8 @@ array([[0.5 , 0.  ],
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +128,9 @@ def spd_stack(rng: np.random.Generator, batch: tuple, n: int, kappa: float, *,
     ``spread`` is a spectral family of :mod:`matroot.testing.spectra` ("geometric",
     "uniform", "clustered", ...). Returns ``(a, q, lam)`` in float64.
     """
+    if not 0 < lam_max < math.inf:
+        raise ValueError(f"lam_max={lam_max!r}: the largest eigenvalue of a positive "
+                         "definite stack is finite and > 0")
     batch = tuple(batch)
     lam = lam_max * spectrum(spread, rng, batch, n, kappa)
     q = random_orthogonal(rng, batch, n)

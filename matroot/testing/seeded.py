@@ -57,7 +57,10 @@ def scaled_spd_stack(batch: int, n: int, kappa: float, *, seed: int = 0,
     Raises
     ------
     ValueError
-        For ``batch`` or ``n`` below 1, ``kappa`` below 1, or an unknown ``spread``.
+        For ``batch`` or ``n`` below 1, ``kappa`` below 1 or infinite, or an unknown
+        ``spread``.
+    TypeError
+        For a ``dtype`` that is not real floating.
 
     Examples
     --------
@@ -70,8 +73,11 @@ def scaled_spd_stack(batch: int, n: int, kappa: float, *, seed: int = 0,
     """
     if n < 1 or batch < 1:
         raise ValueError(f"n and batch must be >= 1, got n={n}, batch={batch}")
-    if not kappa >= 1:
-        raise ValueError(f"kappa must be >= 1, got {kappa}")
+    if not 1 <= kappa < math.inf:
+        raise ValueError(f"kappa must be >= 1 and finite, got {kappa}")
+    if np.dtype(dtype).kind != "f":
+        raise TypeError(f"dtype={np.dtype(dtype)} is not a real floating dtype: an SPD "
+                        "stack cast to it would lose its values; pass np.float32 or np.float64")
     if spread not in SCALED_SPREADS:
         raise ValueError(f"spread {spread!r} is not one of {SCALED_SPREADS}")
     rng = np.random.default_rng(seed)
@@ -103,6 +109,8 @@ def shampoo_factors(batch: int, n: int, *, seed: int = 0) -> np.ndarray:
     >>> np.trace(shampoo_factors(3, 8), axis1=1, axis2=2).round(6).tolist()
     [1.0, 0.031623, 0.001]
     """
+    if n < 1 or batch < 1:
+        raise ValueError(f"n and batch must be >= 1, got n={n}, batch={batch}")
     rng = np.random.default_rng(seed)
     high, low = ENERGY_RANGE
     energies = np.geomspace(high, low, batch) if batch > 1 else np.array([high])

@@ -17,6 +17,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 
 import numpy as np
@@ -113,8 +115,8 @@ def spectrum(family: str, rng: np.random.Generator, batch: tuple, n: int,
     if family not in SPECTRAL_FAMILIES:
         raise ValueError(f"{family!r} is not a spectral family; choose from "
                          f"{tuple(SPECTRAL_FAMILIES)}")
-    if not kappa >= 1:
-        raise ValueError(f"kappa={kappa!r}: a condition number is at least 1")
+    if not 1 <= kappa < math.inf:
+        raise ValueError(f"kappa={kappa!r}: a condition number is at least 1 and finite")
     if n == 1:
         return np.ones((*batch, 1))
     return SPECTRAL_FAMILIES[family](rng, tuple(batch), n, kappa)
