@@ -312,3 +312,29 @@ def test_shampoo_names_a_parameter_removed_from_its_group_after_the_first_step()
         _train(model, opt, 1)
     with pytest.raises(ValueError, match="left the parameter groups"):
         opt.state_dict()
+
+
+def test_shampoo_refuses_a_per_dimension_setting_changed_after_the_first_step():
+    """``group["precondition"] = True`` after a warm-up (or a new ``skip_dims``) was
+    ignored in silence: the blocks were planned at the first step (the docs said the
+    per-dimension fields were read at every step). A checkpoint still loads into an
+    optimizer made with other settings: torch's loader puts the saved ones back."""
+    model = _two_layers()
+    params = list(model.parameters())
+
+    def make():
+        return Shampoo([{"params": params[:2], "precondition": False},
+                        {"params": params[2:]}], **SHAMPOO)
+    opt = make()
+    _train(model, opt, 2)
+    checkpoint = opt.state_dict()
+    blocks = opt.diagnostics()["blocks"]
+    opt.param_groups[0]["precondition"] = True
+    with pytest.raises(ValueError, match=r"per-dimension settings .* of a parameter of shape "
+                                         r"\(5, 6\) changed after its first step"):
+        _train(model, opt, 1)
+    resumed = make()
+    resumed.param_groups[1]["skip_dims"] = (0,)
+    resumed.load_state_dict(checkpoint)
+    _train(model, resumed, 1)
+    assert resumed.diagnostics()["blocks"] == blocks

@@ -5,7 +5,8 @@ agree on every hyperparameter except the per-parameter ones
 (:data:`~matroot.optim.config.PER_PARAMETER`: ``lr``, ``weight_decay`` and the
 per-dimension policy) share one set of factor stacks (a *family*), so the whole
 model's equal-size factors are solved by one ``inv_root`` call per size; ``lr``
-and ``weight_decay`` are read per group at every step, so LR schedulers work.
+and ``weight_decay`` are read per group at every step, so LR schedulers work
+(the per-dimension policy fixes a parameter's blocks at its first step).
 Trainable parameters get a family at the first step (frozen ones none), so a
 group added after training started, or a parameter unfrozen later, gets a
 family of its own (its own step count and stacks).
@@ -202,6 +203,15 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                     "parameter groups that share Shampoo factor stacks must keep equal "
                     f"hyperparameters other than {', '.join(PER_PARAMETER)}; changed after "
                     f"the first step: {shared} vs {config}")
+        policy_of = {key: config.factor_policy for key, (config, _) in zip(groups, configs)}
+        for p, planned in zip(family.params, family.planned_policies):
+            if policy_of[id(group_of[id(p)])] != planned:
+                per_dimension = [k for k in PER_PARAMETER if k not in ("lr", "weight_decay")]
+                raise ValueError(
+                    f"the per-dimension settings ({', '.join(per_dimension)}) of the group "
+                    f"of a parameter of shape {tuple(p.shape)} changed after its first step, "
+                    "which fixed its blocks and factors: set them before training, or make "
+                    "a new optimizer")
         return configs[0][0]
 
     def _policy(self, p, group):
@@ -233,9 +243,16 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         if pending and self._process_group is not None:
             agree_on_parameters([p for _, _, members, _ in pending for p in members],
                                 self._process_group, is_dtensor)
+        group_of = self._group_of() if pending else {}
         for config, _, members, policies in pending:
             plan = core.make_plan([p.detach() for p in members], config, policies=policies)
-            self._families.append(self._new_family(members, config, plan))
+            family = self._new_family(members, config, plan)
+            family.planned_policies = self._group_policies(members, group_of)
+            self._families.append(family)
+
+    def _group_policies(self, params, group_of) -> list:
+        """Each parameter's group's per-dimension policy (the plan's, before ``graft_only``)."""
+        return [self._group_config(group_of[id(p)]).factor_policy for p in params]
 
     def _new_family(self, members, config, plan) -> _Family:
         detached = [p.detach() for p in members]
