@@ -314,11 +314,12 @@ def test_shampoo_names_a_parameter_removed_from_its_group_after_the_first_step()
         opt.state_dict()
 
 
-def test_shampoo_refuses_a_per_dimension_setting_changed_after_the_first_step():
-    """``group["precondition"] = True`` after a warm-up (or a new ``skip_dims``) was
-    ignored in silence: the blocks were planned at the first step (the docs said the
-    per-dimension fields were read at every step). A checkpoint still loads into an
-    optimizer made with other settings: torch's loader puts the saved ones back."""
+def test_shampoo_refuses_a_block_setting_changed_after_the_first_step():
+    """``group["precondition"] = True`` after a warm-up (or a new ``skip_dims``, or
+    ``block_size`` in every group) was ignored in silence: the blocks were planned at
+    the first step (the docs said the per-dimension fields were read at every step).
+    A checkpoint still loads into an optimizer made with other settings: torch's
+    loader puts the saved ones back."""
     model = _two_layers()
     params = list(model.parameters())
 
@@ -330,8 +331,13 @@ def test_shampoo_refuses_a_per_dimension_setting_changed_after_the_first_step():
     checkpoint = opt.state_dict()
     blocks = opt.diagnostics()["blocks"]
     opt.param_groups[0]["precondition"] = True
-    with pytest.raises(ValueError, match=r"per-dimension settings .* of a parameter of shape "
-                                         r"\(5, 6\) changed after its first step"):
+    with pytest.raises(ValueError, match=r"^precondition changed in the group of a parameter "
+                                         r"of shape \(5, 6\) after its first step"):
+        _train(model, opt, 1)
+    opt.param_groups[0]["precondition"] = False
+    for group in opt.param_groups:
+        group["block_size"] = 2
+    with pytest.raises(ValueError, match=r"^block_size changed"):
         _train(model, opt, 1)
     resumed = make()
     resumed.param_groups[1]["skip_dims"] = (0,)

@@ -62,6 +62,15 @@ def _hashable(value):
 
 _DEFAULTS = core.ShampooConfig()
 
+#: Settings fixed at a parameter's first step: its blocks (the per-dimension policy,
+#: ``block_size``, ``stacked``) and how their factors and roots are stored.
+_PLAN_FIELDS = tuple(k for k in PER_PARAMETER if k not in ("lr", "weight_decay")) + (
+    "block_size", "stacked", "symmetric_packing", "root_storage_dtype")
+
+
+def _plan_settings(config: core.ShampooConfig) -> tuple:
+    return tuple(getattr(config, name) for name in _PLAN_FIELDS)
+
 
 class _Job(NamedTuple):
     """What one family's step needs from the host: config, per-parameter ``lr`` and
@@ -203,15 +212,16 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                     "parameter groups that share Shampoo factor stacks must keep equal "
                     f"hyperparameters other than {', '.join(PER_PARAMETER)}; changed after "
                     f"the first step: {shared} vs {config}")
-        policy_of = {key: config.factor_policy for key, (config, _) in zip(groups, configs)}
-        for p, planned in zip(family.params, family.planned_policies):
-            if policy_of[id(group_of[id(p)])] != planned:
-                per_dimension = [k for k in PER_PARAMETER if k not in ("lr", "weight_decay")]
+        planned_of = {key: _plan_settings(config) for key, (config, _) in zip(groups, configs)}
+        for p, planned in zip(family.params, family.planned_settings):
+            now = planned_of[id(group_of[id(p)])]
+            if now != planned:
+                changed = [k for k, a, b in zip(_PLAN_FIELDS, now, planned) if a != b]
                 raise ValueError(
-                    f"the per-dimension settings ({', '.join(per_dimension)}) of the group "
-                    f"of a parameter of shape {tuple(p.shape)} changed after its first step, "
-                    "which fixed its blocks and factors: set them before training, or make "
-                    "a new optimizer")
+                    f"{', '.join(changed)} changed in the group of a parameter of shape "
+                    f"{tuple(p.shape)} after its first step, which fixed its blocks and how "
+                    "their factors are stored: set it before training, or make a new "
+                    "optimizer")
         return configs[0][0]
 
     def _policy(self, p, group):
@@ -247,12 +257,12 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         for config, _, members, policies in pending:
             plan = core.make_plan([p.detach() for p in members], config, policies=policies)
             family = self._new_family(members, config, plan)
-            family.planned_policies = self._group_policies(members, group_of)
+            family.planned_settings = self._planned_settings(members, group_of)
             self._families.append(family)
 
-    def _group_policies(self, params, group_of) -> list:
-        """Each parameter's group's per-dimension policy (the plan's, before ``graft_only``)."""
-        return [self._group_config(group_of[id(p)]).factor_policy for p in params]
+    def _planned_settings(self, params, group_of) -> list:
+        """Per parameter, its group's values of :data:`_PLAN_FIELDS`."""
+        return [_plan_settings(self._group_config(group_of[id(p)])) for p in params]
 
     def _new_family(self, members, config, plan) -> _Family:
         detached = [p.detach() for p in members]

@@ -111,8 +111,8 @@ class _Family:
     ``schedule_step`` counts the steps that reached the update on the host (steps
     skipped on the device included) and drives the root schedule; ``config`` is the
     last config the family stepped with (the same object while it is unchanged);
-    ``planned_policies`` each parameter's group's per-dimension policy that the
-    block plan was made (or loaded) with.
+    ``planned_settings`` each parameter's group's settings that its blocks were
+    planned (or loaded) with, which may not change.
     """
 
     def __init__(self, params, state: core.ShampooState, sharding=None, schedule_step=None):
@@ -121,7 +121,7 @@ class _Family:
         self.sharding = sharding
         self.schedule_step = int(state.step) if schedule_step is None else int(schedule_step)
         self.config: core.ShampooConfig | None = None
-        self.planned_policies: list = []
+        self.planned_settings: list = []
 
 
 class ShampooStateDict:
@@ -140,7 +140,7 @@ class ShampooStateDict:
 
         def _group_config(self, group) -> core.ShampooConfig: ...
 
-        def _group_policies(self, params, group_of) -> list: ...
+        def _planned_settings(self, params, group_of) -> list: ...
 
     def _sync_family_state(self, family):
         """The family's core state with the per-parameter entries of ``self.state``
@@ -358,7 +358,7 @@ class ShampooStateDict:
         family = _Family(members, state, sharding,
                          schedule_step=record.get("schedule_step", record["step"]))
         # The groups hold the saved hyperparameters now (torch's loader put them back).
-        family.planned_policies = self._group_policies(members, self._group_of())
+        family.planned_settings = self._planned_settings(members, self._group_of())
         self._sync_family_state(family)
         return family
 
