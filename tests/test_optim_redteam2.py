@@ -344,3 +344,26 @@ def test_shampoo_refuses_a_block_setting_changed_after_the_first_step():
     resumed.load_state_dict(checkpoint)
     _train(model, resumed, 1)
     assert resumed.diagnostics()["blocks"] == blocks
+
+
+def _one_step(model, opt):
+    opt.zero_grad()
+    model(torch.ones(4, 6)).square().mean().backward()
+    opt.step()
+
+
+def test_muon_names_a_group_whose_use_muon_changed_after_its_first_step():
+    """Flipping ``group["use_muon"]`` mid-run failed with "unsupported operand type(s)
+    for *: 'float' and 'NoneType'" (a Muon parameter has no AdamW second moment). The
+    error now names the change and the way to restart the parameter, which works."""
+    model = _two_layers()
+    opt = Muon(model.parameters(), lr=0.02)
+    _one_step(model, opt)
+    opt.param_groups[0]["use_muon"] = False
+    with pytest.raises(ValueError, match=r"use_muon .* changed after its first step, and its "
+                                         r"state is Muon's: .*del optimizer.state\[param\]"):
+        _one_step(model, opt)
+    for p in opt.param_groups[0]["params"]:
+        del opt.state[p]
+    _one_step(model, opt)
+    assert all("exp_avg_sq" in opt.state[p] for p in opt.param_groups[0]["params"])

@@ -233,6 +233,12 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p)
                 if not group["use_muon"]:
                     state["exp_avg_sq"] = torch.zeros_like(p)
+            elif ("exp_avg_sq" in state) == bool(group["use_muon"]):
+                raise ValueError(
+                    f"use_muon of the group of a parameter of shape {tuple(p.shape)} changed "
+                    f"after its first step, and its state is "
+                    f"{'AdamW' if 'exp_avg_sq' in state else 'Muon'}'s: to restart it with "
+                    "the new rule, del optimizer.state[param] first")
         groups = [group for _, group in pairs]
         # State dicts saved before groups carried momentum and betas lack them.
         return ([p for p, _ in pairs], [self.state[p] for p, _ in pairs],
