@@ -11,6 +11,7 @@ from matroot.optim.muon import (MuonConfig, default_use_muon, matrix_stack_shape
                                 muon_directions, muon_init, shape_scale)
 
 torch = pytest.importorskip("torch")
+from torch_muon_reference import use_float32_iterates  # noqa: E402
 
 SHAPES = [(6, 4), (6, 4), (3, 6, 4), (4, 6), (5, 2, 3, 3), (7,)]
 USE_MUON = [True, True, True, True, True, False]
@@ -97,17 +98,6 @@ def _two_layer(seed=0):
                                torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8))
 
 
-def _newton_schulz_float32(grad, ns_coefficients, ns_steps, eps):
-    """torch.optim.Muon's orthogonalization with float32 iterates instead of bfloat16."""
-    a, b, c = ns_coefficients
-    x = grad.T if grad.size(0) > grad.size(1) else grad
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if grad.size(0) > grad.size(1) else x
-
-
 def _muon_pair(data, bfloat16_reference: bool, steps: int = 3):
     """Our Muon (quintic, torch's convention) and torch.optim.Muon from the same start."""
     ours, theirs = _two_layer(), _two_layer()
@@ -135,9 +125,7 @@ def test_torch_shell_follows_torch_optim_muon_convention(monkeypatch):
     """EMA momentum, Nesterov, sqrt(max(1, m/n)), decoupled decay, the 5-step quintic on
     a Frobenius-normalised iterate: with torch's iteration in float32 the two agree to
     float32 rounding (a few u of the movement)."""
-    import torch.optim._muon as torch_muon
-
-    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", _newton_schulz_float32)
+    use_float32_iterates(monkeypatch)
     data = torch.randn(32, 12, generator=torch.Generator().manual_seed(1))
     for a, b, moved in _muon_pair(data, bfloat16_reference=False):
         assert moved > 0

@@ -10,6 +10,8 @@ import io
 import pytest
 
 torch = pytest.importorskip("torch")
+from torch_muon_reference import use_float32_iterates  # noqa: E402
+
 from matroot.optim import Muon, Shampoo  # noqa: E402
 
 SHAMPOO = dict(lr=1e-2, block_size=4, precondition_frequency=2)
@@ -367,3 +369,35 @@ def test_muon_names_a_group_whose_use_muon_changed_after_its_first_step():
         del opt.state[p]
     _one_step(model, opt)
     assert all("exp_avg_sq" in opt.state[p] for p in opt.param_groups[0]["params"])
+
+
+def test_muon_resumes_from_a_torch_optim_muon_checkpoint(monkeypatch):
+    """A torch.optim.Muon checkpoint (its groups have no ``use_muon``, its state no
+    ``step``) loaded and then failed at the next step with ``KeyError: 'use_muon'``.
+    Both keep the momentum buffer in the same convention, so it carries over: with
+    torch's iteration (``polar_method="quintic"``), both in float32, the next step
+    matches torch.optim.Muon's to float32 rounding (a zero buffer would not)."""
+    if not hasattr(torch.optim, "Muon"):
+        pytest.skip("torch.optim.Muon needs torch >= 2.9")
+    use_float32_iterates(monkeypatch)
+    model = _two_layers_without_bias()
+    theirs = torch.optim.Muon(model.parameters(), lr=0.02)
+    _train(model, theirs, 2)
+    checkpoint = _through_torch_save(theirs.state_dict())
+    twin = _two_layers_without_bias()
+    twin.load_state_dict(model.state_dict())
+    ours = Muon(twin.parameters(), lr=0.02, polar_method="quintic", polar_steps=5)
+    ours.load_state_dict(checkpoint)
+    assert [g["use_muon"] for g in ours.param_groups] == [True]
+    before = [p.detach().clone() for p in model.parameters()]
+    _train(model, theirs, 1, seed=5)
+    _train(twin, ours, 1, seed=5)
+    for p0, p, q in zip(before, model.parameters(), twin.parameters()):
+        # float32 through 5 quintic steps of a 8x6 matrix: a few hundred u of the step.
+        assert (p - q).norm() <= 1e-4 * (p - p0).norm()
+
+
+def _two_layers_without_bias():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False),
+                               torch.nn.Linear(8, 3, bias=False))

@@ -23,6 +23,7 @@ import torch
 
 from .muon import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
                    muon_directions)
+from .torch_state import with_missing_group_keys
 
 __all__ = ["Muon"]
 
@@ -242,7 +243,8 @@ class Muon(torch.optim.Optimizer):
         groups = [group for _, group in pairs]
         # State dicts saved before groups carried momentum and betas lack them.
         return ([p for p, _ in pairs], [self.state[p] for p, _ in pairs],
-                [int(self.state[p]["step"]) for p, _ in pairs],
+                # torch.optim.Muon's checkpoints count no steps.
+                [int(self.state[p].setdefault("step", 0)) for p, _ in pairs],
                 [bool(g["use_muon"]) for g in groups], [float(g["lr"]) for g in groups],
                 [float(g["weight_decay"]) for g in groups],
                 [float(g.get("momentum", self.config.momentum)) for g in groups],
@@ -251,7 +253,9 @@ class Muon(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's ``load_state_dict``, after checking that every saved tensor has its
         parameter's shape (torch's loader does not look; a changed model then failed at
-        the next step with a broadcasting error)."""
+        the next step with a broadcasting error). Keys the saved groups lack (a
+        torch.optim.Muon checkpoint has no ``use_muon``) take this optimizer's values."""
+        state_dict = with_missing_group_keys(state_dict, self.param_groups)
         saved_groups = state_dict["param_groups"]
         if [len(g["params"]) for g in saved_groups] == \
                 [len(g["params"]) for g in self.param_groups]:

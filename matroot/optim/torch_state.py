@@ -29,7 +29,7 @@ from .distributed import BlockSharding, check_shard, resolve_process_group
 from .preconditioner import factor_shape
 from .rank_part import MOMENT_KEYS, kept_piece, own_part
 
-__all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number"]
+__all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number", "with_missing_group_keys"]
 
 #: dtype of the per-parameter ``step`` tensors (bias corrections in float64).
 STEP_DTYPE = torch.float64
@@ -61,6 +61,24 @@ def _loaded_entry(key, value, device, dtype):
         return value
     return value.detach().to(device=device, copy=True,
                              dtype=dtype if value.is_floating_point() else None)
+
+
+def with_missing_group_keys(state_dict, param_groups):
+    """``state_dict`` whose saved groups take ``param_groups``' values of the keys they
+    lack (hyperparameters they predate, or another optimizer's checkpoint): torch's
+    loader replaces each group by the saved one whole.
+
+    Examples
+    --------
+    >>> with_missing_group_keys({"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+    ...                         [{"lr": 0.2, "use_muon": True, "params": []}])["param_groups"]
+    [{'lr': 0.1, 'use_muon': True, 'params': [0]}]
+    """
+    saved_groups = list(state_dict["param_groups"])
+    return {**state_dict, "param_groups": [
+        {**{k: v for k, v in current.items() if k != "params"}, **group}
+        for current, group in zip(param_groups, saved_groups)
+    ] + saved_groups[len(param_groups):]}
 
 
 def host_number(value):
@@ -248,13 +266,7 @@ class ShampooStateDict:
             parameters (shapes, or dtypes changed so that stacks would merge), or
             a shard of another rank or world size.
         """
-        state_dict = dict(state_dict)
-        saved_groups = list(state_dict["param_groups"])
-        # Hyperparameters the saved groups predate take this optimizer's values.
-        state_dict["param_groups"] = [
-            {**{k: v for k, v in current.items() if k != "params"}, **group}
-            for current, group in zip(self.param_groups, saved_groups)
-        ] + saved_groups[len(self.param_groups):]
+        state_dict = with_missing_group_keys(state_dict, self.param_groups)
         pending: dict = {}
 
         def capture(_, final):
