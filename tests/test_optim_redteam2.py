@@ -1,7 +1,8 @@
-"""The torch shells in a second red-team round, as scripts written for AdamW, torch.optim.Muon
-and Distributed Shampoo use them after swapping in matroot: each test is a finding (a crash
-with an unclear error, a silently wrong update, a broken torch.optim convention) and fails
-without its fix, unless its docstring says it pins a convention that already held."""
+"""The torch and optax shells in a second red-team round, as scripts written for AdamW,
+torch.optim.Muon, Distributed Shampoo and optax use them after swapping in matroot: each
+test is a finding (a crash with an unclear error, a silently ignored setting, a broken
+torch.optim or optax convention) and fails without its fix, unless its docstring says it
+pins a convention that already held."""
 
 from __future__ import annotations
 
