@@ -97,22 +97,26 @@ def full_float32_products(xp, x):
 
 
 @contextlib.contextmanager
-def quiet_numpy_float_errors():
+def quiet_numpy_float_errors(xp):
     """Within the block NumPy neither warns about nor raises on floating-point
     overflow, underflow, division by zero or invalid operations, whatever the
     caller's ``np.seterr``. A solve meets them by design (a diverging iterate of a
     singular or indefinite matrix, a NaN matrix under ``check_finite=False``) and
     reports them itself (``converged=False``, a ``ConvergenceWarning`` from
     :func:`~matroot.inv_root`); NumPy's own messages from inside it would only be
-    noise, and under ``np.seterr(all="raise")`` a crash. Backends other than
-    NumPy (and array-api-strict, which computes with NumPy) are unaffected.
+    noise, and under ``np.seterr(all="raise")`` a crash. Only for NumPy and
+    array-api-strict (which computes with NumPy) namespaces ``xp``: the other
+    backends never see the setting, and torch.compile cannot trace it.
 
     Examples
     --------
     >>> import numpy as np
-    >>> with np.errstate(all="raise"), quiet_numpy_float_errors():
+    >>> with np.errstate(all="raise"), quiet_numpy_float_errors(np):
     ...     float(np.float32(3e38) * np.float32(10))
     inf
     """
+    if backend_name(xp) not in ("numpy", "array_api_strict"):
+        yield
+        return
     with np.errstate(all="ignore"):
         yield
