@@ -215,7 +215,8 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     if _xp.is_jax_namespace(xp) and not traced:
         # One compiled call per shape instead of hundreds of eagerly dispatched ops.
         return _xp.jax_compiled(_polar_stack, g, **static)
-    return _polar_stack(g, **static)
+    with _xp.full_float32_products(xp, g), _xp.quiet_numpy_float_errors(xp):
+        return _polar_stack(g, **static)
 
 
 def _scaled(x, gram, scaling: str, sigma_bound: str | None, matmul):

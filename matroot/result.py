@@ -99,7 +99,15 @@ class InvRootResult(NamedTuple):
         return (f"InvRootResult(method={self.method!r}, "
                 f"root={str(self.root.dtype).rsplit('.', 1)[-1]}[{shape}], "
                 f"converged {int(converged.sum())}/{converged.size}, iterations {steps}, "
-                f"worst residual {float(np.nanmax(residual)) if residual.size else 0:.2g})")
+                f"worst residual {_worst(residual):.2g})")
+
+
+def _worst(residual: np.ndarray) -> float:
+    """The largest residual that is not NaN (NaN where all are; 0 for none)."""
+    if residual.size == 0:
+        return 0.0
+    known = residual[~np.isnan(residual)]
+    return float(known.max()) if known.size else float("nan")
 
 
 def reshaped(xp, result, batch):

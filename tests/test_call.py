@@ -128,3 +128,27 @@ def test_float32_products_run_in_float32_where_the_caller_allowed_tf32(monkeypat
         torch.set_float32_matmul_precision(before)
     assert seen == ["highest"]
     torch.testing.assert_close(root, torch.eye(4)[None] / 2, rtol=1e-5, atol=1e-6)
+
+
+def test_polar_forms_float32_products_in_float32_where_the_caller_allowed_tf32(monkeypatch):
+    """The same for the polar factor: its float32 rtol (1e-5) lies below
+    TensorFloat32's rounding (about 5e-4), which no check could certify."""
+    torch = pytest.importorskip("torch")
+    import matroot.polar_factor as polar_module
+
+    seen = []
+    real = polar_module._polar_stack
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_float32_matmul_precision())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(polar_module, "_polar_stack", spy)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        result = matroot.polar_info(torch.eye(4, dtype=torch.float32)[None] * 3)
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == ["highest"] and bool(result.converged.all())

@@ -382,3 +382,18 @@ def test_input_is_validated_once(method, monkeypatch):
         monkeypatch.setattr(f"{module}.check_stack", counting)
     matroot.inv_root_info(_spd(), 4 if method != "evd" else 2.5, method=method)
     assert calls == ["a"]
+
+
+@pytest.mark.parametrize("method", ["evd", "newton_db", "coupled_newton", "minimax"])
+def test_numpy_float_errors_stay_inside_the_solve(method):
+    # A singular factor diverges by design and is reported converged=False; NumPy's
+    # overflow warnings from inside the solve were noise, and under a caller's
+    # np.seterr(all="raise") a FloatingPointError.
+    g = np.random.default_rng(0).standard_normal((2, 32, 8))
+    singular = g @ g.transpose(0, 2, 1)
+    with np.errstate(all="raise"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = matroot.inv_root_info(singular, 2, method=method)
+        assert "nan" in repr(matroot.inv_root_info(-np.eye(3)[None], 2, method="evd"))
+        polar = matroot.polar_info(np.zeros((1, 4, 4)))
+    assert not result.converged.any() and not polar.converged.any()

@@ -404,3 +404,13 @@ def test_16bit_last_step_is_working_precision():
                                   matmul_dtype="bfloat16")
     assert mixed.iterations.tolist() == [6, 6]
     assert relative_error(mixed.root.numpy(), ref).max() <= 8e-3
+
+
+def test_a_long_max_iter_warns_about_nothing():
+    # The per-step bound on ‖Z‖ is a running product that overflows past a few
+    # hundred steps; numpy used to print its overflow RuntimeWarning to the user.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = matroot.inv_root_info(np.eye(4)[None] * 2.0, p=2, method="minimax",
+                                       max_iter=10_000)
+    assert bool(result.converged[0])

@@ -57,6 +57,8 @@ def test_a_correct_solver_passes_for_roots_below_one(dtype, p):
     ({"p": ()}, "finite roots > 0"),
     ({"p": (2, float("inf"))}, "finite roots > 0"),
     ({"p": 0.05}, "roots beyond the range of float32"),
+    ({"max_examples": 0}, "whole number >= 1"),
+    ({"max_examples": 2.5}, "whole number >= 1"),
 ])
 def test_roots_the_check_cannot_grade_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -158,6 +160,14 @@ def test_an_empty_batch_is_refused_by_name():
 
     with pytest.raises(ValueError, match=r"batch_shape \(2, 0\) holds no matrices"):
         draws()
+
+
+def test_check_polar_solver_refuses_zero_examples():
+    # 0 used to become hypothesis's profile default (100 examples) without a word.
+    from matroot.testing import check_polar_solver
+
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        check_polar_solver(lambda g: g, max_examples=0)
 
 
 def test_check_polar_solver_grades_the_result_dtype():

@@ -62,6 +62,7 @@ from .precision import (
     dtype_from_name,
     eigh_runs_in_float64,
     full_float32_products,
+    quiet_numpy_float_errors,
     has_float64,
     round_to,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "round_to",
     "eigh_runs_in_float64",
     "full_float32_products",
+    "quiet_numpy_float_errors",
     "bounded_loop",
     "counted_loop",
     "trip_count",

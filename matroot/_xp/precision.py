@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import array_api_compat
+import numpy as np
 
 from .namespace import (
     array_namespace,
@@ -22,6 +23,7 @@ __all__ = [
     "round_to",
     "eigh_runs_in_float64",
     "full_float32_products",
+    "quiet_numpy_float_errors",
 ]
 
 
@@ -92,3 +94,29 @@ def full_float32_products(xp, x):
         yield
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+@contextlib.contextmanager
+def quiet_numpy_float_errors(xp):
+    """Within the block NumPy neither warns about nor raises on floating-point
+    overflow, underflow, division by zero or invalid operations, whatever the
+    caller's ``np.seterr``. A solve meets them by design (a diverging iterate of a
+    singular or indefinite matrix, a NaN matrix under ``check_finite=False``) and
+    reports them itself (``converged=False``, a ``ConvergenceWarning`` from
+    :func:`~matroot.inv_root`); NumPy's own messages from inside it would only be
+    noise, and under ``np.seterr(all="raise")`` a crash. Only for NumPy and
+    array-api-strict (which computes with NumPy) namespaces ``xp``: the other
+    backends never see the setting, and torch.compile cannot trace it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> with np.errstate(all="raise"), quiet_numpy_float_errors(np):
+    ...     float(np.float32(3e38) * np.float32(10))
+    inf
+    """
+    if backend_name(xp) not in ("numpy", "array_api_strict"):
+        yield
+        return
+    with np.errstate(all="ignore"):
+        yield

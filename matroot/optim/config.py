@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from .option_groups import (
@@ -304,27 +305,49 @@ _OTHER_OPTIMIZERS_KEYWORDS = ("foreach", "fused", "capturable", "differentiable"
                               "maximize", "amsgrad", "nesterov", "dampening")
 
 
-def check_keywords(names, where: str = "Shampoo") -> None:
-    """Raise a TypeError naming each of ``names`` that is not a :class:`ShampooConfig`
-    field, with the nearest field name or, for another optimizer's switch, the fix.
+#: Other optimizers' names (Distributed Shampoo's, mostly) whose nearest ShampooConfig
+#: field would mislead (its ``epsilon`` is the factors' ridge, not Adam's ``eps``) or
+#: that have none near; the whole mapping: docs/optimizer.rst, "Migrating from Meta's
+#: Distributed Shampoo".
+_DISTRIBUTED_SHAMPOO_NAMES = {
+    "epsilon": "did you mean 'eps' (Adam's denominator floor, Keras's epsilon) or "
+               "'matrix_eps' (the factors' ridge, Distributed Shampoo's epsilon)?",
+    "max_preconditioner_dim": "Distributed Shampoo's max_preconditioner_dim is the block "
+                              "size: use block_size (max_preconditioned_dim leaves longer "
+                              "dimensions without a factor)",
+    "use_decoupled_weight_decay": "use weight_decay_type='decoupled' or 'l2'",
+    "grafting_config": "use grafting='adam', 'rmsprop', 'adagrad' or 'sgd' and "
+                       "grafting_beta2",
+    "preconditioner_config": "use root_method and root_options",
+    "inv_factor_matrix_dtype": "use root_storage_dtype",
+    "distributed_config": "use Shampoo's distributed= argument",
+}
+
+
+def check_keywords(names, where: str = "Shampoo", *, config: type = ShampooConfig,
+                   renamed: Mapping[str, str] = _DISTRIBUTED_SHAMPOO_NAMES) -> None:
+    """Raise a TypeError naming each of ``names`` that is not a field of ``config``, with
+    the fix: for a name another optimizer uses, its entry in ``renamed`` or, for an
+    implementation switch, to leave it out; else the nearest field name.
 
     Examples
     --------
     >>> check_keywords(["lr", "betas"])
-    >>> check_keywords(["epsilon"])
+    >>> check_keywords(["bias_corection"])
     Traceback (most recent call last):
     ...
-    TypeError: Shampoo has no option 'epsilon' (did you mean 'eps'?)
+    TypeError: Shampoo has no option 'bias_corection' (did you mean 'bias_correction'?)
     """
-    known = [f.name for f in fields(ShampooConfig)]
+    known = [f.name for f in fields(config)]
     for name in names:
         if name in known:
             continue
-        if name in _OTHER_OPTIMIZERS_KEYWORDS:
+        if name in renamed:
+            hint = renamed[name]
+        elif name in _OTHER_OPTIMIZERS_KEYWORDS:
             hint = "another optimizer's implementation or variant switch: leave it out"
         else:
             close = difflib.get_close_matches(name, known, n=1)
             hint = (f"did you mean {close[0]!r}?" if close else
-                    "see ShampooConfig for the options")
+                    f"see {config.__name__} for the options")
         raise TypeError(f"{where} has no option {name!r} ({hint})")
-

@@ -32,9 +32,10 @@ from typing import Any, NamedTuple
 from .. import _xp
 from ..polar_coefficients import MUON_LOWER, MUON_POLAR_STEPS
 from ..polar_factor import polar_info
+from .config import check_keywords
 
 __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
-           "matrix_stack_shape", "shape_scale", "default_use_muon"]
+           "matrix_stack_shape", "shape_scale", "default_use_muon", "check_muon_keywords"]
 
 #: The shape-scale conventions, by name.
 SHAPE_SCALES = ("original", "match_rms_adamw")
@@ -114,6 +115,36 @@ class MuonConfig:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+
+
+#: Other Muons' option names (torch.optim.Muon, optax.contrib.muon, MuonWithAuxAdam)
+#: and what to pass here instead.
+RENAMED_OPTIONS = {
+    "ns_steps": "use polar_steps, with polar_method='quintic' for the quintic's steps",
+    **dict.fromkeys(("ns_coefficients", "ns_coeffs"),
+                    "polar_method='quintic' is Muon's fixed (3.4445, -4.7750, 2.0315); "
+                    "other coefficient sets are not supported"),
+    "adjust_lr_fn": "use shape_scale: 'original' or 'match_rms_adamw'",
+    "beta": "use momentum",
+    **dict.fromkeys(("adamw_betas", "adam_b1", "adam_b2"), "use betas=(b1, b2)"),
+    **dict.fromkeys(("adamw_eps", "adam_eps"), "use eps"),
+}
+
+
+def check_muon_keywords(names, where: str = "Muon") -> None:
+    """Raise a TypeError naming each of ``names`` that is not a :class:`MuonConfig`
+    field, with the fix (another Muon's name for an option: :data:`RENAMED_OPTIONS`).
+
+    Examples
+    --------
+    >>> from matroot.optim.muon import check_muon_keywords
+    >>> check_muon_keywords(["momentum", "polar_steps"])
+    >>> check_muon_keywords(["adjust_lr_fn"])
+    Traceback (most recent call last):
+    ...
+    TypeError: Muon has no option 'adjust_lr_fn' (use shape_scale: 'original' or 'match_rms_adamw')
+    """
+    check_keywords(names, where, config=MuonConfig, renamed=RENAMED_OPTIONS)
 
 
 class MuonState(NamedTuple):

@@ -17,8 +17,10 @@ import jax.numpy as jnp
 import optax
 
 from .. import _xp
-from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+from .muon import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
+                   muon_directions)
 from .optax_keywords import host_values, with_keywords
+from .optax_leaves import check_leaves_fit
 
 __all__ = ["muon", "scale_by_muon", "MuonOptaxState"]
 
@@ -73,6 +75,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
     **config
         :class:`~matroot.optim.muon.MuonConfig` fields.
     """
+    check_muon_keywords(config, "scale_by_muon")
     config = host_values("scale_by_muon", config, traced_ok=("momentum",))
     # An injected μ (optax.inject_hyperparams under jit: a momentum warm-up) is an
     # array the core applies as it is; the config keeps its default.
@@ -87,6 +90,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
     def update_fn(updates, state, params=None):
         leaves, treedef = jax.tree_util.tree_flatten(updates)
+        check_leaves_fit(updates, [m.shape for m in state.momentum], "muon")
         # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
         state = jax.tree_util.tree_map(jnp.asarray, state)
         muon = _muon_leaves(updates, use_muon)

@@ -6,8 +6,8 @@ momentum (``OneCycleLR``, ``CyclicLR``) and per-group settings work; everything
 else (:class:`~matroot.optim.muon.MuonConfig`) is optimizer-wide, since the Muon
 matrices of all groups share one polar call per shape. Parameters given without
 ``use_muon`` are split by :func:`~matroot.optim.muon.default_use_muon` (pass
-``model.named_parameters()`` so embeddings and heads are recognised); the AdamW
-part gets ``adamw_lr`` and ``adamw_weight_decay``. Per-parameter state
+``model.named_parameters()`` so embeddings and heads are recognised), with the
+group keys of :class:`Muon`'s ``params``. Per-parameter state
 (``momentum_buffer``, ``exp_avg_sq`` for AdamW, ``step`` a Python int) lives in
 ``optimizer.state[p]``, so ``state_dict()`` and LR schedulers work as for torch's
 own optimizers.
@@ -21,9 +21,35 @@ from typing import Any
 
 import torch
 
-from .muon import MuonConfig, MuonState, default_use_muon, muon_directions
+from .muon import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
+                   muon_directions)
 
 __all__ = ["Muon"]
+
+#: Keys of a group without ``use_muon`` that set its AdamW part's value of a key.
+_ADAMW_KEYS = {"adamw_lr": "lr", "adamw_weight_decay": "weight_decay"}
+
+
+def _members(params) -> list:
+    """A group's ``params`` as a list of tensors or ``(name, tensor)`` pairs, refused as
+    torch's optimizers refuse them: a set (its order, which a state dict's numbering
+    follows, changes between runs) and anything that is not a tensor."""
+    if isinstance(params, torch.Tensor):
+        # One tensor, as torch's optimizers allow (iterating it would give its rows).
+        return [params]
+    if isinstance(params, set):
+        raise TypeError("optimizer parameters need to be organized in ordered collections, "
+                        "but the ordering of tensors in sets will change between runs. "
+                        "Please use a list instead.")
+    members = list(params)
+    for p in members:
+        tensor = p[1] if isinstance(p, tuple) and len(p) == 2 else p
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"Muon optimizes tensors or (name, tensor) pairs, but one of the params "
+                f"is {torch.typename(p)}: pass model.parameters() or "
+                "model.named_parameters() (a dict iterates its names)")
+    return members
 
 
 def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> list[dict]:
@@ -40,16 +66,21 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
     groups = []
     for entry in entries:
         options = {k: v for k, v in entry.items() if k != "params"}
-        # A group may hold one tensor, as torch's optimizers allow (iterating it
-        # would give its rows).
-        members = ([entry["params"]] if isinstance(entry["params"], torch.Tensor)
-                   else list(entry["params"]))
+        members = _members(entry["params"])
         if any(isinstance(p[1] if isinstance(p, tuple) else p,
                           torch.nn.parameter.UninitializedParameter) for p in members):
             raise ValueError("Muon splits parameters by shape when it is made: run one "
                              "forward pass to initialise lazy modules (LazyLinear, ...) "
                              "before making the optimizer")
+        adamw_options = {_ADAMW_KEYS[k]: options.pop(k) for k in list(options)
+                         if k in _ADAMW_KEYS}
         if "use_muon" in options:
+            if adamw_options:
+                raise ValueError(
+                    f"a parameter group with 'use_muon' sets "
+                    f"{', '.join(repr('adamw_' + k) for k in adamw_options)}, which only "
+                    "a group split by the rule reads: set 'lr' and 'weight_decay' (in a "
+                    "group with use_muon=False for AdamW's)")
             for p in members:
                 name, tensor = p if isinstance(p, tuple) else (None, p)
                 if options["use_muon"] and tensor.ndim < 2:
@@ -61,15 +92,36 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
             groups.append({"params": members, **options})
             continue
         split: dict[bool, list] = {True: [], False: []}
+        adamw_names = []
         for p in members:
             name, tensor = p if isinstance(p, tuple) else (None, p)
-            split[default_use_muon(name, tensor.shape)].append(tensor)
+            muon = default_use_muon(name, tensor.shape)
+            split[muon].append(tensor)
+            if not muon:
+                adamw_names.append(f"{name or 'a parameter'} of shape {tuple(tensor.shape)}")
+        _check_unambiguous(options, adamw_options, adamw_names)
         for muon, tensors in split.items():
             if tensors:
                 defaults = (dict(lr=lr, weight_decay=weight_decay) if muon
                             else dict(lr=adamw_lr, weight_decay=adamw_weight_decay))
-                groups.append({"params": tensors, **defaults, **options, "use_muon": muon})
+                own = {} if muon else adamw_options
+                groups.append({"params": tensors, **defaults, **options, **own,
+                               "use_muon": muon})
     return groups
+
+
+def _check_unambiguous(options, adamw_options, adamw_names) -> None:
+    """Refuse a group without ``use_muon`` whose ``lr`` or ``weight_decay`` would be read
+    as Muon's while the rule sends some of its parameters to AdamW (a script written
+    for AdamW's or torch.optim.Muon's groups means them for every parameter)."""
+    unmatched = [k for k in ("lr", "weight_decay") if k in options and k not in adamw_options]
+    if unmatched and adamw_names:
+        key = unmatched[0]
+        raise ValueError(
+            f"a parameter group without 'use_muon' sets {key!r}, which is Muon's (as the "
+            f"constructor's {key} is), but the rule sends {len(adamw_names)} of its "
+            f"parameters to AdamW ({adamw_names[0]}, ...): set 'adamw_{key}' in the group "
+            "too, or give groups with use_muon=True and use_muon=False")
 
 
 class Muon(torch.optim.Optimizer):
@@ -81,7 +133,16 @@ class Muon(torch.optim.Optimizer):
         Tensors, ``(name, tensor)`` pairs (``model.named_parameters()``: the rule
         then sends embeddings and heads to AdamW) or group dicts, which may set
         ``use_muon``, ``lr``, ``weight_decay``, ``momentum`` (Muon groups) and
-        ``betas`` (AdamW groups).
+        ``betas`` (AdamW groups). A group with ``use_muon`` (as MuonWithAuxAdam's
+        groups) is one half and its ``lr`` and ``weight_decay`` are that half's. A
+        group without it is split by the rule and reads its keys as the constructor
+        reads its keywords: ``lr`` and ``weight_decay`` for its Muon part,
+        ``adamw_lr`` and ``adamw_weight_decay`` for its AdamW part (unset: the
+        constructor's). Such a group that sets ``lr`` (``weight_decay``) without
+        ``adamw_lr`` (``adamw_weight_decay``) while the rule sends some of its
+        parameters to AdamW raises ``ValueError``: a script written for AdamW
+        means the value for all of them, one for torch.optim.Muon (2-D only) for
+        the matrices.
     lr, weight_decay : float
         Muon's step size and decoupled weight decay.
     adamw_lr, adamw_weight_decay : float
@@ -106,6 +167,7 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, weight_decay: float = 0.0,
                  adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, **config: Any):
+        check_muon_keywords(config)
         self.config = MuonConfig(**config)
         self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
         groups = _split_groups(params, *self._split_defaults)
@@ -179,6 +241,25 @@ class Muon(torch.optim.Optimizer):
                 [float(g["weight_decay"]) for g in groups],
                 [float(g.get("momentum", self.config.momentum)) for g in groups],
                 [tuple(g.get("betas", self.config.betas)) for g in groups])
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``, after checking that every saved tensor has its
+        parameter's shape (torch's loader does not look; a changed model then failed at
+        the next step with a broadcasting error)."""
+        saved_groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in saved_groups] == \
+                [len(g["params"]) for g in self.param_groups]:
+            numbers = (i for g in saved_groups for i in g["params"])
+            params = (p for g in self.param_groups for p in g["params"])
+            for number, p in zip(numbers, params):
+                for key, value in state_dict["state"].get(number, {}).items():
+                    if torch.is_tensor(value) and value.ndim and value.shape != p.shape:
+                        raise ValueError(
+                            f"the state dict's {key!r} of parameter {number} has shape "
+                            f"{tuple(value.shape)} but that parameter has "
+                            f"{tuple(p.shape)}: it was saved for another model; load it "
+                            "into the model it was saved from")
+        super().load_state_dict(state_dict)
 
     def __repr__(self) -> str:
         options = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}"

@@ -21,6 +21,7 @@ from . import core
 from .config import check_keywords
 from .muon_optax import MuonOptaxState, muon, scale_by_muon  # noqa: F401  (re-export)
 from .optax_keywords import host_values, with_keywords
+from .optax_leaves import check_leaves_fit
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
 
@@ -86,9 +87,11 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
         # Every array of the state is committed to a device, or none is, as the params
         # are: jax.jit keys its cache on it, so a mix compiles the step a second time
         # once the first step's outputs come back committed. A jitted init's outputs
-        # depend on no input's values, so they are uncommitted.
+        # depend on no input's values, so they are uncommitted. Traced params (init under
+        # jax.jit, jax.eval_shape, jax.vmap) have no placement to follow: reading it raises.
         state = jax.jit(build_state)(leaves)
-        committed = [leaf for leaf in leaves if getattr(leaf, "committed", False)]
+        committed = [leaf for leaf in leaves
+                     if not _xp.is_traced(leaf) and getattr(leaf, "committed", False)]
         if committed and len(committed[0].sharding.device_set) == 1:
             state = jax.device_put(state, next(iter(committed[0].sharding.device_set)))
         return state
@@ -97,19 +100,22 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
         leaves, treedef = jax.tree_util.tree_flatten(updates)
         if not leaves:
             return updates, state
+        check_leaves_fit(updates, [layout.shape for layout in state.plan.params], "shampoo")
         # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
         state = jax.tree_util.tree_map(jnp.asarray, state)
         param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
         # A traced step cannot raise, so there NaN/Inf gradients skip the step on the
         # device (counted in skipped_steps) whatever the policy; eagerly "raise" raises.
-        # (A scan's carried state is traced even where its gradients are constants.)
-        raises = config.nonfinite_grads == "raise" and not any(
-            _xp.is_traced(x) for x in [state.step, *leaves])
+        # Whether this runs traced shows in the flag itself, not in the inputs: a branch
+        # of an eager optax.apply_if_finite's lax.cond closes over concrete gradients
+        # and state, and so does a scan body over constant gradients.
+        finite = core.all_finite(leaves)
+        raises = config.nonfinite_grads == "raise" and not _xp.is_traced(finite)
         step_before = state.step
         # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
         directions, state = core.update(
             leaves, state, param_leaves, config, check_grads=raises,
-            finite=None if raises else core.all_finite(leaves))
+            finite=None if raises else finite)
         directions = [-d for d in directions]
         if traced_decay is not None:
             if param_leaves is None:

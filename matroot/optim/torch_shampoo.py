@@ -109,7 +109,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     convergence checks. ``torch.compile(opt.step)`` works; the root refresh runs
     outside its graph (docs/optimizer.rst, "Compiling the optimizer step").
     Moments and factors of bfloat16/float16 parameters are float32 and stay
-    float32 through ``state_dict()``/``load_state_dict()``.
+    float32 through ``state_dict()``/``load_state_dict()``, which loads each
+    tensor in the dtype this optimizer's parameters call for.
 
     Examples
     --------
@@ -178,7 +179,18 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         return list(chain.from_iterable(g["params"] for g in self.param_groups))
 
     def _group_of(self):
-        return {id(p): g for g in self.param_groups for p in g["params"]}
+        """Each parameter's group, by id. Raises ValueError where a parameter that has
+        factor stacks has left every group (a family's stacks cannot drop a member)."""
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        # (Unpickling asks before any family is back.)
+        for p in chain.from_iterable(f.params for f in self.__dict__.get("_families", ())):
+            if id(p) not in group_of:
+                raise ValueError(
+                    f"a parameter of shape {tuple(p.shape)} left the parameter groups after "
+                    "Shampoo gave it factor stacks, which it shares with other parameters "
+                    "and cannot drop: keep it in its group (requires_grad=False stops its "
+                    "updates) or make a new optimizer for the changed model")
+        return group_of
 
     def _family_config(self, family, group_of) -> core.ShampooConfig:
         groups = {id(group_of[id(p)]): group_of[id(p)] for p in family.params}

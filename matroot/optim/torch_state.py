@@ -4,11 +4,12 @@
 that share factor stacks. :class:`ShampooStateDict` is the part of the shell that
 saves and restores them: ``state_dict()`` adds each family's stacks, counters and
 per-parameter ``"layout"`` (:mod:`matroot.optim.checkpoint`) to torch's state dict;
-``load_state_dict()`` puts them back, uncast, before torch runs the load
-post-hooks; ``pickle`` and ``copy.deepcopy`` carry the same records. It also moves a
-family's per-parameter entries of ``optimizer.state`` into its core state and back
-at each step (sharded: the moments of the rank's pieces, as views into the elements
-it keeps of each parameter, :mod:`matroot.optim.rank_part`).
+``load_state_dict()`` puts them back, in the dtypes a fresh optimizer of the
+parameters keeps, before torch runs the load post-hooks; ``pickle`` and
+``copy.deepcopy`` carry the same records. It also moves a family's per-parameter
+entries of ``optimizer.state`` into its core state and back at each step (sharded:
+the moments of the rank's pieces, as views into the elements it keeps of each
+parameter, :mod:`matroot.optim.rank_part`).
 """
 
 from __future__ import annotations
@@ -49,19 +50,59 @@ def _step_tensor(value, device) -> torch.Tensor:
     return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
 
 
+def _loaded_entry(key, value, device, dtype):
+    """One saved entry of ``optimizer.state[p]`` as a fresh optimizer would hold it:
+    on the parameter's device, ``step`` a :data:`STEP_DTYPE` count, other floating
+    tensors in the parameter's moment dtype ``dtype`` (torch's loader casts them to
+    the parameter's dtype; Shampoo keeps 16-bit parameters' moments float32)."""
+    if key == "step":
+        return _step_tensor(value, device)
+    if not torch.is_tensor(value):
+        return value
+    return value.detach().to(device=device, copy=True,
+                             dtype=dtype if value.is_floating_point() else None)
+
+
 def host_number(value):
     """A one-element tensor hyperparameter of a group as the Python number the config
     validates (torch's optimizers take ``lr=torch.tensor(...)``, and schedulers then
-    ``fill_`` it); any other value as it is. One host read where the tensor is on a
+    ``fill_`` it; Adam's ``betas`` may be a pair of them), a tuple or list of values
+    element by element, any other value as it is. One host read per tensor on a
     device."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
+    if isinstance(value, (tuple, list)):
+        return type(value)(host_number(v) for v in value)
     return value
 
 
 def update_dtypes(params) -> list[str]:
     """Each parameter's update (and moment) dtype name, as the core computes it."""
     return [core.compute_dtype_name(_xp.array_namespace(p.detach()), p.dtype) for p in params]
+
+
+def _plan_for_members(record, members):
+    """The block plan of a saved family record for its (maybe retyped) parameters.
+
+    The saved layout fixes blocks and slots; the factors' dtype is the one a fresh
+    optimizer gives the parameters now (a float32 checkpoint loaded into a float64
+    model keeps float64 factors), provided that moves no block to another slot.
+    """
+    saved = record["layout"]
+    if [list(entry["shape"]) for entry in saved] != [list(p.shape) for p in members]:
+        raise ValueError("the state dict's layout does not fit the parameters' shapes")
+    retyped = [{**entry, "dtype": None if entry["dtype"] is None else dtype}
+               for entry, dtype in zip(saved, update_dtypes(members))]
+    plan = plan_from_layout(retyped, block_size=record["block_size"],
+                            stacked=record["stacked"])
+    numbers = [entry["param"] for entry in saved]
+    if plan_layout(plan, numbers) != retyped:
+        raise ValueError(
+            "the parameters' dtypes changed since the state dict was saved in a way that "
+            "merges or reorders its factor stacks (parameters of different float dtypes "
+            "shared them): load it into a model of the saved dtypes "
+            f"({sorted({e['dtype'] for e in saved if e['dtype']})}), then convert the model")
+    return plan
 
 
 class _Family:
@@ -173,6 +214,7 @@ class ShampooStateDict:
     def state_dict(self):
         """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
         the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
+        self._group_of()        # every family member still in a group, or a clear error
         sd = super().state_dict()
         sd["shampoo_families"] = self._family_records()
         return sd
@@ -181,22 +223,25 @@ class ShampooStateDict:
         return bool(self._group_of()[id(family.params[0])]["stacked"])
 
     def load_state_dict(self, state_dict):
-        """Restore a state dict exactly, keeping float32 state of 16-bit parameters float32.
+        """Restore a state dict, each tensor in the dtype a fresh optimizer keeps it in.
 
         torch's loader casts floating state to each parameter's dtype; the saved
-        tensors are put back with their own dtype before torch runs the load
-        post-hooks (so what a hook writes stays), and continuing after a reload is
-        bit-identical to continuing without one. Keys of ``"state"`` that are not
-        parameter numbers are kept as they are, as torch keeps them. State dicts of
-        the first format (no ``"layout"``; hyperparameters added since then take
-        this optimizer's values) load too.
+        tensors are put back before torch runs the load post-hooks (so what a hook
+        writes stays), in the dtypes of this optimizer's parameters: moments and
+        factors float32 for 16-bit parameters, float64 for float64 ones, roots in
+        ``root_storage_dtype``, ``step`` float64 (docs/optimizer.rst). With the saved
+        dtypes, continuing after a reload is bit-identical to continuing without one.
+        Keys of ``"state"`` that are not parameter numbers are kept as they are, as
+        torch keeps them. State dicts of the first format (no ``"layout"``;
+        hyperparameters added since then take this optimizer's values) load too.
 
         Raises
         ------
         ValueError
             As torch does for a different number of parameter groups or of
             parameters in a group; for families whose layout does not fit the
-            parameters, or a shard of another rank or world size.
+            parameters (shapes, or dtypes changed so that stacks would merge), or
+            a shard of another rank or world size.
         """
         state_dict = dict(state_dict)
         saved_groups = list(state_dict["param_groups"])
@@ -249,7 +294,8 @@ class ShampooStateDict:
                              "sharded": self._process_group is not None}}
 
     def _finish_load(self, state_dict) -> None:
-        """Put back the saved tensors of ``state_dict`` uncast and rebuild the families."""
+        """Put back the saved tensors of ``state_dict`` (:func:`_loaded_entry`) and rebuild
+        the families."""
         saved_groups = state_dict["param_groups"]
         params = self._all_params()
         by_number = dict(zip(chain.from_iterable(g["params"] for g in saved_groups), params))
@@ -257,10 +303,8 @@ class ShampooStateDict:
             p = by_number.get(key)
             if p is None:
                 continue        # not a parameter: kept by torch as it was
-            self.state[p] = {k: (v.detach().to(device=p.device, copy=True)
-                                 if torch.is_tensor(v) else v) for k, v in entries.items()}
-            if "step" in self.state[p]:
-                self.state[p]["step"] = _step_tensor(self.state[p]["step"], p.device)
+            dtype = getattr(torch, update_dtypes([p])[0])
+            self.state[p] = {k: _loaded_entry(k, v, p.device, dtype) for k, v in entries.items()}
         self._families = [self._restore_family(record, params)
                           for record in state_dict.get("shampoo_families", [])]
 
@@ -269,10 +313,7 @@ class ShampooStateDict:
         group = self._group_of()[id(members[0])]
         config = self._group_config(group)
         if "layout" in record:
-            plan = plan_from_layout(record["layout"], block_size=record["block_size"],
-                                    stacked=record["stacked"])
-            if [layout.shape for layout in plan.params] != [tuple(p.shape) for p in members]:
-                raise ValueError("the state dict's layout does not fit the parameters' shapes")
+            plan = _plan_for_members(record, members)
         else:   # the first format predates the factor-ratio rule: every factor
             plan = core.make_plan([p.detach() for p in members],
                                   dataclasses.replace(config, max_factor_ratio=math.inf))
@@ -284,6 +325,10 @@ class ShampooStateDict:
         plan = plan if sharding is None else sharding.local
         device = members[0].device
         stacks = [factor_shape(s, config.symmetric_packing) for s in plan.stacks]
+        # Floating stacks in the dtypes a fresh optimizer of these parameters keeps.
+        dtypes_of = {"factors": [getattr(torch, s.dtype) for s in plan.stacks],
+                     "factor_bounds": [getattr(torch, s.dtype) for s in plan.stacks],
+                     "roots": [core.root_dtype(torch, config, s) for s in plan.stacks]}
 
         def restore(name, shapes):
             arrays = record[name]
@@ -292,8 +337,9 @@ class ShampooStateDict:
                     len(found) != len(shapes):
                 raise ValueError(f"state dict {name} stacks {found} do not fit the "
                                  f"parameters' block plan {shapes}")
-            return [None if a is None else a.detach().to(device=device, copy=True)
-                    for a in arrays]
+            dtypes = dtypes_of.get(name, [None] * len(arrays))
+            return [None if a is None else a.detach().to(device=device, dtype=dtype, copy=True)
+                    for a, dtype in zip(arrays, dtypes)]
 
         state = core.ShampooState(
             step=int(record["step"]), param_steps=(0,) * len(plan.params), exp_avg=[],

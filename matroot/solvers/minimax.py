@@ -160,7 +160,9 @@ def z_norm_bounds(lowers, margin, steps):
         growth = np.full(steps, TAIL[0])
         head = schedule(lower, margin).coefficients[:steps, 0]
         growth[: len(head)] = head
-        z = np.concatenate([[1.0], np.cumprod(growth[:-1])])
+        # A long run's product overflows to inf, which the cap below replaces.
+        with np.errstate(over="ignore"):
+            z = np.concatenate([[1.0], np.cumprod(growth[:-1])])
         bounds = np.maximum(bounds, np.minimum(z, (1 + FIRST_MARGIN) / math.sqrt(lower)))
     return bounds
 

@@ -229,6 +229,19 @@ class _PropertyFailed(Exception):
     caller's and not the solver's."""
 
 
+def examples_per_property(max_examples: int | None) -> int:
+    """The hypothesis examples each property gets: ``max_examples``, or the loaded
+    profile's when None; anything but a whole number ≥ 1 is refused (0 would check
+    nothing, and ``or`` would quietly turn it into the profile's 100)."""
+    if max_examples is None:
+        return settings().max_examples
+    if isinstance(max_examples, bool) or not isinstance(max_examples, (int, np.integer)) \
+            or max_examples < 1:
+        raise ValueError(f"max_examples={max_examples!r}: give a whole number >= 1 "
+                         "(or None for the hypothesis profile's)")
+    return int(max_examples)
+
+
 def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 2, 4),
                           dtype: str = "float32", xp=None, device=None,
                           n: int | tuple[int, int] = (1, 16),
@@ -287,7 +300,8 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
         Naming the solver, the property and hypothesis's shrunk counterexample.
     ValueError
         For an unknown property name in ``skip``, a p that is not > 0 or is too small
-        for the dtype's range at the top of ``kappa`` (or bad strategy arguments).
+        for the dtype's range at the top of ``kappa``, a ``max_examples`` that is
+        not a whole number ≥ 1 (or bad strategy arguments).
     """
     unknown = sorted(set(skip) - set(PROPERTIES))
     if unknown:
@@ -304,7 +318,7 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
                          f"in {dtype}: lower the range's top or pass rtol=")
     grader = _Grader(solver, method, rtol)
     search_settings = settings(
-        max_examples=max_examples or settings().max_examples, deadline=None,
+        max_examples=examples_per_property(max_examples), deadline=None,
         report_multiple_bugs=False,
         phases=[phase for phase in settings().phases if phase != Phase.explain],
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .._xp import from_numpy
-from .conformance import assert_like_input
+from .conformance import assert_like_input, examples_per_property
 from .oracle import host_float64
 from .polar_oracle import PolarCase, polar_case, polar_error_bound, polar_relative_error
 from .spectra import random_orthogonal
@@ -141,10 +141,12 @@ def check_polar_solver(solver: Callable, *, dtype: str = "float32", xp=None,
     ------
     AssertionError
         Naming the property and hypothesis's shrunk counterexample.
+    ValueError
+        For a ``max_examples`` that is not a whole number ≥ 1.
     """
     grader = _Grader(solver, dtype, np if xp is None else xp, rtol, method)
     search_settings = settings(
-        max_examples=max_examples or settings().max_examples, deadline=None,
+        max_examples=examples_per_property(max_examples), deadline=None,
         report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])
     strategy = rectangular_stacks(m=m, n=n, kappa=kappa)
     for prop in POLAR_PROPERTIES:
