@@ -323,3 +323,21 @@ def test_polar_gradient_at_repeated_singular_values(method, shape):
     # polar_express stops at its float64 rtol (1e-10): its steps' derivative is that
     # close to the exact one; the finite differences add O(h²) ≈ 1e-12.
     np.testing.assert_allclose(ad, _polar_directional(g, weight, direction), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(kappa=np.inf), ValueError, "finite"),
+    (dict(kappa=(1.0, np.inf)), ValueError, "finite"),
+    (dict(batch_shape=(-1,)), ValueError, "negative"),
+    (dict(xp="torch"), TypeError, "not an array namespace"),
+])
+def test_spd_stacks_names_bad_arguments_when_built(kwargs, error, match):
+    """``spd_stacks(kappa=inf)`` raised "OverflowError: cannot convert float infinity
+    to integer" and ``kappa=(1, inf)``, ``batch_shape=(-1,)`` or ``xp="torch"``
+    failed only inside the user's hypothesis test, as an ExceptionGroup or an
+    AttributeError on a string."""
+    pytest.importorskip("hypothesis")
+    from matroot.testing import spd_stacks
+
+    with pytest.raises(error, match=match):
+        spd_stacks(**kwargs)
