@@ -341,3 +341,24 @@ def test_spd_stacks_names_bad_arguments_when_built(kwargs, error, match):
 
     with pytest.raises(error, match=match):
         spd_stacks(**kwargs)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda t: t.check_inv_root_solver("evd", p=2), TypeError, "solver must be a function"),
+    (lambda t: t.check_polar_solver(3), TypeError, "solver must be a function"),
+    (lambda t: t.check_polar_solver(matroot.polar, kappa=(1.0, np.inf)), ValueError, "finite"),
+    (lambda t: t.polar_case(np.random.default_rng(0), (1,), 3, 2, 0.5), ValueError, "kappa"),
+    (lambda t: t.polar_case(np.random.default_rng(0), (1,), 3, 2, 10.0, scale=0.0),
+     ValueError, "scale"),
+])
+def test_solver_checks_and_polar_cases_name_bad_arguments(call, error, match):
+    """``check_inv_root_solver("evd")`` (a method's name for a function) failed the
+    solver's 'namespace' property with "'str' object is not callable";
+    ``check_polar_solver(kappa=(1, inf))`` died with OverflowError; ``polar_case``
+    took κ < 1, and ``scale=0`` paired a zero matrix with an orthogonal "oracle"
+    factor (matroot maps a zero matrix to zero)."""
+    pytest.importorskip("hypothesis")
+    import matroot.testing as testing
+
+    with pytest.raises(error, match=match):
+        call(testing)
