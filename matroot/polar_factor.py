@@ -25,6 +25,7 @@ from ._typing import Array
 from .accuracy import RTOL_FLOOR_UNITS, unit_roundoff
 from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
 from .polar_coefficients import band_lower, default_margin
+from .polar_gradient import polar_derivative
 from .polar_solvers import get_polar_method, polar_method_names
 from .roots import ConvergenceWarning
 from .scaling import certified_lambda_max
@@ -201,6 +202,21 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     check_choice(sigma_bound, "sigma_bound", SIGMA_BOUNDS)
     method, work_name, rtol, sigma_bound, rows = _resolve(
         xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound)
+    # A decomposition (no polynomial steps) has a backward that divides by singular-value
+    # gaps (NaN for an orthonormal g): it runs untracked and gets the exact derivative.
+    attach = not rows and math.prod(g.shape) > 0 and _xp.gradient_flows(g)
+    differentiated, g = g, _xp.without_gradient(g) if attach else g
+    result = _polar_info(xp, g, method, work_name, rtol, sigma_bound, rows, matmul_dtype,
+                         check_finite)
+    if not attach:
+        return result
+    return result._replace(root=_xp.with_gradient(differentiated, result.root,
+                                                  polar_derivative))
+
+
+def _polar_info(xp, g, method, work_name, rtol, sigma_bound, rows, matmul_dtype,
+                check_finite) -> PolarResult:
+    """The body of :func:`polar_info` after its arguments are resolved."""
     batch = tuple(g.shape[:-2])
     if math.prod(batch) == 0 or min(g.shape[-2:]) == 0:
         return _empty_result(xp, g, batch, method)

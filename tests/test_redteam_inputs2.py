@@ -291,3 +291,74 @@ def test_polar_refuses_an_rtol_no_factor_can_meet(dtype, rtol):
     g = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(dtype)
     with pytest.raises(ValueError, match=r"rtol=.* is below what a float.. factor can meet"):
         matroot.polar_info(g, rtol=rtol)
+
+
+def _polar_directional(g, weight, direction, h=1e-6):
+    """d/dt Σ W ∘ polar(G + tE) at t = 0 by central differences of the SVD oracle."""
+    from matroot.testing import oracle_polar
+
+    def value(t):
+        return np.sum(weight * oracle_polar(g + t * direction), axis=(-2, -1))
+    return (value(h) - value(-h)) / (2 * h)
+
+
+@pytest.mark.parametrize("method", ["svd", "eigh", "polar_express"])
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6), (4, 4)])
+def test_polar_gradient_at_repeated_singular_values(method, shape):
+    """The gradient of ``polar(g, method="svd")`` was NaN for an orthonormal g (all
+    σ = 1), and ``"eigh"``'s for a multiple of the identity: the decompositions'
+    own backward passes divide by singular-value gaps. They get the exact
+    derivative now (matroot.polar_gradient); polar_express differentiates its
+    steps, which agree with it where the factor converged."""
+    rng = np.random.default_rng(14)
+    m, n = shape
+    frame, _ = np.linalg.qr(rng.standard_normal((max(m, n), min(m, n))))
+    g = np.stack([2.0 * (frame if m >= n else frame.T),
+                  rng.standard_normal(shape)])
+    weight, direction = rng.standard_normal(g.shape), rng.standard_normal(g.shape)
+    gt = torch.tensor(g, requires_grad=True)
+    factor = matroot.polar(gt, method=method)
+    (grad,) = torch.autograd.grad((factor * torch.tensor(weight)).sum(), gt)
+    ad = np.sum(grad.numpy() * direction, axis=(-2, -1))
+    # polar_express stops at its float64 rtol (1e-10): its steps' derivative is that
+    # close to the exact one; the finite differences add O(h²) ≈ 1e-12.
+    np.testing.assert_allclose(ad, _polar_directional(g, weight, direction), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(kappa=np.inf), ValueError, "finite"),
+    (dict(kappa=(1.0, np.inf)), ValueError, "finite"),
+    (dict(batch_shape=(-1,)), ValueError, "negative"),
+    (dict(xp="torch"), TypeError, "not an array namespace"),
+])
+def test_spd_stacks_names_bad_arguments_when_built(kwargs, error, match):
+    """``spd_stacks(kappa=inf)`` raised "OverflowError: cannot convert float infinity
+    to integer" and ``kappa=(1, inf)``, ``batch_shape=(-1,)`` or ``xp="torch"``
+    failed only inside the user's hypothesis test, as an ExceptionGroup or an
+    AttributeError on a string."""
+    pytest.importorskip("hypothesis")
+    from matroot.testing import spd_stacks
+
+    with pytest.raises(error, match=match):
+        spd_stacks(**kwargs)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda t: t.check_inv_root_solver("evd", p=2), TypeError, "solver must be a function"),
+    (lambda t: t.check_polar_solver(3), TypeError, "solver must be a function"),
+    (lambda t: t.check_polar_solver(matroot.polar, kappa=(1.0, np.inf)), ValueError, "finite"),
+    (lambda t: t.polar_case(np.random.default_rng(0), (1,), 3, 2, 0.5), ValueError, "kappa"),
+    (lambda t: t.polar_case(np.random.default_rng(0), (1,), 3, 2, 10.0, scale=0.0),
+     ValueError, "scale"),
+])
+def test_solver_checks_and_polar_cases_name_bad_arguments(call, error, match):
+    """``check_inv_root_solver("evd")`` (a method's name for a function) failed the
+    solver's 'namespace' property with "'str' object is not callable";
+    ``check_polar_solver(kappa=(1, inf))`` died with OverflowError; ``polar_case``
+    took κ < 1, and ``scale=0`` paired a zero matrix with an orthogonal "oracle"
+    factor (matroot maps a zero matrix to zero)."""
+    pytest.importorskip("hypothesis")
+    import matroot.testing as testing
+
+    with pytest.raises(error, match=match):
+        call(testing)

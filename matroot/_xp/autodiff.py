@@ -56,14 +56,15 @@ def gradient_flows(a) -> bool:
 
 
 def without_gradient(a):
-    """``a`` cut from the derivative graph (the same values)."""
+    """``a`` cut from the derivative graph (the same values); ``a`` itself where
+    :func:`gradient_flows` says no derivative can be asked for."""
+    if not gradient_flows(a):
+        return a
     if array_api_compat.is_torch_array(a):
         return a.detach()
-    if array_api_compat.is_jax_array(a):
-        import jax
+    import jax
 
-        return jax.lax.stop_gradient(a)
-    return a
+    return jax.lax.stop_gradient(a)
 
 
 def with_gradient(a, out, derivative):

@@ -242,6 +242,15 @@ def examples_per_property(max_examples: int | None) -> int:
     return int(max_examples)
 
 
+def require_callable(solver) -> None:
+    """Raise a TypeError naming the fix when ``solver`` is not a function (a method's
+    name, say): every property would blame the solver for it."""
+    if not callable(solver):
+        raise TypeError(f"solver must be a function, got {type(solver).__name__} "
+                        f"{solver!r}; to grade a matroot method pass e.g. "
+                        "lambda a, p, eps: matroot.inv_root(a, p, eps=eps, method='evd')")
+
+
 def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 2, 4),
                           dtype: str = "float32", xp=None, device=None,
                           n: int | tuple[int, int] = (1, 16),
@@ -302,7 +311,10 @@ def check_inv_root_solver(solver: Callable, *, p: float | Sequence[float] = (1, 
         For an unknown property name in ``skip``, a p that is not > 0 or is too small
         for the dtype's range at the top of ``kappa``, a ``max_examples`` that is
         not a whole number ≥ 1 (or bad strategy arguments).
+    TypeError
+        For a ``solver`` that is not callable.
     """
+    require_callable(solver)
     unknown = sorted(set(skip) - set(PROPERTIES))
     if unknown:
         raise ValueError(f"unknown properties {unknown} in skip; choose from {PROPERTIES}")

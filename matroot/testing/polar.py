@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .._xp import from_numpy
-from .conformance import assert_like_input, examples_per_property
+from .conformance import assert_like_input, examples_per_property, require_callable
 from .oracle import host_float64
 from .polar_oracle import PolarCase, polar_case, polar_error_bound, polar_relative_error
 from .spectra import random_orthogonal
@@ -142,8 +142,15 @@ def check_polar_solver(solver: Callable, *, dtype: str = "float32", xp=None,
     AssertionError
         Naming the property and hypothesis's shrunk counterexample.
     ValueError
-        For a ``max_examples`` that is not a whole number ≥ 1.
+        For a ``max_examples`` that is not a whole number ≥ 1, or a ``kappa`` that is
+        not a range of finite condition numbers ≥ 1.
+    TypeError
+        For a ``solver`` that is not callable.
     """
+    require_callable(solver)
+    if not 1.0 <= kappa[0] <= kappa[1] < np.inf:
+        raise ValueError(f"kappa={kappa!r} is not a (low, high) range of finite condition "
+                         "numbers >= 1")
     grader = _Grader(solver, dtype, np if xp is None else xp, rtol, method)
     search_settings = settings(
         max_examples=examples_per_property(max_examples), deadline=None,

@@ -40,6 +40,10 @@ def polar_case(rng: np.random.Generator, batch: tuple, m: int, n: int, kappa: fl
     >>> case.g.shape, round(float(np.linalg.cond(case.g[0])), 6)
     ((2, 5, 3), 100.0)
     """
+    if not 1.0 <= kappa < np.inf or not 0.0 < scale < np.inf:
+        raise ValueError(f"kappa={kappa!r}, scale={scale!r}: a condition number is finite "
+                         "and >= 1, a scale finite and > 0 (a zero matrix has no "
+                         "orthogonal polar factor)")
     k = min(m, n)
     u = random_orthogonal(rng, batch, m)[..., :k]
     v = random_orthogonal(rng, batch, n)[..., :k]

@@ -74,6 +74,8 @@ def _check_batch(shape) -> tuple[int, ...]:
     if 0 in tuple(shape):
         raise ValueError(f"batch_shape {tuple(shape)} holds no matrices; test empty "
                          "batches with a plain test of your own")
+    if any(d < 0 for d in tuple(shape)):
+        raise ValueError(f"batch_shape {tuple(shape)} has a negative dimension")
     return tuple(shape)
 
 
@@ -163,8 +165,8 @@ def spd_stacks(*, n: int | tuple[int, int] | st.SearchStrategy[int] = (1, 8),
         For an unknown family, an unsupported dtype or an empty range.
     """
     kappa_low, kappa_high = _as_range(kappa, "kappa")
-    if kappa_low < 1.0:
-        raise ValueError(f"kappa={kappa!r}: a condition number is at least 1")
+    if not 1.0 <= kappa_low <= kappa_high < np.inf:
+        raise ValueError(f"kappa={kappa!r}: a condition number is at least 1 and finite")
     if isinstance(n, st.SearchStrategy):
         sizes = n
     else:
@@ -180,6 +182,9 @@ def spd_stacks(*, n: int | tuple[int, int] | st.SearchStrategy[int] = (1, 8),
         raise ValueError(f"unknown spectrum families {unknown}; choose from {FAMILIES}")
     if eps is not None and not 0.0 <= eps <= 1.0:
         raise ValueError(f"eps={eps!r} is a fraction of λmin(a + eps·I): give 0 to 1")
+    if xp is not None and not hasattr(xp, "asarray"):
+        raise TypeError(f"xp={xp!r} is not an array namespace: pass the module (torch, "
+                        "numpy, array_api_strict, jax.numpy), not its name")
     several = isinstance(dtype, Sequence) and not isinstance(dtype, str)
     dtypes = tuple(_check_dtype(d) for d in (dtype if several else [dtype]))
     if isinstance(batch_shape, tuple):
