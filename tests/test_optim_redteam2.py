@@ -402,3 +402,23 @@ def _two_layers_without_bias():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False),
                                torch.nn.Linear(8, 3, bias=False))
+
+
+def test_optax_muon_weight_decay_mask_spares_the_masked_leaves():
+    """optax muon decayed every leaf (biases and norms too) with no way to say
+    otherwise; ``weight_decay_mask`` is optax.contrib.muon's (and
+    add_decayed_weights') way."""
+    params = _jax_tree()
+    import jax
+    import jax.numpy as jnp
+
+    from matroot.optim.optax import muon
+    params["dense"]["bias"] = jnp.ones(5)
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    mask = {"dense": {"kernel": True, "bias": False}}
+    for given, bias_moves in ((None, True), (mask, False)):
+        opt = muon(0.1, weight_decay=0.5, weight_decay_mask=given)
+        updates, _ = opt.update(zero, opt.init(params), params)
+        # Zero gradients: the update is the decay alone, -lr·wd·W where it applies.
+        assert bool(jnp.any(updates["dense"]["kernel"] != 0))
+        assert bool(jnp.any(updates["dense"]["bias"] != 0)) == bias_moves

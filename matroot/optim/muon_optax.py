@@ -106,7 +106,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
 
 def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
-         use_muon: Any = None, adamw_lr_ratio: float = 1.0,
+         weight_decay_mask: Any = None, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
          **config: Any) -> optax.GradientTransformation:
     """Stacked Muon for optax: ``scale_by_muon``, decoupled weight decay, learning rate.
 
@@ -115,7 +115,13 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     learning_rate : float or optax schedule
         Muon's step size; AdamW leaves take ``adamw_lr_ratio`` times it.
     weight_decay : float
-        Decoupled decay ``W ← W − lr·weight_decay·W`` on every leaf.
+        Decoupled decay ``W ← W − lr·weight_decay·W``, on every leaf unless
+        ``weight_decay_mask`` says otherwise.
+    weight_decay_mask : pytree or callable, optional
+        Which leaves decay, as ``optax.add_decayed_weights``'s ``mask`` (and
+        ``optax.contrib.muon``'s ``weight_decay_mask``): a pytree of bools like the
+        parameters, or a function of the parameters returning one; e.g. leave out
+        biases and norms, as the torch shell's AdamW part does by default.
     use_muon, adamw_lr_ratio, **config
         As :func:`scale_by_muon`.
 
@@ -143,7 +149,8 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     """
     # An array weight decay (optax.inject_hyperparams) may be zero only at some steps.
     no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
-    decay = [] if no_decay else [optax.add_decayed_weights(weight_decay)]
+    decay = [] if no_decay else [optax.add_decayed_weights(weight_decay,
+                                                           mask=weight_decay_mask)]
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
                                      **host_values("muon", config, traced_ok=("momentum",))),
                        *decay, optax.scale_by_learning_rate(learning_rate))
