@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from . import _xp
 from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from .accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, check_rtol, row_target,
-                       rtol_allowance, unit_roundoff)
+from .accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, MEASURED_UNSEEN,
+                       check_rtol, row_target, rtol_allowance, unit_roundoff)
 from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from .probes import FROBENIUS_FACTOR
 from .solvers import get_solver
@@ -104,11 +104,12 @@ class RootCall:
 
         The table's target for each κ (:func:`matroot.accuracy.row_target`), whose
         entries hold the first-order estimate's undershoot where they were measured
-        (κ ≤ 1e6). Any other target — a caller's ``rtol``, a ``tol`` looser than the
-        table, the last column's target past κ = 1e6, every target with the randomized
-        λmax bound (its scaling stalls some iterations nearer the rounding floor) —
-        is certified by an iterative method's estimate only as
-        :func:`matroot.accuracy.rtol_allowance` allows (half of it less the check's
+        (κ ≤ 1e6), less what an iterative method's estimate cannot see near the
+        rounding floor (``MEASURED_UNSEEN·u·κ/p``). Any other target — a caller's
+        ``rtol``, a ``tol`` looser than the table, the last column's target past
+        κ = 1e6, every target with the randomized λmax bound (its scaling stalls some
+        iterations nearer the rounding floor) — is certified by an iterative method's
+        estimate only as :func:`matroot.accuracy.rtol_allowance` allows (half of it less the check's
         rounding ``u·κ/p``); a loose ``tol`` at least twice that rounding stands as
         it is."""
         xp = _xp.array_namespace(kappa)
@@ -122,7 +123,9 @@ class RootCall:
         unmeasured = kappa > KAPPA_BUCKETS[-1] * BUCKET_SLACK
         if self.bound_certificate == "randomized":
             unmeasured = xp.ones_like(unmeasured)
-        guarded = xp.where(unmeasured, rtol_allowance(target, kappa, self.p, unit, True), target)
+        measured = target - MEASURED_UNSEEN * unit * kappa / self.p
+        guarded = xp.where(unmeasured, rtol_allowance(target, kappa, self.p, unit, True),
+                           measured)
         if self.tol <= 0:
             return guarded
         # A tol far above the check's rounding is certified as it stands (the stopping
