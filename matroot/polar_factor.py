@@ -22,6 +22,7 @@ from . import _xp
 from ._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
                       check_stack)
 from ._typing import Array
+from .result import summary_line
 from .accuracy import RTOL_FLOOR_UNITS, unit_roundoff
 from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
 from .polar_coefficients import band_lower, default_margin
@@ -99,6 +100,19 @@ class PolarResult(NamedTuple):
     matmuls: Array
     method: str
 
+    def __repr__(self) -> str:
+        """One line: the factor's dtype and shape, how many converged, the worst
+        error estimate.
+
+        Examples
+        --------
+        >>> import numpy as np, matroot
+        >>> matroot.polar_info(np.stack([np.eye(3)] * 2))
+        PolarResult(method=..., root=float64[2, 3, 3], converged 2/2, ...)
+        """
+        return summary_line("PolarResult", self.method, self.root, self.converged,
+                            self.iterations, "error estimate", self.error_estimate)
+
 
 def _default_rtol(xp, dtype, precision: str) -> float:
     """The precision's default ``rtol``, or a 16-bit input's where that is looser: the
@@ -132,6 +146,9 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
         raise ValueError(f"rtol={rtol!r} is below what a {precision} factor can meet "
                          f"({RTOL_FLOOR_UNITS} unit roundoffs, {RTOL_FLOOR_UNITS * unit:.1g}): "
                          "no matrix would converge; pass a larger rtol, or float64 input")
+    elif rtol > 1:
+        raise ValueError(f"rtol={rtol!r}: the relative error asked of each factor "
+                         "must be in (0, 1]; a defect of 1 or more is no orthogonal factor")
     if lower is None:
         lower = DEFAULT_LOWER[precision]
     elif not 0.0 < check_nonnegative(lower, "lower") < 1.0:

@@ -86,20 +86,27 @@ class InvRootResult(NamedTuple):
         >>> matroot.inv_root_info(np.stack([np.eye(3)] * 2), 2, method="evd")
         InvRootResult(method='evd', root=float64[2, 3, 3], converged 2/2, ...)
         """
-        converged = _xp.to_numpy(self.converged)
-        iterations = _xp.to_numpy(self.iterations)
-        residual = _xp.to_numpy(self.residual).astype(float)
-        if iterations.size == 0:
-            steps = "-"
-        elif iterations.min() == iterations.max():
-            steps = f"{iterations.min()}"
-        else:
-            steps = f"{iterations.min()}-{iterations.max()}"
-        shape = ", ".join(str(d) for d in self.root.shape)
-        return (f"InvRootResult(method={self.method!r}, "
-                f"root={str(self.root.dtype).rsplit('.', 1)[-1]}[{shape}], "
-                f"converged {int(converged.sum())}/{converged.size}, iterations {steps}, "
-                f"worst residual {_worst(residual):.2g})")
+        return summary_line("InvRootResult", self.method, self.root, self.converged,
+                            self.iterations, "residual", self.residual)
+
+
+def summary_line(kind: str, method: str, root, converged, iterations, measure: str,
+                 values) -> str:
+    """A result's one-line repr: the method, the root's dtype and shape, how many
+    converged, the step range and the worst ``measure`` (NaN ignored)."""
+    converged = _xp.to_numpy(converged)
+    iterations = _xp.to_numpy(iterations)
+    values = _xp.to_numpy(values).astype(float)
+    if iterations.size == 0:
+        steps = "-"
+    elif iterations.min() == iterations.max():
+        steps = f"{iterations.min()}"
+    else:
+        steps = f"{iterations.min()}-{iterations.max()}"
+    shape = ", ".join(str(d) for d in root.shape)
+    return (f"{kind}(method={method!r}, root={str(root.dtype).rsplit('.', 1)[-1]}[{shape}], "
+            f"converged {int(converged.sum())}/{converged.size}, iterations {steps}, "
+            f"worst {measure} {_worst(values):.2g})")
 
 
 def _worst(residual: np.ndarray) -> float:

@@ -383,3 +383,17 @@ def test_a_flat_bulk_with_one_tiny_eigenvalue_is_not_converged_beyond_the_table(
     converged = np.asarray(result.converged)
     assert converged.any()  # the guard holds back the doubtful ones, not all
     assert np.all(error[converged] <= 2e-2), error[converged].max()
+
+
+def test_polar_refuses_an_rtol_above_one():
+    g = np.random.default_rng(0).standard_normal((2, 5, 3))
+    with pytest.raises(ValueError, match=r"rtol=1.5: .* must be in \(0, 1\]"):
+        matroot.polar_info(g, rtol=1.5)
+
+
+def test_polar_result_has_a_one_line_repr():
+    result = matroot.polar_info(np.stack([np.eye(3), np.full((3, 3), np.nan)]),
+                                check_finite=False)
+    line = repr(result)
+    assert line.startswith("PolarResult(method=") and "converged 1/2" in line
+    assert "\n" not in line and "float64[2, 3, 3]" in line
