@@ -78,7 +78,7 @@ def check_p(p):
     p = refuse_traced(p, "p")
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
-    if not math.isfinite(p) or p <= 0:
+    if not 0 < p < math.inf:  # comparisons, as in check_nonnegative
         raise ValueError(f"p must be a finite number > 0, got {p}")
     return int(p) if float(p).is_integer() else float(p)
 
@@ -103,9 +103,13 @@ def check_nonnegative(value, name: str) -> float:
                         f"whole stack{per_matrix}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
+    # Comparisons, not math.isfinite: torch.compile(dynamic=True) passes a ridge as a
+    # symbolic float, which comparisons guard on and math.isfinite cannot read. NaN
+    # fails both.
+    number = float(value)
+    if not 0 <= number < math.inf:
         raise ValueError(f"{name} must be finite and >= 0, got {value}")
-    return float(value)
+    return number
 
 
 #: The largest ``max_iter`` taken. The iterations converge in tens of steps and

@@ -34,6 +34,32 @@ def test_inv_root_compiles_to_one_graph(method, steps):
     assert torch.equal(traced.iterations, eager.iterations)
 
 
+def test_dynamic_shapes_batch_dimension_and_evd():
+    """``dynamic=True`` passes numbers as symbolic values, which the option checks
+    read with comparisons (math.isfinite cannot take one): evd compiles whole; the
+    iterative methods take a dynamic batch dimension (mark_dynamic), their matrix
+    size being a static decision (docs/jax.rst)."""
+    torch._dynamo.reset()
+    rng = np.random.default_rng(1)
+
+    def stack(b, n):
+        g = rng.standard_normal((b, n, n))
+        return torch.asarray(g @ g.transpose(0, 2, 1) + n * np.eye(n), dtype=torch.float32)
+
+    evd = torch.compile(lambda x, e: matroot.inv_root(x, 2, method="evd", eps=e),
+                        dynamic=True, fullgraph=True, backend="eager")
+    for a in (stack(3, 8), stack(5, 12)):
+        torch.testing.assert_close(evd(a, 0.5), matroot.inv_root(a, 2, method="evd", eps=0.5))
+    options = dict(method="coupled_newton", tol=0.0, max_iter=6)
+    newton = torch.compile(lambda x: matroot.inv_root(x, 2, **options), fullgraph=True,
+                           backend="eager")
+    for b in (3, 5):
+        a = stack(b, 8)
+        torch._dynamo.mark_dynamic(a, 0)
+        torch.testing.assert_close(newton(a), matroot.inv_root(a, 2, **options),
+                                   rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------- the optimizer step
 class _Net(torch.nn.Module):
     """A conv and two linear layers: matrix, 4-D and vector parameters."""
