@@ -367,8 +367,8 @@ def test_solver_checks_and_polar_cases_name_bad_arguments(call, error, match):
 def test_a_flat_bulk_with_one_tiny_eigenvalue_is_not_converged_beyond_the_table():
     """float32 newton_db square roots of a flat bulk with one eigenvalue 3e5–1e6
     below it sit at the rounding floor: 1–2 in 320 came back converged with errors
-    0.021–0.024 (table: 2e-2) and estimates 0.015–0.019, the estimate missing up to
-    0.39·u·κ/p (matroot.accuracy.MEASURED_UNSEEN now holds that back)."""
+    0.021–0.024 (table: 2e-2) and estimates 0.015–0.019, the estimate missing part
+    of u·κ/p (matroot.accuracy.MEASURED_UNSEEN now holds that back)."""
     rng = np.random.default_rng(0)
     stacks = []
     for _ in range(320):
