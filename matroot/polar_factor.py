@@ -22,12 +22,12 @@ from . import _xp
 from ._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
                       check_stack)
 from ._typing import Array
-from .result import summary_line
 from .accuracy import RTOL_FLOOR_UNITS, unit_roundoff
 from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
 from .polar_coefficients import band_lower, default_margin
 from .polar_gradient import polar_derivative
 from .polar_solvers import get_polar_method, polar_method_names
+from .result import summary_line
 from .roots import ConvergenceWarning
 from .scaling import certified_lambda_max
 
@@ -248,7 +248,7 @@ def _polar_info(xp, g, method, work_name, rtol, sigma_bound, rows, matmul_dtype,
     if _xp.is_jax_namespace(xp) and not traced:
         # One compiled call per shape instead of hundreds of eagerly dispatched ops.
         return _xp.jax_compiled(_polar_stack, g, **static)
-    with _xp.full_float32_products(xp, g), _xp.quiet_numpy_float_errors(xp):
+    with _xp.solve_context(xp, g):
         return _polar_stack(g, **static)
 
 

@@ -135,7 +135,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
 
     bounds = {name: check_bound(value, name, xp, batch, traced=traced) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
-    with _xp.full_float32_products(xp, a), _xp.quiet_numpy_float_errors(xp):
+    with _xp.solve_context(xp, a):
         result = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
     if not _xp.gradient_flows(differentiated):
         return result

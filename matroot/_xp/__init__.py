@@ -63,6 +63,7 @@ from .precision import (
     eigh_runs_in_float64,
     full_float32_products,
     quiet_numpy_float_errors,
+    solve_context,
     has_float64,
     round_to,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "eigh_runs_in_float64",
     "full_float32_products",
     "quiet_numpy_float_errors",
+    "solve_context",
     "bounded_loop",
     "counted_loop",
     "trip_count",

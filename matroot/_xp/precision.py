@@ -24,6 +24,7 @@ __all__ = [
     "eigh_runs_in_float64",
     "full_float32_products",
     "quiet_numpy_float_errors",
+    "solve_context",
 ]
 
 
@@ -119,4 +120,19 @@ def quiet_numpy_float_errors(xp):
         yield
         return
     with np.errstate(all="ignore"):
+        yield
+
+
+@contextlib.contextmanager
+def solve_context(xp, x):
+    """What every solve runs within (inv_root's and polar's alike):
+    :func:`full_float32_products` and :func:`quiet_numpy_float_errors`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> with solve_context(np, np.eye(2)):
+    ...     pass
+    """
+    with full_float32_products(xp, x), quiet_numpy_float_errors(xp):
         yield
