@@ -7,7 +7,7 @@ For each method, on one 8×384² float32 torch stack (by default):
 - a profile of the call by phase: the Lanczos run, the λmax bound, the solver
   loop, the a-posteriori check, and the rest (validation, casts, scaling, small
   per-call operations). The phases are timed by wrapping the functions
-  :mod:`matroot.stack_solve` calls (the wrappers only time; they do not change them);
+  :mod:`matroot.roots.stack_solve` calls (the wrappers only time; they do not change them);
 - with ``--passes``, what the call (the Cholesky bound) does to whole stacks,
   counted rather than timed: products, fresh passes (operators that write a new
   stack), reductions and in-place updates;
@@ -77,7 +77,7 @@ class _PhaseClock:
 
 def _profiled_once(call, bound: str) -> dict[str, float]:
     """Phase times (seconds) of one inv_root_info call with ``bound_certificate=bound``."""
-    import matroot.stack_solve as stack_solve
+    import matroot.roots.stack_solve as stack_solve
     from matroot.solvers import registry
 
     clock = _PhaseClock()

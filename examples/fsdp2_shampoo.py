@@ -39,7 +39,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from matroot.optim import Shampoo
-from matroot.optim.distributed_checkpoint import dcp_state_dict, load_dcp_state_dict
+from matroot.optim.distributed.checkpoint import dcp_state_dict, load_dcp_state_dict
 
 
 def build_model() -> torch.nn.Module:

@@ -6,8 +6,8 @@ PyTorch arrays, with any solver of the registry (:mod:`matroot.solvers.registry`
 eigh, Newton–Schulz, coupled Newton, minimax polynomial iterations or Chebyshev.
 """
 
-from .polar_factor import PolarResult, polar, polar_info
-from .roots import (
+from .polar_factor.api import PolarResult, polar, polar_info
+from .roots.api import (
     ConvergenceWarning,
     InvRootResult,
     default_max_iter,
@@ -16,7 +16,7 @@ from .roots import (
     inv_root_info,
     usable_roots,
 )
-from .scaling import (
+from .spectrum.scaling import (
     SpectralBounds,
     lambda_max_bound,
     lambda_min_estimate,

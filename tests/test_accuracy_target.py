@@ -162,7 +162,7 @@ def test_rtol_beyond_what_the_check_resolves_is_not_converged(method):
 def test_randomized_bound_keeps_the_table_at_its_last_bucket():
     # bound_certificate="randomized" scales differently and one newton_db p=2 root at
     # κ = 1e6 stalled 3.6% over the table's 2e-2 with a first-order estimate below it.
-    from matroot.accuracy import row_target
+    from matroot.certify.accuracy import row_target
 
     rng = np.random.default_rng(3)
     a = np.stack([family_stack("isolated_top", rng, (), N, k)

@@ -15,26 +15,30 @@ ROOT = PACKAGE.parent
 ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.rst"
 TOOLS = ("matroot.cli", "matroot.bench")
 #: What the tools may import from the library besides its public packages.
-SHARED_INTERNALS = {"matroot.solvers.registry"}
+SHARED_INTERNALS = {"matroot.solvers.registry", "matroot.solvers.polar.coefficients"}
 
-#: The layers of docs/architecture.rst, bottom first. A name stands for the module
-#: and, except the bare ``matroot`` (the public facade, its ``__init__``), every
-#: module below it. matroot.testing sits above the whole library, so no library
-#: module imports it; the tools sit above everything, so nothing imports them.
+#: The layers of docs/architecture.rst, bottom first: one folder each (the root's
+#: ``_xp``/``_typing`` and the tools' ``cli``/``__main__`` pair up). A name stands for
+#: the module and, except the bare ``matroot`` (the public facade, its ``__init__``),
+#: every module below it; a module belongs to the longest name that covers it, so
+#: ``matroot.optim`` is the optim facade above its subfolders. matroot.testing sits
+#: above the whole library, so no library module imports it; the tools sit above
+#: everything, so nothing imports them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("matroot._xp", "matroot._typing"),
     ("matroot._checks",),
-    ("matroot.accuracy",),
-    ("matroot.krylov", "matroot.lambda_max_bounds", "matroot.scaling"),
+    ("matroot.spectrum",),
+    ("matroot.certify",),
     ("matroot.solvers",),
-    ("matroot.probes", "matroot.result", "matroot.root_gradient"),
-    ("matroot.verify",),
-    ("matroot.call",),
-    ("matroot.stack_solve",),
+    ("matroot.solvers.polar",),
     ("matroot.roots",),
-    ("matroot.polar_factor", "matroot.polar_accuracy", "matroot.polar_coefficients",
-     "matroot.polar_solvers", "matroot.polar_gradient"),
+    ("matroot.polar_factor",),
     ("matroot",),
+    ("matroot.optim.shampoo_core",),
+    ("matroot.optim.muon",),
+    ("matroot.optim.distributed",),
+    ("matroot.optim.torch",),
+    ("matroot.optim.optax",),
     ("matroot.optim",),
     ("matroot.testing",),
     ("matroot.bench",),
@@ -82,12 +86,14 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> int | None:
-    """Index in :data:`LAYERS` of the layer ``module`` belongs to (the deepest match)."""
-    found = None
+    """Index in :data:`LAYERS` of the layer ``module`` belongs to (the longest name
+    that covers it)."""
+    found, length = None, -1
     for index, layer in enumerate(LAYERS):
         for name in layer:
-            if module == name or (name != "matroot" and module.startswith(name + ".")):
-                found = index
+            covers = module == name or (name != "matroot" and module.startswith(name + "."))
+            if covers and len(name) > length:
+                found, length = index, len(name)
     return found
 
 
@@ -123,6 +129,80 @@ def test_no_import_cycles_between_modules():
     for module in sorted(edges):
         if module not in state:
             visit(module, [])
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in: its package (a package's ``__init__``, the package
+    itself); a module at the package root stands for itself, as a folder of one."""
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    if path.is_dir() or module.count(".") == 1:
+        return module
+    return module.rsplit(".", 1)[0]
+
+
+def folder_graph() -> dict[str, set[str]]:
+    """folder -> the folders its modules import (lazy imports included)."""
+    folders: dict[str, set[str]] = {}
+    for module, deps in import_graph().items():
+        found = folders.setdefault(folder_of(module), set())
+        found |= {folder_of(dep) for dep in deps} - {folder_of(module)}
+    return folders
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as the list of its nodes (the first repeated), or None."""
+    state: dict[str, str] = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == "open":
+                return path + [node, dep]
+            if dep not in state and (cycle := visit(dep, path + [node])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node, [])):
+            return cycle
+    return None
+
+
+def test_no_import_cycles_between_folders():
+    """No folder imports a folder that imports it back, directly or through others."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    graph = folder_graph()
+    assert {"matroot.spectrum", "matroot.certify", "matroot.optim.shampoo_core"} <= graph.keys()
+    assert "matroot.certify" in graph["matroot.solvers"]  # the graph does hold edges
+    cycle = find_cycle(graph)
+    assert cycle is None, "folder import cycle: " + " -> ".join(cycle or [])
+
+
+def test_each_layer_is_one_folder():
+    """Every folder of the package is one entry of LAYERS (or within one)."""
+    for folder in folder_graph():
+        if folder.count(".") == 1 and not (PACKAGE / folder.split(".")[1]).is_dir():
+            continue  # a module at the root: _checks, _typing, __main__
+        assert any(folder in layer for layer in LAYERS), f"{folder} has no entry in LAYERS"
+
+
+def test_no_module_shadows_a_public_name_of_its_package():
+    """``matroot.polar`` and ``matroot.optim.shampoo`` are functions: a submodule of that
+    name would replace the attribute on import, or be unreachable as one
+    (``import matroot.polar.api as m`` fails when ``matroot.polar`` is the function)."""
+    checked = 0
+    for init in PACKAGE.rglob("__init__.py"):
+        public = set()
+        for node in ast.parse(init.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                public = set(ast.literal_eval(node.value))
+        clashes = sorted(name for name in public if (init.parent / f"{name}.py").exists()
+                         or (init.parent / name / "__init__.py").exists())
+        assert not clashes, f"{init.parent.name}/ has modules named after its public {clashes}"
+        checked += len(public)
+    assert checked > 50
 
 
 def test_tools_use_public_or_shared_api_only():

@@ -72,7 +72,7 @@ def test_dash_comparison_rows_and_summary():
 
 
 def test_overheads_profile_runs_its_phases():
-    """The phase profile wraps names that exist in matroot.stack_solve (it broke
+    """The phase profile wraps names that exist in matroot.roots.stack_solve (it broke
     silently once when they moved) and reports both λmax bounds."""
     profile = _script("overheads_profile")
     report = profile.main(["--batch", "2", "--n", "32", "--methods", "minimax", "--p", "2",

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import matroot
-import matroot.call
-import matroot.stack_solve
-from matroot.accuracy import CHECK_RESOLUTION, ESTIMATE_UNDERSHOOT, MEASURED_UNSEEN, row_target
-from matroot.call import RootCall, resolve_call
-from matroot.probes import FROBENIUS_FACTOR
+import matroot.roots.call
+import matroot.roots.stack_solve
+from matroot.certify.accuracy import (CHECK_RESOLUTION, ESTIMATE_UNDERSHOOT, MEASURED_UNSEEN,
+                                      row_target)
+from matroot.roots.call import RootCall, resolve_call
+from matroot.certify.probes import FROBENIUS_FACTOR
 from matroot.solvers import get_solver
 
 A32 = np.stack([np.diag([1.0, 4.0, 9.0])] * 2).astype(np.float32)
@@ -85,15 +86,15 @@ def test_targets_the_table_did_not_measure_get_the_rtol_allowance():
 def test_one_resolution_and_one_lookup_per_call(monkeypatch):
     resolved: list[RootCall] = []
     looked_up: list[str] = []
-    resolve = matroot.call.resolve_call
-    lookup = matroot.call.get_solver
-    monkeypatch.setattr("matroot.roots.resolve_call",
+    resolve = matroot.roots.call.resolve_call
+    lookup = matroot.roots.call.get_solver
+    monkeypatch.setattr("matroot.roots.api.resolve_call",
                         lambda *a, **k: resolved.append(resolve(*a, **k)) or resolved[-1])
-    monkeypatch.setattr("matroot.call.get_solver",
+    monkeypatch.setattr("matroot.roots.call.get_solver",
                         lambda name: looked_up.append(name) or lookup(name))
     seen: list[RootCall] = []
-    solve = matroot.stack_solve.solve_stack
-    monkeypatch.setattr("matroot.stack_solve.solve_stack",
+    solve = matroot.roots.stack_solve.solve_stack
+    monkeypatch.setattr("matroot.roots.stack_solve.solve_stack",
                         lambda a, **o: seen.append(o["call"]) or solve(a, **o))
     res = matroot.inv_root_info(A32, 2, method="auto")
     assert len(resolved) == 1 and len(looked_up) == 1 and seen == resolved
@@ -114,13 +115,13 @@ def test_float32_products_run_in_float32_where_the_caller_allowed_tf32(monkeypat
     float32's; the caller's setting is back afterwards."""
     torch = pytest.importorskip("torch")
     seen = []
-    real = matroot.stack_solve.solve_stack
+    real = matroot.roots.stack_solve.solve_stack
 
     def spy(*args, **kwargs):
         seen.append(torch.get_float32_matmul_precision())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(matroot.stack_solve, "solve_stack", spy)
+    monkeypatch.setattr(matroot.roots.stack_solve, "solve_stack", spy)
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
@@ -137,7 +138,7 @@ def test_polar_forms_float32_products_in_float32_where_the_caller_allowed_tf32(m
     """The same for the polar factor: its float32 rtol (1e-5) lies below
     TensorFloat32's rounding (about 5e-4), which no check could certify."""
     torch = pytest.importorskip("torch")
-    import matroot.polar_factor as polar_module
+    import matroot.polar_factor.api as polar_module
 
     seen = []
     real = polar_module._polar_stack

@@ -1,7 +1,7 @@
 """Issue 21, part 1: one regression test per way a wrong root was reported converged.
 
 Errors are measured against the float64 eigh oracle of the values passed; the
-tolerance is the README table's entry (:func:`matroot.verify.accuracy_target`) for
+tolerance is the README table's entry (:func:`matroot.solvers.registry.accuracy_target`) for
 the matrix's κ, or the looser ``tol`` the call asked for.
 """
 
@@ -14,7 +14,8 @@ import pytest
 
 import matroot
 from matroot.testing import oracle_inv_root, random_orthogonal, relative_error
-from matroot.verify import accuracy_target, sandwich_bound
+from matroot.certify.verify import sandwich_bound
+from matroot.solvers.registry import accuracy_target
 
 ITERATIVE = ("newton_db", "coupled_newton", "minimax")
 
@@ -228,8 +229,8 @@ def test_supplied_bounds_cost_no_lanczos_run(method, given, monkeypatch):
     """λmax and λmin given (or λmax and a ridge, for a method that takes the ridge as
     its λmin): no Lanczos run at all; κ for the check comes from the bounds and the
     root, and the roots reported converged meet the table at their true κ."""
-    import matroot.stack_solve
-    import matroot.verify
+    import matroot.roots.stack_solve
+    import matroot.certify.verify
 
     if given == "upper_and_eps" and method == "chebyshev":
         pytest.skip("chebyshev estimates λmin from the spectrum unless it is given")
@@ -239,7 +240,7 @@ def test_supplied_bounds_cost_no_lanczos_run(method, given, monkeypatch):
     bounds = dict(lambda_max_upper=lam[:, -1] * 1.01)
     if given == "both":
         bounds["lambda_min_lower"] = lam[:, 0] * 0.99
-    for module in (matroot.stack_solve, matroot.verify):
+    for module in (matroot.roots.stack_solve, matroot.certify.verify):
         monkeypatch.setattr(module, "ritz_values", _no_lanczos)
     for dtype in (np.float32, np.float64):
         res = matroot.inv_root_info(a.astype(dtype), 4, method=method, eps=eps, **bounds)
@@ -270,7 +271,7 @@ def test_too_small_supplied_lambda_max_without_lanczos(method, shortfall, p):
 def test_kappa_from_the_root_is_a_lower_estimate():
     """κ from a root and the caller's bound: at most (1 + ρ)·κ for an accurate root
     (a stricter bucket, never a looser one), never above the caller's bound."""
-    from matroot.verify import kappa_from_root
+    from matroot.certify.verify import kappa_from_root
 
     for kappa in (1e2, 1e4):
         lam = np.geomspace(1 / kappa, 1.0, 80)

@@ -16,10 +16,10 @@ from rounding import relative_distance, rounding_tolerance
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import matroot
-import matroot.stack_solve
-from matroot.scaling import CertifiedBound, certified_lambda_max, power_iteration
-from matroot.scaling import _start_vectors
-from matroot.verify import accuracy_target
+import matroot.roots.stack_solve
+from matroot.spectrum.scaling import CertifiedBound, certified_lambda_max, power_iteration
+from matroot.spectrum.scaling import _start_vectors
+from matroot.solvers.registry import accuracy_target
 
 from matroot.testing import (oracle_inv_root, random_orthogonal, relative_error, spd_stack,
                              spd_stacks)
@@ -110,7 +110,7 @@ def test_underestimated_lambda_max_is_caught_by_the_check(monkeypatch, method, p
         bound = power_iteration(stack) * 0.3
         return CertifiedBound(bound, bound * 0)
 
-    monkeypatch.setattr(matroot.stack_solve, "certified_lambda_max", too_low)
+    monkeypatch.setattr(matroot.roots.stack_solve, "certified_lambda_max", too_low)
     a = spd_stack(np.random.default_rng(1), (3,), 32, 1e2)[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -120,7 +120,7 @@ def test_underestimated_lambda_max_is_caught_by_the_check(monkeypatch, method, p
 
 
 def test_check_sees_a_wrong_branch_the_residual_cannot():
-    from matroot.verify import verify_root
+    from matroot.certify.verify import verify_root
 
     a = np.diag([1.0, 0.25, 0.01])[None]
     flipped = np.diag([-1.0, 2.0, 10.0])[None]   # X²·A = I exactly

@@ -356,7 +356,7 @@ def test_chebyshev_lower_bound_that_misses_eigenvalues_is_not_converged():
     """Eigenvalues below the fitted interval are caught by the a-posteriori check."""
     from matroot import _xp
     from matroot.solvers import SOLVERS
-    from matroot.verify import verify_root
+    from matroot.certify.verify import verify_root
     a = spd_stack(np.random.default_rng(7), (2,), 16, 1e3, lam_max=1.0)[0]
     out = SOLVERS["chebyshev"].solve(a, 2, lower=np.array([1e-1, 1e-3 / 2]), tol=1e-6,
                                max_iter=400, matmul=_xp.Matmul(np))
@@ -378,7 +378,7 @@ def test_input_is_validated_once(method, monkeypatch):
         calls.append(name)
         return original(a, name)
 
-    for module in ("matroot.roots", "matroot.scaling"):
+    for module in ("matroot.roots.api", "matroot.spectrum.scaling"):
         monkeypatch.setattr(f"{module}.check_stack", counting)
     matroot.inv_root_info(_spd(), 4 if method != "evd" else 2.5, method=method)
     assert calls == ["a"]

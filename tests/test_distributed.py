@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 from spawned_ranks import run_on_ranks, state_dict_bytes
 
-from matroot.optim import Shampoo, core
-from matroot.optim.blocking import ELEMENTWISE, plan_blocks
-from matroot.optim.distributed import (
+from matroot.optim import Shampoo
+from matroot.optim.shampoo_core import core
+from matroot.optim.shampoo_core.blocking import ELEMENTWISE, plan_blocks
+from matroot.optim.distributed.core import (
     GradientMismatchError,
     consolidate_state_dicts,
     resolve_process_group,
@@ -41,9 +42,9 @@ from matroot.optim.distributed import (
     slot_map,
 )
 from matroot.cli import main as matroot_main
-from matroot.optim.cluster_sizing import MODELS, parse_shapes, plan_summary
-from matroot.optim.rank_part import local_plan
-from matroot.optim.sharding import (
+from matroot.optim.distributed.cluster_sizing import MODELS, parse_shapes, plan_summary
+from matroot.optim.distributed.rank_part import local_plan
+from matroot.optim.distributed.sharding import (
     COMPUTE_SLACK,
     best_balance,
     group_cost,
@@ -591,7 +592,7 @@ def test_every_element_has_its_moments_on_exactly_one_rank(world, shapes, block_
     plan's blocks address."""
     import numpy as np
 
-    from matroot.optim.rank_part import piece_plan, rank_pieces
+    from matroot.optim.distributed.rank_part import piece_plan, rank_pieces
 
     plan = _plan(shapes, block_size)
     split = shard_plan(plan, world)

@@ -32,7 +32,7 @@ def test_no_power_iteration_and_exact_lambda_max(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("evd must not estimate λmax")
 
-    monkeypatch.setattr("matroot.stack_solve.lambda_max_bound_core", forbidden)
+    monkeypatch.setattr("matroot.roots.stack_solve.lambda_max_bound_core", forbidden)
     a = np.stack([np.diag([1.0, 4.0, 9.0]), np.diag([2.0, 2.0, 3.0])])
     res = matroot.inv_root_info(a, 2, method="evd")
     assert res.lambda_max.tolist() == [9.0, 3.0]

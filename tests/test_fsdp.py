@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 from spawned_ranks import run_on_ranks, state_dict_bytes
 
-from matroot.optim import Shampoo, core
+from matroot.optim import Shampoo
+from matroot.optim.shampoo_core import core
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 tensor_api = pytest.importorskip("torch.distributed.tensor")
@@ -189,7 +190,7 @@ def _scenario_dcp_save(base):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from matroot.optim.distributed_checkpoint import dcp_state_dict
+    from matroot.optim.distributed.checkpoint import dcp_state_dict
 
     model, opt = _fsdp_training(2)
     _steps(model, opt, 0, SAVED_AT)
@@ -214,7 +215,7 @@ def _resume_from_dcp(model, opt, path):
         set_model_state_dict,
     )
 
-    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+    from matroot.optim.distributed.checkpoint import load_dcp_state_dict
 
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=path)
@@ -226,7 +227,7 @@ def _resume_from_dcp(model, opt, path):
 
 def _scenario_dcp_load(base):
     """Three ranks: resume the 2-rank checkpoint; broken checkpoints give clear errors."""
-    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+    from matroot.optim.distributed.checkpoint import load_dcp_state_dict
 
     out = {"resumed": _resume_from_dcp(*_fsdp_training(3), os.path.join(base, "dcp"))}
     model, _ = _fsdp_training(3)
@@ -367,7 +368,7 @@ def test_dcp_checkpoint_saved_at_two_ranks_resumes_at_three(two_ranks, three_ran
 def test_dcp_checkpoint_saved_at_two_ranks_resumes_in_one_process(two_ranks, base):
     import torch.distributed.checkpoint as dcp
 
-    from matroot.optim.distributed_checkpoint import load_dcp_state_dict
+    from matroot.optim.distributed.checkpoint import load_dcp_state_dict
 
     assert not dist.is_initialized()
     model = Tiny()
@@ -395,7 +396,7 @@ def test_planner_predicts_the_fsdp2_shards(ranks):
     """``matroot plan --fsdp2``'s parameter bytes are the largest rank's real shards."""
     import math
 
-    from matroot.optim.cluster_sizing import plan_summary
+    from matroot.optim.distributed.cluster_sizing import plan_summary
 
     world, results = ranks
     shapes = [(name, tuple(p.shape)) for name, p in Tiny().named_parameters()]

@@ -104,7 +104,7 @@ def assert_same_solve(first, second, oracle, dtype, kappa, n, table_tol):
 
 
 def test_an_eager_call_compiles_once_per_shape_and_keeps_the_eager_checks(monkeypatch):
-    import matroot.stack_solve as stack_solve
+    import matroot.roots.stack_solve as stack_solve
 
     traces = []
     solve = stack_solve.solve_stack

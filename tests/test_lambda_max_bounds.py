@@ -1,4 +1,4 @@
-"""The λmax upper bounds of matroot.lambda_max_bounds against a float64 eigh oracle.
+"""The λmax upper bounds of matroot.spectrum.lambda_max_bounds against a float64 eigh oracle.
 
 The randomized bound may fall below λmax with probability at most 1e-12 per
 matrix; every matrix below must get a bound at or above its λmax (the λmax of the
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.lambda_max_bounds import (FAILURE_PROBABILITY, randomized_lambda_max,
+from matroot.spectrum.lambda_max_bounds import (FAILURE_PROBABILITY, randomized_lambda_max,
                                        randomized_margin)
-from matroot.scaling import lambda_max_bound, ritz_values, spectral_bounds
+from matroot.spectrum.scaling import lambda_max_bound, ritz_values, spectral_bounds
 from matroot.testing.spectra import family_stack, random_orthogonal
 
 from conftest import to_numpy
@@ -119,7 +119,7 @@ def test_bound_certificate_keyword(backend):
 def test_randomized_bound_under_jit():
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
-    from matroot.scaling import lambda_max_bound_core
+    from matroot.spectrum.scaling import lambda_max_bound_core
 
     a = _stack("clustered", np.random.default_rng(9), (3,), 80)
     top = np.linalg.eigvalsh(a)[..., -1]
@@ -132,7 +132,7 @@ def test_randomized_bound_under_jit():
 
 
 def test_public_names_stay_importable_from_scaling():
-    from matroot.scaling import (CertifiedBound, RitzValues, certified_lambda_max,  # noqa: F401
+    from matroot.spectrum.scaling import (CertifiedBound, RitzValues, certified_lambda_max,  # noqa: F401
                                  lambda_min_estimate, lanczos_ritz_extremes, power_iteration,
                                  ritz_values, verified_upper)
     assert matroot.lambda_max_bound is lambda_max_bound
@@ -146,7 +146,7 @@ def test_inv_root_scaled_by_the_randomized_bound(method, kind):
     roots meet the table, and the result states the bound's failure probability
     where its 64-step run does not span the space (n = 96), none where it does."""
     from matroot.testing import oracle_inv_root, relative_error
-    from matroot.verify import accuracy_target
+    from matroot.solvers.registry import accuracy_target
 
     a = _stack(kind, np.random.default_rng(11), (3,), 96)
     lam = np.linalg.eigvalsh(a)

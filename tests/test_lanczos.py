@@ -1,4 +1,4 @@
-"""The Lanczos spectral estimates of matroot.scaling against eigvalsh."""
+"""The Lanczos spectral estimates of matroot.spectrum.scaling against eigvalsh."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.scaling import LANCZOS_SAFETY, lanczos_ritz_extremes
+from matroot.spectrum.scaling import LANCZOS_SAFETY, lanczos_ritz_extremes
 from matroot.testing import random_orthogonal, spd_stack
 
 from conftest import to_numpy
@@ -83,7 +83,7 @@ def test_many_restarts_stay_inside_the_spectrum(backend, dtype):
 def test_many_restarts_stay_inside_the_spectrum_under_jit():
     """The same run traced (the fixed-shape loop of jax.jit)."""
     jax = pytest.importorskip("jax")
-    from matroot.scaling import lanczos_ritz_extremes_core
+    from matroot.spectrum.scaling import lanczos_ritz_extremes_core
 
     a, lam = _rank_five_plus_ridge()
     lo, hi = jax.jit(lanczos_ritz_extremes_core)(jax.numpy.asarray(a, dtype="float32"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.verify import accuracy_target
+from matroot.solvers.registry import accuracy_target
 from matroot import _xp
 from matroot.solvers import SOLVERS
 from matroot.solvers._lower_grid import quantize_lower

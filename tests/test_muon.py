@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.optim.muon import (MuonConfig, default_use_muon, matrix_stack_shape,
+from matroot.optim.muon.core import (MuonConfig, default_use_muon, matrix_stack_shape,
                                 muon_directions, muon_init, shape_scale)
 
 torch = pytest.importorskip("torch")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from matroot.optim.blocking import (
+from matroot.optim.shampoo_core.blocking import (
     ELEMENTWISE,
     FactorPolicy,
     MATRIX,

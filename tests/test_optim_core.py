@@ -1,7 +1,7 @@
 """The functional Shampoo core on NumPy, array-api-strict and torch arrays.
 
 The reference is a plain float64 NumPy loop over blocks with eigh roots, written
-from the update's definition (see matroot/optim/core.py), independent of the
+from the update's definition (see matroot/optim/shampoo_core/core.py), independent of the
 block plan and the stacks.
 """
 
@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-import matroot.optim.preconditioner as preconditioner
+import matroot.optim.shampoo_core.preconditioner as preconditioner
 from matroot.optim import ShampooConfig, apply_updates, copy_state, init, state_bytes, update
-from matroot.optim.core import NonFiniteGradientError
+from matroot.optim.shampoo_core.core import NonFiniteGradientError
 
 SHAPES = [(37, 21), (6, 3, 2, 2), (9,), ()]
 #: Views the reference uses: the conv kernel as (out, in·kh·kw).
@@ -341,7 +341,7 @@ def test_root_options_are_one_typed_value_from_a_dict_or_itself():
 
 
 def test_option_groups_are_built_once_and_build_the_same_config():
-    from matroot.optim.option_groups import (
+    from matroot.optim.shampoo_core.option_groups import (
         BlockingOptions,
         GraftingOptions,
         RootSolveOptions,
@@ -376,7 +376,7 @@ def test_option_groups_are_built_once_and_build_the_same_config():
      "root_storage_dtype"),
 ])
 def test_each_option_group_checks_itself_under_the_config_keyword(make, match):
-    from matroot.optim import option_groups
+    from matroot.optim.shampoo_core import option_groups
 
     with pytest.raises(ValueError, match=match):
         make(option_groups)

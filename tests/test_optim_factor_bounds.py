@@ -1,4 +1,4 @@
-"""Carried λmax bounds of the Shampoo factors (matroot/optim/factor_bounds.py).
+"""Carried λmax bounds of the Shampoo factors (matroot/optim/shampoo_core/factor_bounds.py).
 
 The bound a refresh passes as ``lambda_max_upper`` must never be below λmax of the
 factor plus ridge (checked against a float64 eigvalsh oracle), the updates made with
@@ -9,11 +9,11 @@ roots promise, and a bound that is wrong is caught by the root check, never used
 import numpy as np
 import pytest
 
-import matroot.optim.factor_bounds as factor_bounds
-import matroot.optim.preconditioner as preconditioner
-from matroot.accuracy import row_target
+import matroot.optim.shampoo_core.factor_bounds as factor_bounds
+import matroot.optim.shampoo_core.preconditioner as preconditioner
+from matroot.certify.accuracy import row_target
 from matroot.optim import ShampooConfig, apply_updates, init, update
-from matroot.optim.preconditioner import unpack
+from matroot.optim.shampoo_core.preconditioner import unpack
 
 SHAPES = [(24, 40), (9,)]
 

@@ -12,7 +12,8 @@ from rounding import relative_distance, rounding_tolerance
 torch = pytest.importorskip("torch")
 
 import matroot  # noqa: E402
-from matroot.optim import Shampoo, ShampooConfig, core, init, update  # noqa: E402
+from matroot.optim import Shampoo, ShampooConfig, init, update  # noqa: E402
+from matroot.optim.shampoo_core import core  # noqa: E402
 
 NEVER = 10**9
 
@@ -126,13 +127,13 @@ def test_infinite_block_size_preconditions_each_parameter_whole():
 
 def test_graft_only_parameters_follow_adamw_and_policies_share_one_call_per_size(monkeypatch):
     calls = []
-    solve = matroot.optim.preconditioner.inv_root_info
+    solve = matroot.optim.shampoo_core.preconditioner.inv_root_info
 
     def counting(a, p, **kwargs):
         calls.append((tuple(a.shape), p))
         return solve(a, p, **kwargs)
 
-    monkeypatch.setattr(matroot.optim.preconditioner, "inv_root_info", counting)
+    monkeypatch.setattr(matroot.optim.shampoo_core.preconditioner, "inv_root_info", counting)
     gen = torch.Generator().manual_seed(5)
     kept = torch.nn.Parameter(torch.randn(16, 16, generator=gen))
     one_sided = torch.nn.Parameter(torch.randn(400, 16, generator=gen))
@@ -355,7 +356,7 @@ def test_roots_not_kept_need_every_step_refreshes_and_no_root_storage_dtype():
                                      {"symmetric_packing": True, "root_storage_dtype": "bfloat16"},
                                      {"keep_roots": False, "precondition_frequency": 1}])
 def test_the_planner_counts_the_preconditioner_bytes_the_state_holds(storage):
-    from matroot.optim.cluster_sizing import plan_summary
+    from matroot.optim.distributed.cluster_sizing import plan_summary
 
     shapes = [(40, 12), (12,), (300, 20), (20, 20)]
     config = ShampooConfig(block_size=32, precondition_1d=True, **storage)
@@ -372,7 +373,7 @@ def test_the_planner_counts_the_preconditioner_bytes_the_state_holds(storage):
 
 
 def test_roots_not_kept_shard_and_consolidate_without_roots():
-    from matroot.optim.distributed import consolidate_state_dicts, shard_state_dict
+    from matroot.optim.distributed.core import consolidate_state_dicts, shard_state_dict
 
     opt, _, _ = _every_step(False, 2)
     sd = opt.state_dict()
@@ -491,7 +492,7 @@ def test_a_state_dict_saved_under_the_old_defaults_loads_and_continues_unchanged
 
 
 def test_packed_lazy_state_dicts_shard_and_consolidate():
-    from matroot.optim.distributed import consolidate_state_dicts, shard_state_dict
+    from matroot.optim.distributed.core import consolidate_state_dicts, shard_state_dict
 
     gen = torch.Generator().manual_seed(11)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(20, 12), (9, 17)]]
@@ -559,8 +560,8 @@ finally:
 def test_a_rank_keeps_moments_only_where_it_owns_elements_and_its_blocks_match_one_process(
         world):
     from matroot.optim import apply_updates, state_bytes
-    from matroot.optim.rank_part import piece_plan, rank_pieces
-    from matroot.optim.sharding import factor_bytes, shard_plan
+    from matroot.optim.distributed.rank_part import piece_plan, rank_pieces
+    from matroot.optim.distributed.sharding import factor_bytes, shard_plan
 
     rng = np.random.default_rng(12)
     # Parameters of 3x3 and 2x3 blocks that the cuts fall inside at every world size

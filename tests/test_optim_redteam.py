@@ -117,7 +117,7 @@ def test_muon_rule_sends_gpt2_style_embeddings_to_adamw():
     """nanoGPT's and Hugging Face GPT-2's ``transformer.wte`` / ``wpe`` tables (and
     ``tok_embeddings``, flax's ``Embed_0``) were matrices to the rule, so
     ``Muon(model.named_parameters())`` orthogonalized a 50k-row embedding silently."""
-    from matroot.optim.muon import default_use_muon
+    from matroot.optim.muon.core import default_use_muon
 
     embeddings = ["transformer.wte.weight", "transformer.wpe.weight", "tok_embeddings.weight",
                   "params/Embed_0/embedding"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from matroot.optim import ShampooConfig
-from matroot.optim.gradients import nonfinite_flags
-from matroot.optim.grafting import block_norms, grafting_direction
+from matroot.optim.shampoo_core.gradients import nonfinite_flags
+from matroot.optim.shampoo_core.grafting import block_norms, grafting_direction
 
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
 

@@ -1,7 +1,7 @@
 """matroot.polar against the float64 SVD oracle: the accuracy table on every backend,
 shapes, 16-bit matmuls, rank deficiency, NaN isolation and bad input.
 
-The table (:mod:`matroot.polar_accuracy`) is what ``converged=True`` promises:
+The table (:mod:`matroot.certify.polar_accuracy`) is what ``converged=True`` promises:
 relative error ``‖Q − U·Vᵀ‖_F/√min(m, n) ≤ max(2·rtol, ROUNDING·κ)``.
 """
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.polar_accuracy import DEFAULT_LOWER, polar_error_bound
-from matroot.polar_coefficients import (MUON_BAND, MUON_LOWER, MUON_POLAR_STEPS, band_lower,
+from matroot.certify.polar_accuracy import DEFAULT_LOWER, polar_error_bound
+from matroot.solvers.polar.coefficients import (MUON_BAND, MUON_LOWER, MUON_POLAR_STEPS, band_lower,
                                         polar_schedule)
-from matroot.polar_factor import GRAM_NORM_MAX_N
+from matroot.polar_factor.api import GRAM_NORM_MAX_N
 from matroot.testing import oracle_polar, polar_case, polar_relative_error
 from matroot.testing.polar_oracle import PolarCase
 from matroot.testing.spectra import random_orthogonal
@@ -241,12 +241,12 @@ def test_default_lower_bounds_are_what_the_table_claims():
 
 
 def test_matroot_polar_is_the_function_not_a_module():
-    """The implementation lives in matroot.polar_factor; nothing named matroot.polar
+    """The implementation lives in matroot.polar_factor.api; nothing named matroot.polar
     shadows or is shadowed by the function."""
     import importlib
 
-    assert callable(matroot.polar) and matroot.polar.__module__ == "matroot.polar_factor"
-    assert importlib.import_module("matroot.polar_factor").polar_info is matroot.polar_info
+    assert callable(matroot.polar) and matroot.polar.__module__ == "matroot.polar_factor.api"
+    assert importlib.import_module("matroot.polar_factor.api").polar_info is matroot.polar_info
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("matroot.polar")
 
@@ -254,3 +254,29 @@ def test_matroot_polar_is_the_function_not_a_module():
 def test_oracle_agrees_with_the_constructed_factor():
     case = polar_case(np.random.default_rng(13), (2,), 7, 4, 1e3)
     np.testing.assert_allclose(oracle_polar(case.g), case.polar, atol=1e-11)
+
+
+@pytest.mark.parametrize("name, unit", [("float64", 2.0 ** -53), ("float32", 2.0 ** -24),
+                                        ("float16", 2.0 ** -11), ("bfloat16", 2.0 ** -8)])
+def test_the_polar_rtol_floor_reads_the_one_unit_roundoff(name, unit):
+    """polar_info's rtol floor once read a table of its own (polar_accuracy.UNIT_ROUNDOFF);
+    it now reads :func:`matroot._xp.unit_roundoff` of the dtype the products run in,
+    which must give the same unit for every precision, 16-bit operands included."""
+    from matroot import _xp
+    from matroot.certify.accuracy import RTOL_FLOOR_UNITS
+
+    if name == "bfloat16":
+        torch = pytest.importorskip("torch")
+        xp = _xp.array_namespace(torch.zeros(1))
+        g, matmul_dtype = torch.eye(4), name
+    else:
+        xp = np
+        g = np.eye(4, dtype=np.float64 if name == "float64" else np.float32)
+        matmul_dtype = name if name == "float16" else None
+    assert _xp.unit_roundoff(xp, _xp.dtype_from_name(xp, name)) == unit
+    method = "polar_express"
+    with pytest.raises(ValueError, match=f"below what a {name} factor can meet"):
+        matroot.polar_info(g, method=method, matmul_dtype=matmul_dtype,
+                           rtol=0.5 * RTOL_FLOOR_UNITS * unit)
+    matroot.polar_info(g, method=method, matmul_dtype=matmul_dtype,
+                       rtol=min(2.0 * RTOL_FLOOR_UNITS * unit, 1.0))

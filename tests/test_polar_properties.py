@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.polar_accuracy import polar_error_bound
+from matroot.certify.polar_accuracy import polar_error_bound
 from matroot.testing import check_polar_solver, polar_case, polar_relative_error
 
 

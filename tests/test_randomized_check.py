@@ -2,7 +2,7 @@
 with a stated probability.
 
 The randomized check replaces each norm of the deterministic one by a bound from
-Gaussian probes (:mod:`matroot.probes`) that holds except with probability
+Gaussian probes (:mod:`matroot.certify.probes`) that holds except with probability
 ``FAILURE_PROBABILITY`` per matrix, so with that probability its error estimate is at
 least the deterministic one: it rejects whatever the deterministic check rejects.
 Why it is not the default (measured): its estimate is 5–33× the oracle error where the
@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.probes import (BOUNDS_PER_CHECK, FAILURE_PROBABILITY, FROBENIUS_FACTOR, PROBES,
+from matroot.certify.probes import (BOUNDS_PER_CHECK, FAILURE_PROBABILITY, FROBENIUS_FACTOR, PROBES,
                             SPECTRAL_FACTOR, probe_block)
 from matroot.testing import oracle_inv_root, random_orthogonal, relative_error
-from matroot.verify import verify_root
+from matroot.certify.verify import verify_root
 
 from conftest import to_numpy
 
@@ -166,7 +166,7 @@ def test_converged_means_right_with_the_randomized_check(family, method, p):
     """The promise holds with the randomized certificate on the hard spectra: a root
     it reports converged is within the table's target (or rtol) of the oracle."""
     from matroot.testing.spectra import family_stack
-    from matroot.verify import accuracy_target
+    from matroot.solvers.registry import accuracy_target
 
     kappas = (1e2, 1e4) if method == "chebyshev" else (1e2, 1e4, 1e6)
     rng = np.random.default_rng(8)
@@ -187,10 +187,10 @@ def test_converged_means_right_with_the_randomized_check(family, method, p):
 
 
 def test_check_root_is_the_deprecated_name_of_verify_root():
-    import matroot.verify
+    import matroot.certify.verify
     a = np.diag([1.0, 0.25])[None]
     root = np.diag([1.0, 2.0])[None]
     with pytest.warns(DeprecationWarning, match="verify_root"):
-        old = matroot.verify.check_root(a, root, 2, unit_roundoff=UNIT64)
+        old = matroot.certify.verify.check_root(a, root, 2, unit_roundoff=UNIT64)
     new = verify_root(a, root, 2, unit_roundoff=UNIT64)
     assert np.array_equal(old.error_estimate, new.error_estimate)

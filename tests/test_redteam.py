@@ -7,7 +7,7 @@ across the dtype's range and a call (default tol, a tol near 1/n or larger, a
 fixed step count with ``tol=0``, an accuracy target ``rtol=``), at times a ridge ``eps``
 and, for the iterative methods, κ past the table (to 1e8 / 1e13). Every matrix reported
 converged must be within ``rtol``, else ``max(table(κ), tol)``, of the float64 oracle
-(:func:`matroot.verify.accuracy_target` at the matrix's true κ). The default run keeps
+(:func:`matroot.solvers.registry.accuracy_target` at the matrix's true κ). The default run keeps
 to small sizes and a few dozen examples (about a minute); the ``slow`` profile searches
 longer and up to n = 512.
 """
@@ -24,7 +24,7 @@ import matroot
 from matroot.solvers import SOLVERS
 from matroot.testing import oracle_inv_root, relative_error
 from matroot.testing.spectra import FAMILIES, family_stack
-from matroot.verify import accuracy_target
+from matroot.solvers.registry import accuracy_target
 
 #: κ at most this (the README table's end; chebyshev's rows end at 1e4).
 TABLE_END = {"chebyshev": 1e4}

@@ -3,7 +3,7 @@
 Each test names what it found before its fix: a raw error where a clear ValueError or
 TypeError belongs, an input silently computed at the wrong precision, or a default
 that no result could meet. The accuracy claims are checked against the float64
-oracles with the tolerances of :mod:`matroot.polar_accuracy`.
+oracles with the tolerances of :mod:`matroot.certify.polar_accuracy`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.polar_accuracy import DEFAULT_RTOL, ERROR_SLACK
+from matroot.certify.polar_accuracy import DEFAULT_RTOL, ERROR_SLACK
 from matroot.testing import oracle_inv_root, polar_relative_error, relative_error
 
 
@@ -146,7 +146,7 @@ def test_accuracy_target_takes_integer_and_scalar_kappa():
     """``accuracy_target`` filled its targets in κ's dtype: an integer κ array (an
     oracle's ``np.full(b, 10)``) gave targets of 0, failing every root, and a plain
     number raised array-api-compat's TypeError."""
-    from matroot.verify import accuracy_target
+    from matroot.solvers.registry import accuracy_target
 
     as_float = accuracy_target("minimax", "float32", 2, np.array([10.0, 1e3]))
     np.testing.assert_array_equal(accuracy_target("minimax", "float32", 2, np.array([10, 1000])),

@@ -215,11 +215,11 @@ def test_test_helpers_refuse_what_is_no_spd_stack(make, error, match):
     (dict(other_n=True), "of one shape"),
 ])
 def test_verify_root_names_bad_arguments(kwargs, match):
-    """matroot.verify.verify_root called directly: a single n×n matrix was read as a
+    """matroot.certify.verify.verify_root called directly: a single n×n matrix was read as a
     stack of n rows (n "error estimates" for one matrix, silently), an unknown
     certificate ran the deterministic one without a word, and roots of another size
     died in NumPy's matmul ("mismatch in its core dimension")."""
-    from matroot.verify import verify_root
+    from matroot.certify.verify import verify_root
 
     a = _gram_stack(0)
     root = oracle_inv_root(a, 2)
@@ -308,7 +308,7 @@ def test_polar_gradient_at_repeated_singular_values(method, shape):
     """The gradient of ``polar(g, method="svd")`` was NaN for an orthonormal g (all
     σ = 1), and ``"eigh"``'s for a multiple of the identity: the decompositions'
     own backward passes divide by singular-value gaps. They get the exact
-    derivative now (matroot.polar_gradient); polar_express differentiates its
+    derivative now (matroot.polar_factor.gradient); polar_express differentiates its
     steps, which agree with it where the factor converged."""
     rng = np.random.default_rng(14)
     m, n = shape
@@ -368,7 +368,7 @@ def test_a_flat_bulk_with_one_tiny_eigenvalue_is_not_converged_beyond_the_table(
     """float32 newton_db square roots of a flat bulk with one eigenvalue 3e5–1e6
     below it sit at the rounding floor: 1–2 in 320 came back converged with errors
     0.021–0.024 (table: 2e-2) and estimates 0.015–0.019, the estimate missing part
-    of u·κ/p (matroot.accuracy.MEASURED_UNSEEN now holds that back)."""
+    of u·κ/p (matroot.certify.accuracy.MEASURED_UNSEEN now holds that back)."""
     rng = np.random.default_rng(0)
     stacks = []
     for _ in range(320):

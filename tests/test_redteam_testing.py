@@ -213,7 +213,7 @@ def test_a_zero_result_is_graded_by_accuracy_not_as_an_asymmetry():
 
 @pytest.mark.parametrize("text", ["", ",", " , "])
 def test_plan_refuses_empty_shapes(text):
-    from matroot.optim.cluster_sizing import parse_shapes
+    from matroot.optim.distributed.cluster_sizing import parse_shapes
 
     with pytest.raises(ValueError, match="--shapes is empty"):
         parse_shapes(text)

@@ -140,7 +140,7 @@ def test_fused_helpers_on_numpy_are_the_plain_expressions():
 STEP_OPS = {"newton_db": 20, "coupled_newton": 22, "minimax": 28}
 #: Files whose operations are not the solver loop's (bounds and scaling run inside
 #: newton_db's stages, but are another part's work).
-NOT_THE_LOOP = ("krylov.py", "lambda_max_bounds.py", "scaling.py")
+NOT_THE_LOOP = ("spectrum/krylov.py", "spectrum/lambda_max_bounds.py", "spectrum/scaling.py")
 
 
 @pytest.mark.parametrize("p", [2, 4])

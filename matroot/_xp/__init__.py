@@ -7,7 +7,8 @@ importing only those listed before it:
 - :mod:`~matroot._xp.namespace`: which library and device an array belongs to,
   and whether its values can be read on the host (not while a trace runs);
 - :mod:`~matroot._xp.transfer`: copies to and from host NumPy arrays;
-- :mod:`~matroot._xp.precision`: dtypes per backend and 16-bit rounding;
+- :mod:`~matroot._xp.precision`: dtypes per backend, their unit roundoff and 16-bit
+  rounding;
 - :mod:`~matroot._xp.tracing`: loops, branches and constants that work eagerly,
   under ``jax.jit`` and under ``torch.compile``, and LAPACK calls kept in order
   inside a JAX trace;
@@ -15,7 +16,7 @@ importing only those listed before it:
   products and ``beta*c + alpha*(a @ b)`` sums torch forms in one operation,
   per-matrix Cholesky success, finiteness);
 - :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
-  policy, counted;
+  policy, counted, and integer matrix powers by binary powering;
 - :mod:`~matroot._xp.autodiff`: results attached to their input through a backward
   formula (``jax.custom_jvp``; torch autograd through
   :mod:`~matroot._xp.torch_autodiff`, imported on first use); torch.func transforms
@@ -45,7 +46,7 @@ from .linalg import (
     spd_solve,
     symmetric_part,
 )
-from .matmul import Matmul
+from .matmul import Matmul, matrix_power, power_matmuls
 from .namespace import (
     array_namespace,
     backend_name,
@@ -66,6 +67,7 @@ from .precision import (
     solve_context,
     has_float64,
     round_to,
+    unit_roundoff,
 )
 from .tracing import (
     bounded_loop,
@@ -100,6 +102,7 @@ __all__ = [
     "full_float32_products",
     "quiet_numpy_float_errors",
     "solve_context",
+    "unit_roundoff",
     "bounded_loop",
     "counted_loop",
     "trip_count",
@@ -125,6 +128,8 @@ __all__ = [
     "cholesky_succeeds",
     "spd_solve",
     "Matmul",
+    "matrix_power",
+    "power_matmuls",
     "refuse_torch_func",
     "gradient_flows",
     "without_gradient",

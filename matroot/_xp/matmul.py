@@ -8,6 +8,8 @@ from .precision import round_to
 
 __all__ = [
     "Matmul",
+    "matrix_power",
+    "power_matmuls",
 ]
 
 
@@ -59,3 +61,28 @@ class Matmul:
             self.count += 1
             return add_product(base, a, b, beta=beta, alpha=alpha)
         return beta * base + alpha * self(a, b)
+
+def matrix_power(x, p: int, matmul):
+    """``x^p`` for integer ``p ≥ 1`` by binary powering (about log2(p) matmuls)."""
+    result = None
+    base = x
+    while True:
+        if p & 1:
+            result = base if result is None else matmul(result, base)
+        p >>= 1
+        if not p:
+            return result
+        base = matmul(base, base)
+
+
+def power_matmuls(p: int) -> int:
+    """Matmuls :func:`matrix_power` forms for exponent ``p``: a squaring per binary
+    digit after the first, a product per further one-digit.
+
+    Integer arithmetic only: torch.compile's tracer in torch 2.11 breaks the graph at
+    ``bin()``, and the graph break made it fail on an H200 (torch 2.13's traces it).
+    """
+    squarings, ones = -1, 0
+    while p:
+        squarings, ones, p = squarings + 1, ones + (p & 1), p >> 1
+    return squarings + ones - 1

@@ -25,6 +25,7 @@ __all__ = [
     "full_float32_products",
     "quiet_numpy_float_errors",
     "solve_context",
+    "unit_roundoff",
 ]
 
 
@@ -136,3 +137,15 @@ def solve_context(xp, x):
     """
     with full_float32_products(xp, x), quiet_numpy_float_errors(xp):
         yield
+
+def unit_roundoff(xp, dtype) -> float:
+    """``u = eps/2`` of a floating ``dtype`` of the array namespace ``xp``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot._xp import unit_roundoff
+    >>> unit_roundoff(np, np.float32) == 2.0 ** -24
+    True
+    """
+    return float(xp.finfo(dtype).eps) / 2

@@ -1,8 +1,8 @@
 """The cost of certification (issue 9), timed next to the solve it certifies.
 
 Every :func:`matroot.inv_root_info` call certifies its λmax bound
-(:func:`matroot.scaling.certified_lambda_max`) and checks the root it returns
-(:func:`matroot.verify.verify_root`). The solver benchmark times that work on its
+(:func:`matroot.spectrum.scaling.certified_lambda_max`) and checks the root it returns
+(:func:`matroot.certify.verify.verify_root`). The solver benchmark times that work on its
 own, interleaved with the whole call, so the overhead shows as a measured time
 ratio next to ``check_matmuls`` (its cost in matmul equivalents).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from array_api_compat import array_namespace
-from ..accuracy import unit_roundoff
-from ..scaling import certified_lambda_max
-from ..verify import verify_root
+from ..certify.accuracy import unit_roundoff
+from ..spectrum.scaling import certified_lambda_max
+from ..certify.verify import verify_root
 
 __all__ = ["certification_call"]
 

@@ -6,7 +6,7 @@ Part one orthogonalizes batched random stacks with singular values log-spaced ov
 and by the Cholesky-certified one) and with the paper's Muon setting (``lower=1e-3``,
 5 steps), by Polar Express at the fewest steps that reach the quintic's defect, built
 either for the widest interval those steps bring within ``MUON_BAND`` of 1
-(:func:`~matroot.polar_coefficients.band_lower`) or for the true ``1/κ``, by Polar
+(:func:`~matroot.solvers.polar.coefficients.band_lower`) or for the true ``1/κ``, by Polar
 Express (with either σmax bound) and its Gram-side variant run to the float32 default
 ``rtol``, and by a batched SVD. The 64-wide shapes are the character-level model's
 (``examples/muon_vs_adamw.py``).
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 import matroot
-from matroot.optim.muon import MuonConfig, muon_directions, muon_init
-from matroot.polar_coefficients import MUON_LOWER, MUON_POLAR_STEPS, band_lower
+from matroot.optim.muon.core import MuonConfig, muon_directions, muon_init
+from matroot.solvers.polar.coefficients import MUON_LOWER, MUON_POLAR_STEPS, band_lower
 from matroot.testing import polar_case, polar_relative_error
 
 from .timing import interleaved_times, timed_call

@@ -4,9 +4,9 @@
 A root is converged when its method stopped (on ``tol``, at its rounding floor,
 or after the fixed ``tol=0`` step count), it is usable (finite and positive
 definite in the output dtype) and its a-posteriori error estimate
-(:mod:`matroot.verify`) meets the accuracy asked for: the README table's target
+(:mod:`matroot.certify.verify`) meets the accuracy asked for: the README table's target
 for its κ (:func:`row_target`), or a looser ``tol``. This module sits at the
-bottom of the library: the check (:mod:`matroot.verify`), ``evd`` and the public
+bottom of the library: the check (:mod:`matroot.certify.verify`), ``evd`` and the public
 testing toolkit (:mod:`matroot.testing`, which re-exports the table) read it.
 """
 
@@ -16,9 +16,10 @@ import numbers
 
 import numpy as np
 
-from . import _xp
-from ._checks import refuse_traced
-from ._typing import Array
+from .. import _xp
+from .._xp import unit_roundoff
+from .._checks import refuse_traced
+from .._typing import Array
 
 __all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "CHECK_RESOLUTION", "ESTIMATE_UNDERSHOOT",
            "MEASURED_UNSEEN",
@@ -50,7 +51,7 @@ LOW_PRECISION_ROWS = {
     "float16": (5e-3, 2e-2, 5e-2),
     "bfloat16": (3e-2, 1e-1, 2e-1),
 }
-#: The product check's first-order error estimate (:mod:`matroot.verify`) is
+#: The product check's first-order error estimate (:mod:`matroot.certify.verify`) is
 #: measured down to 0.58× the float64-oracle error near the compute dtype's rounding
 #: floor (float32, κ 1e4–1e6, isolated-top, clustered and Gram spectra, p = 1, 2, 4):
 #: a root of an iterative method meets a caller's ``rtol`` where its estimate is at
@@ -112,7 +113,7 @@ def row_target(row: str, precision: str, p, kappa):
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.accuracy import row_target
+    >>> from matroot.certify.accuracy import row_target
     >>> row_target("iterative", "float32", 2, np.array([10.0, 1e3, 1e5, 1e9])).tolist()
     [0.0001, 0.001, 0.02, 0.02]
     """
@@ -166,7 +167,7 @@ def check_rtol(rtol, unit: float) -> float:
 
     Examples
     --------
-    >>> from matroot.accuracy import check_rtol
+    >>> from matroot.certify.accuracy import check_rtol
     >>> check_rtol(1e-3, 2.0 ** -24)
     0.001
     >>> check_rtol(1e-8, 2.0 ** -24)  # doctest: +ELLIPSIS
@@ -202,7 +203,7 @@ def rtol_allowance(rtol: float | Array, kappa: Array, p, unit: float,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.accuracy import rtol_allowance
+    >>> from matroot.certify.accuracy import rtol_allowance
     >>> rtol_allowance(1e-2, np.array([1e2, 1e6]), 1, 2.0 ** -24, True).round(6).tolist()
     [0.004997, -inf]
     >>> rtol_allowance(1e-2, np.array([1e2, 1e6]), 1, 2.0 ** -24, False).tolist()
@@ -217,18 +218,6 @@ def rtol_allowance(rtol: float | Array, kappa: Array, p, unit: float,
                     xp.full_like(kappa, -float("inf")))
 
 
-def unit_roundoff(xp, dtype) -> float:
-    """``u = eps/2`` of a floating ``dtype`` of the array namespace ``xp``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from matroot.accuracy import unit_roundoff
-    >>> unit_roundoff(np, np.float32) == 2.0 ** -24
-    True
-    """
-    return float(xp.finfo(dtype).eps) / 2
-
 
 def is_converged(stopped: Array, usable: Array, error_estimate: Array,
                  accuracy: Array) -> Array:
@@ -238,7 +227,7 @@ def is_converged(stopped: Array, usable: Array, error_estimate: Array,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.accuracy import is_converged
+    >>> from matroot.certify.accuracy import is_converged
     >>> yes = np.array([True, True, True])
     >>> is_converged(yes, np.array([True, True, False]), np.array([1e-4, 1e-2, 0.0]),
     ...              np.array([1e-3, 1e-3, 1e-3])).tolist()

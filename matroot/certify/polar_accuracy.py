@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-__all__ = ["UNIT_ROUNDOFF", "DEFAULT_RTOL", "DEFAULT_LOWER", "ROUNDING", "ERROR_SLACK",
+__all__ = ["DEFAULT_RTOL", "DEFAULT_LOWER", "ROUNDING", "ERROR_SLACK",
            "METHOD_ERROR_FACTOR", "polar_error_bound"]
 
-#: Unit roundoff of each precision (of the matmul operands where one is given).
-UNIT_ROUNDOFF = MappingProxyType({"float64": 2.0 ** -53, "float32": 2.0 ** -24,
-                                  "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8})
 #: Default ``rtol`` (bound on ``‖QᵀQ − I‖_F/√n``) per precision: the compute
 #: dtype, or the matmul operand dtype where one is given.
 DEFAULT_RTOL = MappingProxyType({"float64": 1e-10, "float32": 1e-5,
@@ -60,7 +57,7 @@ def polar_error_bound(precision: str, kappa: float, rtol: float | None = None,
 
     Examples
     --------
-    >>> from matroot.polar_accuracy import polar_error_bound
+    >>> from matroot.certify.polar_accuracy import polar_error_bound
     >>> polar_error_bound("float64", 1e2)
     2e-10
     """

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from . import _xp
+from .. import _xp
 
 __all__ = ["BOUNDS_PER_CHECK", "FAILURE_PROBABILITY", "FROBENIUS_FACTOR", "PROBES",
            "PROBE_SEED", "SPECTRAL_FACTOR", "frobenius_factor", "probe_block",
@@ -50,7 +50,7 @@ def spectral_factor(probes: int, failure: float) -> float:
 
     Examples
     --------
-    >>> from matroot.probes import spectral_factor
+    >>> from matroot.certify.probes import spectral_factor
     >>> round(spectral_factor(24, 1e-12 / 3), 3)
     2.641
     """
@@ -63,7 +63,7 @@ def frobenius_factor(probes: int, failure: float) -> float:
 
     Examples
     --------
-    >>> from matroot.probes import frobenius_factor
+    >>> from matroot.certify.probes import frobenius_factor
     >>> round(frobenius_factor(24, 1e-12 / 3), 3)
     5.364
     """
@@ -97,7 +97,7 @@ def probe_block(xp, n: int, dtype, device, *, probes: int = PROBES, seed: int = 
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.probes import probe_block
+    >>> from matroot.certify.probes import probe_block
     >>> probe_block(np, 5, np.float32, None).shape
     (5, 24)
     """

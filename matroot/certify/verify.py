@@ -17,7 +17,7 @@ compute dtype, batched:
   (i, j) and (j, i) factors. Measured on the accuracy suite (float32, n = 48,
   κ = 1e2…1e6, p = 1, 2, 3, 4, 8, newton_db / coupled_newton / minimax) the
   estimate is 0.8× to 3.1× the float64-oracle error (down to 0.58× near the rounding
-  floor, κ ≥ 1e4: :data:`matroot.accuracy.ESTIMATE_UNDERSHOOT`), with 16-bit matmuls 1× to
+  floor, κ ≥ 1e4: :data:`matroot.certify.accuracy.ESTIMATE_UNDERSHOOT`), with 16-bit matmuls 1× to
   11× (the rounding of 16-bit products does not commute with A); the plain
   ``‖R‖_F/(p√n)`` overstates it by up to 40× in float32. Symmetrising is
   what makes it an upper bound to first order: the (i, j) factor becomes
@@ -34,7 +34,7 @@ compute dtype, batched:
   since λmax(A) ≤ 1, and ≤ −1 on a flipped one) must succeed. For odd p a flipped
   eigenvalue shows in ``R`` itself;
 - ``kappa = θmax/θmin``, the ratio of the extreme Ritz values of a Lanczos run on
-  A (:func:`matroot.scaling.lanczos_ritz_extremes`), which picks the accuracy
+  A (:func:`matroot.spectrum.scaling.lanczos_ritz_extremes`), which picks the accuracy
   target. Ritz values lie inside the spectrum, so this is a lower bound on κ(A)
   (up to rounding) and picks the target of κ's bucket or a stricter one; it does
   not depend on the root, whose own errors would make a κ from X unreliable.
@@ -55,31 +55,32 @@ Cost: the products of ``X^(p/2)`` (or ``X^p``), then ``·A``, ``·X^(p/2)`` and
 for :func:`kappa_from_root` where no run was made) and
 24/n (48/n for odd p) for the power steps on ``R``. With
 ``certificate="randomized"`` the products are replaced by (2p + 3) products of an
-n×n matrix with an n×24 probe block (:func:`verify_root`, :mod:`matroot.probes`).
+n×n matrix with an n×24 probe block (:func:`verify_root`, :mod:`matroot.certify.probes`).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
-from . import _xp
-from ._checks import check_choice
+from .. import _xp
+from .._xp import matrix_power, power_matmuls
+from .._checks import check_choice
+from .._typing import Array
 import numpy as np
 
 from .probes import FROBENIUS_FACTOR, PROBE_SEED, PROBES, SPECTRAL_FACTOR, probe_block
-from .scaling import (LANCZOS_STEPS, RitzValues, _start_vectors, power_iteration_core,
+from ..spectrum.scaling import (LANCZOS_STEPS, RitzValues, _start_vectors, power_iteration_core,
                       ritz_values)
-from .accuracy import BUCKET_SLACK, LOW_PRECISION_ROWS, row_target
-from .solvers._result import RootCheck
-from .solvers.registry import get_solver
+from .accuracy import BUCKET_SLACK, LOW_PRECISION_ROWS
 
 __all__ = ["BUCKET_SLACK", "CERTIFICATES", "DEFAULT_CERTIFICATE", "LOW_PRECISION_ROWS", "RootCheck",
-           "accuracy_target", "check_root", "kappa_from_root", "sandwich_bound", "verify_root"]
+           "check_root", "kappa_from_root", "sandwich_bound", "verify_root"]
 
 #: How the residual of a root is measured: every product formed ("deterministic"),
 #: or only its products with Gaussian probe vectors, bounded with a stated failure
-#: probability (:mod:`matroot.probes`; "randomized").
+#: probability (:mod:`matroot.certify.probes`; "randomized").
 CERTIFICATES = ("randomized", "deterministic")
 #: The check of a root when ``certificate`` is not given. Measured in
 #: ``tests/test_randomized_check.py``: the randomized estimate is 5–33× the oracle
@@ -87,11 +88,20 @@ CERTIFICATES = ("randomized", "deterministic")
 DEFAULT_CERTIFICATE = "deterministic"
 
 
+class RootCheck(NamedTuple):
+    """Per-matrix results of checking roots (:func:`matroot.certify.verify.verify_root`, or a
+    solver's own check), each of shape (b,) but ``matmul_equivalents``, their cost."""
+
+    residual: Array
+    error_estimate: Array
+    positive: Array
+    kappa: Array
+    matmul_equivalents: float
+
+
 
 def _products(root, scaled, p: int):
     """``R·X`` and ``R`` with ``R = X^p·A − I``; the products formed."""
-    from .solvers.coupled_newton import matrix_power, power_matmuls
-
     xp = _xp.array_namespace(root)
     eye = _xp.identity_stack(xp, root.shape[-1], root.dtype, _xp.device_of(root))
     plain = _xp.Matmul(xp)
@@ -141,7 +151,7 @@ def sandwich_bound(rho, p):
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.verify import sandwich_bound
+    >>> from matroot.certify.verify import sandwich_bound
     >>> np.round(sandwich_bound(np.array([1e-3, 0.5, 1.0]), 4), 6).tolist()
     [0.00025, 0.209392, inf]
     """
@@ -278,21 +288,21 @@ def verify_root(scaled, root, p, *, unit_roundoff: float,
     unit_roundoff : float
         ``u`` of the compute dtype.
     ritz : RitzValues, optional
-        :func:`matroot.scaling.ritz_values` of ``scaled``, when the caller ran
+        :func:`matroot.spectrum.scaling.ritz_values` of ``scaled``, when the caller ran
         them already (for the minimax schedule's λmin): κ then costs nothing.
     kappa_bound : array, shape (b,), optional
         With ``ritz`` None: an upper bound on κ from the caller's spectral
         bounds; κ is then :func:`kappa_from_root` (no Lanczos run).
     certificate : {"deterministic", "randomized"}
         ``"deterministic"`` forms ``R`` and ``R·X``; ``"randomized"`` only their
-        products with :data:`matroot.probes.PROBES` Gaussian vectors (O(p·n²) per
+        products with :data:`matroot.certify.probes.PROBES` Gaussian vectors (O(p·n²) per
         probe instead of O(n³)), replacing each norm by a bound that holds except
-        with probability :data:`matroot.probes.FAILURE_PROBABILITY` per matrix in
+        with probability :data:`matroot.certify.probes.FAILURE_PROBABILITY` per matrix in
         all (``residual`` is then the probes' estimate of ``‖R‖_F/√n``). The sign
         test (a Cholesky of X, even p) is the same in both.
     probe_seed : int
         Seed of the randomized check's probes (for experiments on its failure
-        rate; calls use the fixed :data:`matroot.probes.PROBE_SEED`).
+        rate; calls use the fixed :data:`matroot.certify.probes.PROBE_SEED`).
 
     Returns
     -------
@@ -301,7 +311,7 @@ def verify_root(scaled, root, p, *, unit_roundoff: float,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.verify import verify_root
+    >>> from matroot.certify.verify import verify_root
     >>> a = np.diag([1.0, 0.25])[None]
     >>> good = verify_root(a, np.diag([1.0, 2.0])[None], 2, unit_roundoff=2**-53)
     >>> float(good.residual[0]), float(good.error_estimate[0]), bool(good.positive[0])
@@ -368,22 +378,9 @@ def _ritz_kappa(ritz: RitzValues, root):
     return kappa, min(LANCZOS_STEPS, n) / n
 
 
-def accuracy_target(method: str, precision: str, p, kappa):
-    """The error ``converged=True`` promises for each matrix of ``method``, from its κ
-    estimate: :func:`matroot.accuracy.row_target` of the row its registry entry names.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from matroot.verify import accuracy_target
-    >>> accuracy_target("minimax", "float32", 2, np.array([10.0, 1e3, 1e5, 1e9])).tolist()
-    [0.0001, 0.001, 0.02, 0.02]
-    """
-    return row_target(get_solver(method).accuracy_row, precision, p, kappa)
-
 
 def check_root(*args, **kwargs) -> RootCheck:
     """Deprecated name of :func:`verify_root` (``check_*`` are the input validators)."""
-    warnings.warn("matroot.verify.check_root is renamed verify_root", DeprecationWarning,
+    warnings.warn("matroot.certify.verify.check_root is renamed verify_root", DeprecationWarning,
                   stacklevel=2)
     return verify_root(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""``matroot plan``: the command line of the cluster sizer (:mod:`matroot.optim.cluster_sizing`)."""
+"""``matroot plan``: the command line of the cluster sizer
+(:mod:`matroot.optim.distributed.cluster_sizing`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ DESCRIPTION = ("Split a model's Shampoo blocks over torch.distributed ranks from
 
 
 def configure(parser) -> None:
-    from matroot.optim.cluster_sizing import MODELS
+    from matroot.optim.distributed.cluster_sizing import MODELS
 
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", choices=sorted(MODELS),
@@ -46,7 +47,7 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    from matroot.optim.cluster_sizing import (
+    from matroot.optim.distributed.cluster_sizing import (
         MODELS,
         format_fsdp2,
         format_summary,

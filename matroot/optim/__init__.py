@@ -5,7 +5,7 @@ array-API library; :class:`Shampoo` is a ``torch.optim.Optimizer`` around it,
 imported only when asked for, so NumPy users need no torch.
 """
 
-from .blocking import (
+from .shampoo_core.blocking import (
     BlockGroup,
     BlockPlan,
     FactorPolicy,
@@ -14,7 +14,7 @@ from .blocking import (
     matrix_view_shape,
     plan_blocks,
 )
-from .core import (
+from .shampoo_core.core import (
     GradientTransformation,
     NonFiniteGradientError,
     ShampooConfig,
@@ -26,7 +26,7 @@ from .core import (
     state_bytes,
     update,
 )
-from .root_options import RootOptions
+from .shampoo_core.root_options import RootOptions
 
 __all__ = [
     "Shampoo",
@@ -53,11 +53,11 @@ __all__ = [
 
 def __getattr__(name):
     if name == "Muon":
-        from .muon_torch import Muon
+        from .torch.muon import Muon
         return Muon
     if name == "Shampoo":
         try:
-            from .torch_shampoo import Shampoo
+            from .torch.shampoo import Shampoo
         except ModuleNotFoundError as err:
             if err.name != "torch":
                 raise

@@ -8,7 +8,7 @@ the returned factor's orthogonality defect. Its only host reads are the
 certified bound's (eagerly, outside the iteration); under ``jax.jit`` and
 ``torch.compile`` there are none.
 
-The module is ``matroot.polar_factor`` so that ``matroot.polar`` is only ever the
+The module is ``matroot.polar_factor.api`` so that ``matroot.polar`` is only ever the
 function (a module of that name would be shadowed by it).
 """
 
@@ -18,18 +18,18 @@ import math
 import warnings
 from typing import Any, NamedTuple
 
-from . import _xp
-from ._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
+from .. import _xp
+from .._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
                       check_stack)
-from ._typing import Array
-from .accuracy import RTOL_FLOOR_UNITS, unit_roundoff
-from .polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL, UNIT_ROUNDOFF
-from .polar_coefficients import band_lower, default_margin
-from .polar_gradient import polar_derivative
-from .polar_solvers import get_polar_method, polar_method_names
-from .result import summary_line
-from .roots import ConvergenceWarning
-from .scaling import certified_lambda_max
+from .._typing import Array
+from ..certify.accuracy import RTOL_FLOOR_UNITS, unit_roundoff
+from ..certify.polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL
+from ..solvers.polar.coefficients import band_lower, default_margin
+from .gradient import polar_derivative
+from ..solvers.polar import get_polar_method, polar_method_names
+from ..roots.result import summary_line
+from ..roots.api import ConvergenceWarning
+from ..spectrum.scaling import certified_lambda_max
 
 __all__ = ["polar", "polar_info", "PolarResult", "SIGMA_BOUNDS", "GRAM_NORM_MAX_N",
            "sigma_bound_looseness"]
@@ -57,7 +57,7 @@ def sigma_bound_looseness(n: int, sigma_bound: str | None) -> float:
 
     Examples
     --------
-    >>> from matroot.polar_factor import sigma_bound_looseness
+    >>> from matroot.polar_factor.api import sigma_bound_looseness
     >>> sigma_bound_looseness(256, "gram_norm"), sigma_bound_looseness(256, "cholesky")
     (2.0, 1.0)
     """
@@ -79,12 +79,12 @@ class PolarResult(NamedTuple):
     error_estimate : array, shape (...)
         ``orthogonality_defect/√min(m, n)``: a bound on the relative error
         ``‖Q − U·Vᵀ‖_F/‖U·Vᵀ‖_F`` in real arithmetic (see
-        :mod:`matroot.polar_accuracy` for what rounding adds).
+        :mod:`matroot.certify.polar_accuracy` for what rounding adds).
     iterations : array, shape (...)
         Polynomial steps taken (0 for a decomposition).
     converged : array of bool, shape (...)
         The input was finite and ``error_estimate ≤ rtol``; the factor then
-        meets :func:`matroot.polar_accuracy.polar_error_bound`.
+        meets :func:`matroot.certify.polar_accuracy.polar_error_bound`.
     matmuls : array, shape (...)
         Batched matrix products formed per matrix, scaling included and the
         final check not (each at most ``max(m, n)·min(m, n)²`` multiply-adds).
@@ -138,7 +138,7 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     precision = (matmul_dtype if matmul_dtype is not None and polar_method.forms_products
                  else work_name)
-    unit = UNIT_ROUNDOFF[precision]
+    unit = unit_roundoff(xp, _xp.dtype_from_name(xp, precision))
     if rtol is None:
         rtol = _default_rtol(xp, g.dtype, precision)
     elif (rtol := check_nonnegative(rtol, "rtol")) < RTOL_FLOOR_UNITS * unit:
@@ -347,19 +347,19 @@ def polar(g: Array, /, **options: Any) -> Array:
         PyTorch, JAX, CuPy or array-api-strict. float16/bfloat16 inputs are
         computed in float32, float64 in float64.
     method : {"auto", "polar_express", "gram_newton_schulz", "quintic", "svd", "eigh"}
-        See :data:`matroot.polar_solvers.POLAR_METHODS`; ``"auto"`` is
+        See :data:`matroot.solvers.polar.POLAR_METHODS`; ``"auto"`` is
         ``"polar_express"``.
     rtol : float, optional
         Bound on ``‖QᵀQ − I‖_F/√min(m, n)`` for ``converged``, at least 10 unit
         roundoffs of the precision (a smaller one, 0 included, no factor could
         meet: ValueError); default per
-        precision in :data:`matroot.polar_accuracy.DEFAULT_RTOL`, for a float16 or
+        precision in :data:`matroot.certify.polar_accuracy.DEFAULT_RTOL`, for a float16 or
         bfloat16 input that dtype's (the factor returned in 16 bits carries its
         rounding, which float32's default could not meet).
     max_iter : int, optional
         Cap on the polynomial steps (the quintic's step count). A cap below what
         ``lower`` needs is best paired with
-        ``lower=matroot.polar_coefficients.band_lower(max_iter)``, the widest
+        ``lower=matroot.solvers.polar.coefficients.band_lower(max_iter)``, the widest
         interval those steps bring near 1 (Muon's default: 4 steps, ``lower=3.3e-3``).
     matmul_dtype : {None, "float16", "bfloat16"}
         Round the operands of every product to this dtype (float32 accumulation);
@@ -369,7 +369,7 @@ def polar(g: Array, /, **options: Any) -> Array:
         get NaN factors and their neighbours are unaffected.
     lower : float, optional
         The smallest σmin/σmax the polynomial schedules are built for
-        (:data:`matroot.polar_accuracy.DEFAULT_LOWER` per precision); smaller
+        (:data:`matroot.certify.polar_accuracy.DEFAULT_LOWER` per precision); smaller
         singular values are not mapped to 1 and leave ``converged`` False.
         The schedule is built for ``lower/ρ``, ρ the looseness of the σmax bound
         (:func:`sigma_bound_looseness`).

@@ -17,7 +17,7 @@ it, per derivative.
 
 from __future__ import annotations
 
-from . import _xp
+from .. import _xp
 
 __all__ = ["polar_derivative"]
 
@@ -42,7 +42,7 @@ def polar_derivative(g, direction):
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.polar_gradient import polar_derivative
+    >>> from matroot.polar_factor.gradient import polar_derivative
     >>> e = np.array([[0.0, 1.0], [0.0, 0.0]])  # at 2·I only the skew part turns Q
     >>> polar_derivative(2 * np.eye(2), e).tolist()
     [[0.0, 0.25], [-0.25, 0.0]]

@@ -1,5 +1,5 @@
-"""The public entry points: resolve the call once (:mod:`matroot.call`), solve the
-stack (:mod:`matroot.stack_solve`: regularise → scale → solve → unscale → judge),
+"""The public entry points: resolve the call once (:mod:`matroot.roots.call`), solve the
+stack (:mod:`matroot.roots.stack_solve`: regularise → scale → solve → unscale → judge),
 repair what failed, warn."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from . import _xp, stack_solve
-from ._checks import check_bound, check_choice, check_stack
-from ._typing import Array
+from .. import _xp
+from . import stack_solve
+from .._checks import check_bound, check_choice, check_stack
+from .._typing import Array
 from .call import RootCall, resolve_call
-from .root_gradient import inv_root_derivative
+from .gradient import inv_root_derivative
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
-from .solvers import get_solver
-from .lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
-from .verify import DEFAULT_CERTIFICATE
+from ..solvers import get_solver
+from ..spectrum.lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
+from ..certify.verify import DEFAULT_CERTIFICATE
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
            "default_tol", "default_max_iter", "usable_roots"]
@@ -139,7 +140,7 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
         result = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
     if not _xp.gradient_flows(differentiated):
         return result
-    # The solve ran untracked; the root's derivative is the exact one (root_gradient).
+    # The solve ran untracked; the root's derivative is the exact one (matroot.roots.gradient).
     return result._replace(root=_xp.with_gradient(
         differentiated, result.root,
         functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps))))
@@ -234,7 +235,7 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         exactly k steps. Default: :func:`matroot.default_tol`, or
         ``rtol·rtol_stop_fraction`` (the method's registry entry; 1/8 for the
         coupled iterations, 1/2 for chebyshev) when ``rtol`` is given, divided
-        by :data:`matroot.probes.FROBENIUS_FACTOR` (5.4) with
+        by :data:`matroot.certify.probes.FROBENIUS_FACTOR` (5.4) with
         ``certificate="randomized"``, whose estimate is that much looser.
     rtol : float, optional
         The accuracy target: the relative Frobenius error
@@ -245,7 +246,7 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         ``error_estimate`` is at most ``rtol`` (``rtol/2`` for the iterative
         methods, whose estimate is first order, and nothing at a κ whose
         rounding ``0.5·u·κ/p`` their check cannot resolve below ``rtol``:
-        :func:`matroot.accuracy.rtol_allowance`), and each matrix stops as soon as
+        :func:`matroot.certify.accuracy.rtol_allowance`), and each matrix stops as soon as
         its own residual is below the ``tol`` derived from ``rtol``, so a loose
         target costs fewer products. Default None: the table's target for each
         matrix's κ (or a looser ``tol``), today's behaviour.
@@ -272,14 +273,14 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         where no λmin estimate is needed (``lambda_min_lower`` given, or a method
         that takes no λmin or takes the ridge eps as one): the check's κ is then
         the smaller of the bounds' ratio and a power estimate from the root
-        (:func:`matroot.verify.kappa_from_root`, 40 matrix-vector products). A
+        (:func:`matroot.certify.verify.kappa_from_root`, 40 matrix-vector products). A
         wrong (too small) bound is caught by the check of the root: the matrix
         is ``converged=False``, never a wrong root reported converged. An entry
         of an array that is NaN, infinite or ≤ 0 gives its matrix a NaN root with
         ``converged=False`` and leaves the others unchanged (a number must be
         finite and > 0: ValueError).
     certificate : {"deterministic", "randomized"}
-        How the returned root is checked (:func:`matroot.verify.verify_root`):
+        How the returned root is checked (:func:`matroot.certify.verify.verify_root`):
         with every product of its residual formed, or with products of the
         residual and a block of Gaussian vectors only (O(p·n²) per vector instead
         of O(n³); its bounds fail with probability at most 1e-12 per matrix,
@@ -290,7 +291,7 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         a Lanczos estimate proven by Cholesky tests (n³/3 flops each), or the same
         run's largest Ritz value with Kuczyński and Woźniakowski's margin, below
         λmax with probability at most 1e-12 per matrix
-        (:func:`matroot.lambda_max_bounds.randomized_lambda_max`; it adds to
+        (:func:`matroot.spectrum.lambda_max_bounds.randomized_lambda_max`; it adds to
         ``InvRootResult.failure_probability`` where the run does not span the
         whole space). A bound that falls short costs convergence, never a wrong
         root reported converged: the check judges the root.
@@ -304,7 +305,7 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     array, shape (..., n, n)
         Same namespace, device, shape and dtype as ``a``. Differentiable (torch
         autograd, ``jax.grad``): the derivative is the exact root's, whatever
-        the method (:mod:`matroot.root_gradient`, docs/jax.rst).
+        the method (:mod:`matroot.roots.gradient`, docs/jax.rst).
 
     Raises
     ------

@@ -3,7 +3,7 @@
 :func:`resolve_call` validates the options, resolves ``method="auto"``, looks the
 method up in the registry, stages the dtypes (compute, matmul operands) and fills in
 the defaults (``tol`` from ``rtol`` or the registry, ``max_iter``). The stack solve
-(:mod:`matroot.stack_solve`), the check and the repair read the :class:`RootCall`
+(:mod:`matroot.roots.stack_solve`), the check and the repair read the :class:`RootCall`
 instead of deriving any of it again.
 """
 
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import _xp
-from ._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
+from .. import _xp
+from .._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from .accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, MEASURED_UNSEEN,
+from ..certify.accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, MEASURED_UNSEEN,
                        check_rtol, row_target, rtol_allowance, unit_roundoff)
-from .lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
-from .probes import FROBENIUS_FACTOR
-from .solvers import get_solver
-from .solvers.auto import choose_method
-from .solvers.registry import SolverSpec, check_method, require_dtypes, require_support
-from .verify import CERTIFICATES, DEFAULT_CERTIFICATE
+from ..spectrum.lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
+from ..certify.probes import FROBENIUS_FACTOR
+from ..solvers import get_solver
+from ..solvers.auto import choose_method
+from ..solvers.registry import SolverSpec, check_method, require_dtypes, require_support
+from ..certify.verify import CERTIFICATES, DEFAULT_CERTIFICATE
 
 __all__ = ["RootCall", "resolve_call"]
 
@@ -63,7 +63,7 @@ class RootCall:
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.call import resolve_call
+    >>> from matroot.roots.call import resolve_call
     >>> call = resolve_call(np, np.eye(3, dtype=np.float32), 2, method="newton_db", rtol=1e-2)
     >>> call.method, call.work_dtype, call.tol, call.precision
     ('newton_db', 'float32', 0.00125, 'float32')
@@ -102,16 +102,16 @@ class RootCall:
     def accuracy(self, kappa):
         """Per matrix, the error estimate ``converged`` allows.
 
-        The table's target for each κ (:func:`matroot.accuracy.row_target`), whose
+        The table's target for each κ (:func:`matroot.certify.accuracy.row_target`), whose
         entries hold the first-order estimate's undershoot where they were measured
         (κ ≤ 1e6), less what an iterative method's estimate cannot see near the
         rounding floor (``MEASURED_UNSEEN·u·κ/p``). Any other target — a caller's
         ``rtol``, a ``tol`` looser than the table, the last column's target past
         κ = 1e6, every target with the randomized λmax bound (its scaling stalls some
         iterations nearer the rounding floor) — is certified by an iterative method's
-        estimate only as :func:`matroot.accuracy.rtol_allowance` allows (half of it less the check's
-        rounding ``u·κ/p``); a loose ``tol`` at least twice that rounding stands as
-        it is."""
+        estimate only as :func:`matroot.certify.accuracy.rtol_allowance` allows (half of it
+        less the check's rounding ``u·κ/p``); a loose ``tol`` at least twice that
+        rounding stands as it is."""
         xp = _xp.array_namespace(kappa)
         first_order = self.solver.iterative
         unit = self.unit_roundoff(xp)

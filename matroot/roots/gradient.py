@@ -17,8 +17,8 @@ the namespace has it, per backward pass.
 
 from __future__ import annotations
 
-from . import _xp
-from .accuracy import unit_roundoff
+from .. import _xp
+from ..certify.accuracy import unit_roundoff
 
 __all__ = ["inv_root_derivative"]
 
@@ -47,7 +47,7 @@ def inv_root_derivative(a, direction, p: float, eps: float):
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.root_gradient import inv_root_derivative
+    >>> from matroot.roots.gradient import inv_root_derivative
     >>> a = np.diag([4.0, 4.0])  # d/da (a^(-1/2)) = -a^(-3/2)/2 = -1/16
     >>> inv_root_derivative(a, np.eye(2), 2, 0.0).tolist()
     [[-0.0625, 0.0], [0.0, -0.0625]]

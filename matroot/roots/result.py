@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _xp
-from ._typing import Array
+from .. import _xp
+from .._typing import Array
 
 __all__ = ["ConvergenceWarning", "InvRootResult", "empty_result", "reshaped"]
 
@@ -26,7 +26,7 @@ class InvRootResult(NamedTuple):
     residual : array, shape (...)
         The true residual of the returned root, ``‖X^p·(A + eps·I) − I‖_F/√n``
         (scale-free, computed from X in the compute dtype; see
-        :mod:`matroot.verify`). For evd, which checks its root from its
+        :mod:`matroot.certify.verify`). For evd, which checks its root from its
         eigenvalues and forms no products, the relative negative-eigenvalue
         deficit of A + eps·I.
     iterations : array, shape (...)
@@ -36,7 +36,7 @@ class InvRootResult(NamedTuple):
         root is finite in the output dtype, positive definite, and its
         ``error_estimate`` is within ``rtol`` when given, else within
         ``max(tol, target)``, the README accuracy table's target for its
-        estimated κ (:func:`matroot.verify.accuracy_target`).
+        estimated κ (:func:`matroot.solvers.registry.accuracy_target`).
     lambda_max : array, shape (...)
         The certified upper bound on λmax of ``A + eps·I`` used to scale it.
     matmuls : array, shape (...)
@@ -45,7 +45,7 @@ class InvRootResult(NamedTuple):
         The solver that ran (what ``"auto"`` resolved to).
     error_estimate : array, shape (...)
         Estimated relative forward error ``‖X̃ − X‖_F/‖X‖_F`` of the returned
-        root (derivation in :mod:`matroot.verify`; measured within 0.7–6× of
+        root (derivation in :mod:`matroot.certify.verify`; measured within 0.7–6× of
         the float64-oracle error; evd's from its eigenvalues,
         :func:`matroot.solvers.evd.eigh_root_check`), plus the rounding of the cast back to the
         input dtype; ``inf`` for a root that is not positive definite.
@@ -57,9 +57,9 @@ class InvRootResult(NamedTuple):
     failure_probability : float
         Probability, per matrix, that a randomized statement of this result is
         wrong (union bound): ``error_estimate`` too low because the check drew
-        unlucky probes (:data:`matroot.probes.FAILURE_PROBABILITY`, 1e-12, for
+        unlucky probes (:data:`matroot.certify.probes.FAILURE_PROBABILITY`, 1e-12, for
         ``certificate="randomized"``), and ``lambda_max`` below the true λmax
-        (:data:`matroot.lambda_max_bounds.FAILURE_PROBABILITY`, 1e-12, for
+        (:data:`matroot.spectrum.lambda_max_bounds.FAILURE_PROBABILITY`, 1e-12, for
         ``bound_certificate="randomized"`` where its Lanczos run does not span
         the whole space). Only the first can make ``converged`` wrong; 0 when
         both are deterministic.

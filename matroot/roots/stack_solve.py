@@ -1,6 +1,6 @@
 """One resolved call on a non-empty stack: regularise → scale → solve → unscale → judge.
 
-Reads everything it needs from the :class:`~matroot.call.RootCall`; every per-matrix
+Reads everything it needs from the :class:`~matroot.roots.call.RootCall`; every per-matrix
 decision is batched on the device (no host read under ``jax.jit`` or
 ``torch.compile``; eagerly, only the finiteness test of the input).
 """
@@ -10,17 +10,17 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from . import _xp
-from ._typing import Array
-from .accuracy import is_converged, unit_roundoff
+from .. import _xp
+from .._typing import Array
+from ..certify.accuracy import is_converged, unit_roundoff
 from .call import RootCall
-from .lambda_max_bounds import FAILURE_PROBABILITY as BOUND_FAILURE_PROBABILITY
-from .lambda_max_bounds import randomized_margin
-from .probes import FAILURE_PROBABILITY as CHECK_FAILURE_PROBABILITY
+from ..spectrum.lambda_max_bounds import FAILURE_PROBABILITY as BOUND_FAILURE_PROBABILITY
+from ..spectrum.lambda_max_bounds import randomized_margin
+from ..certify.probes import FAILURE_PROBABILITY as CHECK_FAILURE_PROBABILITY
 from .result import InvRootResult
-from .scaling import (RitzValues, certified_lambda_max, lambda_max_bound_core,
+from ..spectrum.scaling import (RitzValues, certified_lambda_max, lambda_max_bound_core,
                       lambda_min_estimate_core, randomized_lambda_max, ritz_values)
-from .verify import verify_root
+from ..certify.verify import verify_root
 
 __all__ = ["NONFINITE_INPUT", "solve_stack"]
 
@@ -87,7 +87,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     certify_cost = xp.zeros_like(lam_max) if sc.certify_cost is None else sc.certify_cost
 
     # Without a Lanczos run (the caller gave the bounds) the check's κ comes from
-    # them and from the root (matroot.verify.kappa_from_root).
+    # them and from the root (matroot.certify.verify.kappa_from_root).
     kappa_bound = None
     if ritz is None and solver.needs_scaling:
         positive_floor = floor > 0
@@ -271,7 +271,7 @@ def _lower_bound(scaled, eps_scaled, ritz, *, has_ridge: bool, from_spectrum: bo
     bounds: then nothing is spent on a run. Under jax.jit / torch.compile the estimate is formed on
     the device, with no host read.
 
-    ``ritz``: the call's :class:`~matroot.scaling.RitzValues` of ``scaled``, or
+    ``ritz``: the call's :class:`~matroot.spectrum.scaling.RitzValues` of ``scaled``, or
     None (then a run is made here when needed). Returns ``(bound, ritz)``, the
     run passed on to the check, which reads its κ from it."""
     if has_ridge and not from_spectrum:

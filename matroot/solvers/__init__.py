@@ -2,7 +2,7 @@
 
 A solver receives a regularised symmetric stack whose spectrum lies in (0, 1]
 (up to the λmax estimate's margin) and returns the inverse root of that scaled
-stack; :mod:`matroot.roots` undoes the scaling. Each solver module declares a
+stack; :mod:`matroot.roots.api` undoes the scaling. Each solver module declares a
 ``SPEC`` (:class:`~matroot.solvers.registry.SolverSpec`); the registry line
 below makes it known to validation, ``auto``, ``matroot info``, the docs and
 the benchmark.

@@ -48,7 +48,7 @@ class IterationOutcome(NamedTuple):
 
     ``converged`` is the loop's stop verdict (the residual met ``tol`` or stalled at
     the rounding floor); whether a root is converged is decided once, from the
-    check of the returned root, by :func:`matroot.accuracy.is_converged`."""
+    check of the returned root, by :func:`matroot.certify.accuracy.is_converged`."""
 
     state: tuple
     residual: Array

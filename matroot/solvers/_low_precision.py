@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .. import _xp
 from ._iteration import IterationOutcome, iterate_frozen
 from .._typing import Array
-from ..accuracy import unit_roundoff
+from ..certify.accuracy import unit_roundoff
 
 
 class LowPrecisionPhase(NamedTuple):

@@ -5,17 +5,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .._typing import Array
+from ..certify.verify import RootCheck
 
-
-class RootCheck(NamedTuple):
-    """Per-matrix results of checking roots (:func:`matroot.verify.verify_root`, or a
-    solver's own check), each of shape (b,) but ``matmul_equivalents``, their cost."""
-
-    residual: Array
-    error_estimate: Array
-    positive: Array
-    kappa: Array
-    matmul_equivalents: float
 
 
 class SolverOutput(NamedTuple):
@@ -27,9 +18,9 @@ class SolverOutput(NamedTuple):
     ``lambda_max`` is the largest eigenvalue of the given stack where the solver
     computed it (evd), else None. ``check`` is the solver's own check of its
     root where it can bound its error without products (evd, from its
-    eigenvalues), else None: :func:`matroot.verify.verify_root` then checks it.
+    eigenvalues), else None: :func:`matroot.certify.verify.verify_root` then checks it.
     ``converged`` is the solver's stop verdict, one input of
-    :func:`matroot.accuracy.is_converged`.
+    :func:`matroot.certify.accuracy.is_converged`.
     """
 
     root: Array

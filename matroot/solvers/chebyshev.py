@@ -159,7 +159,7 @@ def chebyshev(a, p: int, *, lower, tol, max_iter, matmul, **_):
     lower : array, shape (b,)
         An estimate of each matrix's smallest eigenvalue (from the spectrum,
         never below the ridge). Eigenvalues below it are extrapolated wildly;
-        :mod:`matroot.verify` checks the root itself afterwards.
+        :mod:`matroot.certify.verify` checks the root itself afterwards.
 
     Returns
     -------

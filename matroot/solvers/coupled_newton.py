@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _xp
+from .._xp import matrix_power, power_matmuls
 from ._low_precision import LowPrecisionPhase, run_phases
 from ._result import SolverOutput
 from .registry import INTEGER_P, SolverSpec
@@ -16,31 +17,6 @@ LOW_PRECISION = LowPrecisionPhase(floor=2.0, stall_ratio=4.0)
 #: Working-precision steps after a 16-bit phase (quadratic convergence from 2u).
 POLISH_STEPS = 3
 
-
-def matrix_power(x, p: int, matmul):
-    """``x^p`` for integer ``p ≥ 1`` by binary powering (about log2(p) matmuls)."""
-    result = None
-    base = x
-    while True:
-        if p & 1:
-            result = base if result is None else matmul(result, base)
-        p >>= 1
-        if not p:
-            return result
-        base = matmul(base, base)
-
-
-def power_matmuls(p: int) -> int:
-    """Matmuls :func:`matrix_power` forms for exponent ``p``: a squaring per binary
-    digit after the first, a product per further one-digit.
-
-    Integer arithmetic only: torch.compile's tracer in torch 2.11 breaks the graph at
-    ``bin()``, and the graph break made it fail on an H200 (torch 2.13's traces it).
-    """
-    squarings, ones = -1, 0
-    while p:
-        squarings, ones, p = squarings + 1, ones + (p & 1), p >> 1
-    return squarings + ones - 1
 
 
 def initial_scale(p: int) -> float:

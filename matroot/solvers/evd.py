@@ -26,9 +26,10 @@ check takes the larger of the two estimates.
 from __future__ import annotations
 
 from .. import _xp
-from ..accuracy import BUCKET_SLACK, KAPPA_BUCKETS, row_target, unit_roundoff
-from ..krylov import power_iteration_core
-from ._result import RootCheck, SolverOutput
+from ..certify.accuracy import BUCKET_SLACK, KAPPA_BUCKETS, row_target, unit_roundoff
+from ..spectrum.krylov import power_iteration_core
+from ..certify.verify import RootCheck
+from ._result import SolverOutput
 from .registry import ANY_REAL_P, SolverSpec
 
 #: ``C`` and ``F`` of the error estimate (module docstring), measured.

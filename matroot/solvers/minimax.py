@@ -69,7 +69,7 @@ import math
 import numpy as np
 
 from .. import _xp
-from ..accuracy import unit_roundoff
+from ..certify.accuracy import unit_roundoff
 from ._low_precision import LowPrecisionPhase, run_phases
 from ._stages import StageOutcome, square_root_stages, stage_count
 from .registry import POWER_OF_TWO_P, SolverSpec

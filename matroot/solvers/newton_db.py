@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from .. import _xp
-from ..accuracy import unit_roundoff
-from ..scaling import lambda_max_bound_core
+from ..certify.accuracy import unit_roundoff
+from ..spectrum.scaling import lambda_max_bound_core
 from ._iteration import iterate_frozen
 from ._stages import StageOutcome, square_root_stages, stage_count
 from .registry import POWER_OF_TWO_P, SolverSpec
@@ -16,7 +16,7 @@ MATMULS_PER_STEP = 3
 #: With 16-bit operands the residual bottoms out at a few units of their roundoff
 #: u (bfloat16: ~1e-2, far above any float32 tol): a step that fails to halve it
 #: below this many u is a stall. The stop is only a stop; whether the root is
-#: right is decided afterwards by :mod:`matroot.verify`.
+#: right is decided afterwards by :mod:`matroot.certify.verify`.
 LOW_PRECISION_STALL = 8.0
 
 

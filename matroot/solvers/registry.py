@@ -16,10 +16,12 @@ from types import MappingProxyType
 from typing import NamedTuple
 from collections.abc import Callable, Mapping
 
+from ..certify.accuracy import row_target
+
 __all__ = ["RootOrders", "ANY_REAL_P", "INTEGER_P", "POWER_OF_TWO_P", "SolverSpec",
            "register_solver", "get_solver", "solver_names", "solvers_supporting",
            "unregister_solver", "SOLVERS", "check_method", "require_support",
-           "require_dtypes"]
+           "require_dtypes", "accuracy_target"]
 
 
 class RootOrders(NamedTuple):
@@ -53,7 +55,7 @@ POWER_OF_TWO_P = RootOrders("powers of two (1, 2, 4, 8, ...)", _power_of_two)
 class SolverSpec:
     """Everything matroot needs to know about one solver, stated once.
 
-    Compared and hashed by identity: a resolved call (:class:`matroot.call.RootCall`)
+    Compared and hashed by identity: a resolved call (:class:`matroot.roots.call.RootCall`)
     that names it is a compile key.
 
     Attributes
@@ -233,3 +235,16 @@ def require_dtypes(spec: SolverSpec, compute_dtype: str, matmul_dtype: str | Non
         if value not in accepted:
             raise ValueError(f"method={spec.name!r} does not take {what}={value!r}; "
                              "it takes " + ", ".join(repr(v) for v in accepted))
+
+def accuracy_target(method: str, precision: str, p, kappa):
+    """The error ``converged=True`` promises for each matrix of ``method``, from its κ
+    estimate: :func:`matroot.certify.accuracy.row_target` of the row its registry entry names.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.solvers.registry import accuracy_target
+    >>> accuracy_target("minimax", "float32", 2, np.array([10.0, 1e3, 1e5, 1e9])).tolist()
+    [0.0001, 0.001, 0.02, 0.02]
+    """
+    return row_target(get_solver(method).accuracy_row, precision, p, kappa)

@@ -4,9 +4,9 @@ Everything here touches a matrix only through products with a few vectors
 (O(n²) per step, no matrix-matrix products): the batched power iteration behind
 :func:`power_iteration`, and one batched Lanczos run with full
 reorthogonalisation whose extreme Ritz values (:func:`ritz_values`) feed the
-λmax bound (:mod:`matroot.lambda_max_bounds`), the λmin estimate
-(:func:`matroot.scaling.lambda_min_estimate`) and the check's κ
-(:mod:`matroot.verify`).
+λmax bound (:mod:`matroot.spectrum.lambda_max_bounds`), the λmin estimate
+(:func:`matroot.spectrum.scaling.lambda_min_estimate`) and the check's κ
+(:mod:`matroot.certify.verify`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _xp
-from ._checks import check_stack
-from ._typing import Array
+from .. import _xp
+from .._checks import check_stack
+from .._typing import Array
 
 __all__ = ["power_iteration", "lanczos_ritz_extremes", "RitzValues", "ritz_values",
            "LANCZOS_STEPS"]
@@ -293,13 +293,13 @@ def ritz_values(a: Array, *, num_steps: int = LANCZOS_STEPS) -> RitzValues:
 
     Both consumers read the same run (no input validation): the λmin estimate
     of the minimax schedule (:func:`lambda_min_estimate`) and the κ estimate
-    of the a-posteriori check (:func:`matroot.verify.verify_root`), so a call
+    of the a-posteriori check (:func:`matroot.certify.verify.verify_root`), so a call
     that needs both pays for one.
 
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.scaling import ritz_values
+    >>> from matroot.spectrum.scaling import ritz_values
     >>> r = ritz_values(np.diag([1.0, 2.0, 5.0]))
     >>> round(float(r.low), 6), round(float(r.high), 6), float(r.spread)
     (1.0, 5.0, 0.0)
@@ -379,7 +379,7 @@ def lanczos_ritz_extremes(a: Array, /, *,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.scaling import lanczos_ritz_extremes
+    >>> from matroot.spectrum.scaling import lanczos_ritz_extremes
     >>> lo, hi = lanczos_ritz_extremes(np.diag([1.0, 2.0, 5.0]))
     >>> round(float(lo), 6), round(float(hi), 6)
     (1.0, 5.0)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from . import _xp
-from ._typing import Array
-from .accuracy import unit_roundoff
+from .. import _xp
+from .._typing import Array
+from .._xp import unit_roundoff
 from .krylov import (LANCZOS_STEPS, POWER_MATVECS, RitzValues, _entry_scale, _power_scaled,
                      ritz_values)
 
@@ -124,7 +124,7 @@ def certified_lambda_max(a: Array, /, *, safety: float = POWER_SAFETY,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.scaling import certified_lambda_max
+    >>> from matroot.spectrum.scaling import certified_lambda_max
     >>> h = np.array([[1, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]]) / 2
     >>> a = (h * [1.0, 0.75, 0.75, 1e-4]) @ h.T         # eigenvalues 1, 0.75, 0.75, 1e-4
     >>> cert = certified_lambda_max(a[None])
@@ -167,7 +167,7 @@ def randomized_margin(n: int, steps: int,
     probability that k Lanczos matrix-vector products leave the largest Ritz
     value θ below ``(1 − ε)·λmax``: ``P(θ < (1 − ε)·λmax) ≤ 1.648·√n·e^(−√ε·(2k − 1))``,
     for every spectrum. Setting the right side to δ gives
-    ``ε = (ln(1.648·√n/δ)/(2k − 1))²``. The run of :func:`matroot.krylov.ritz_values`
+    ``ε = (ln(1.648·√n/δ)/(2k − 1))²``. The run of :func:`matroot.spectrum.krylov.ritz_values`
     builds an m-dimensional Krylov space from m − 1 products beyond the start
     vector, so ``k = m − 1`` is used (the smaller k of the two readings of the
     paper's step count, so the larger ε). With ``m = n`` the space is the whole
@@ -175,7 +175,7 @@ def randomized_margin(n: int, steps: int,
 
     Examples
     --------
-    >>> from matroot.lambda_max_bounds import randomized_margin
+    >>> from matroot.spectrum.lambda_max_bounds import randomized_margin
     >>> round(randomized_margin(384, 64), 4), randomized_margin(48, 64)
     (0.0619, 0.0)
     """
@@ -223,14 +223,14 @@ def randomized_lambda_max(a: Array, /, *, ritz: RitzValues | None = None,
     where ρ = ``4·(n + m)·u·G`` allows for the run's rounding (G the guaranteed
     bound below). The result is capped by ``G = min(‖A‖_F, ‖A‖_∞)`` (both ≥ λmax
     for symmetric A), which is also what a matrix gets where ε ≥ 1. Where
-    ``m = n`` (n ≤ :data:`~matroot.krylov.LANCZOS_STEPS` by default) the Krylov
+    ``m = n`` (n ≤ :data:`~matroot.spectrum.krylov.LANCZOS_STEPS` by default) the Krylov
     space is the whole space and the bound holds with certainty.
 
     The probability is over the start vector, which is a fixed-seed draw (so
     that results are reproducible): it holds for any matrix that does not depend
     on that draw. A bound that falls short costs convergence, never a wrong root
     reported as converged: the scaled spectrum then reaches past 1 and the
-    a-posteriori check of the root (:mod:`matroot.verify`) judges what comes out.
+    a-posteriori check of the root (:mod:`matroot.certify.verify`) judges what comes out.
     ``bound_certificate="cholesky"`` (:func:`certified_lambda_max`) is the
     deterministic alternative.
 
@@ -239,7 +239,7 @@ def randomized_lambda_max(a: Array, /, *, ritz: RitzValues | None = None,
     a : array, shape (b, n, n)
         Symmetric positive semidefinite matrices.
     ritz : RitzValues, optional
-        :func:`matroot.krylov.ritz_values` of ``a``, when the caller has run it
+        :func:`matroot.spectrum.krylov.ritz_values` of ``a``, when the caller has run it
         (then nothing but O(n²) norms is spent here).
     num_steps : int
         Lanczos steps of the run made here when ``ritz`` is not given.
@@ -254,7 +254,7 @@ def randomized_lambda_max(a: Array, /, *, ritz: RitzValues | None = None,
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.lambda_max_bounds import randomized_lambda_max
+    >>> from matroot.spectrum.lambda_max_bounds import randomized_lambda_max
     >>> lam = np.linspace(0.01, 1.0, 200)
     >>> q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((200, 200)))
     >>> out = randomized_lambda_max(((q * lam) @ q.T)[None])

@@ -6,11 +6,11 @@ and spend their iterations on the smallest scaled eigenvalues. A λmax bound clo
 from above keeps both in check: by default a Lanczos run's largest Ritz value with
 a margin that makes it an upper bound except with probability 1e-12 per matrix,
 or, with ``bound_certificate="cholesky"``, a power estimate proven by a Cholesky
-test (both in :mod:`matroot.lambda_max_bounds`); the Frobenius norm is a
+test (both in :mod:`matroot.spectrum.lambda_max_bounds`); the Frobenius norm is a
 guaranteed but loose upper bound (up to √n·λmax) that pushes small eigenvalues
 towards 0. Lower estimates of λmin (for Chebyshev's interval and the minimax
 schedule when no ridge gives one) come from the same kind of Lanczos run
-(:mod:`matroot.krylov`) with a safety factor.
+(:mod:`matroot.spectrum.krylov`) with a safety factor.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _xp
-from ._checks import SCALINGS, check_choice, check_nonnegative, check_stack
-from ._typing import Array
+from .. import _xp
+from .._checks import SCALINGS, check_choice, check_nonnegative, check_stack
+from .._typing import Array
 from .krylov import (LANCZOS_STEPS, POWER_MATVECS, RitzValues, _entry_scale,  # noqa: F401
                      _start_vectors, lanczos_ritz_extremes, lanczos_ritz_extremes_core,
                      power_iteration, power_iteration_core, ritz_values)
@@ -56,7 +56,7 @@ def lambda_max_bound(a: Array, /, *, scaling: str = "power",
         Factor on the power-iteration estimate (``bound_certificate="cholesky"``).
     bound_certificate : {"randomized", "cholesky"}
         ``"randomized"``: a 64-step Lanczos run's largest Ritz value with the
-        margin of :func:`matroot.lambda_max_bounds.randomized_lambda_max`, below
+        margin of :func:`matroot.spectrum.lambda_max_bounds.randomized_lambda_max`, below
         λmax with probability at most 1e-12 per matrix (none for n ≤ 64), O(n²)
         work per step. ``"cholesky"``: the power estimate times ``safety``, proven
         by a Cholesky test (:func:`certified_lambda_max`, n³/3 flops per test).

@@ -112,7 +112,7 @@ def check_polar_solver(solver: Callable, *, dtype: str = "float32", xp=None,
 
     Properties (:data:`POLAR_PROPERTIES`), each its own hypothesis search over
     :func:`rectangular_stacks`: ``accuracy`` against the exact polar factor within
-    :func:`~matroot.polar_accuracy.polar_error_bound`; ``polar(QG) = Q·polar(G)``;
+    :func:`~matroot.certify.polar_accuracy.polar_error_bound`; ``polar(QG) = Q·polar(G)``;
     ``polar(cG) = polar(G)`` for ``c = 2¹⁷``; ``polar(Gᵀ) = polar(G)ᵀ``; a matrix in a
     batch next to neighbours scaled by ``2^±20`` gives what it gives alone
     (the relational ones to twice the bound).

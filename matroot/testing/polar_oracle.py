@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..polar_accuracy import polar_error_bound
+from ..certify.polar_accuracy import polar_error_bound
 from .oracle import host_float64
 from .spectra import random_orthogonal
 

@@ -1,6 +1,6 @@
 """The README's accuracy table, as data, and the assertion that applies it.
 
-The table lives in :mod:`matroot.accuracy` (the library's check reads it there);
+The table lives in :mod:`matroot.certify.accuracy` (the library's check reads it there);
 it is re-exported here for the README's readers, matroot's own accuracy tests and
 :func:`matroot.testing.check_inv_root_solver`.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..accuracy import ACCURACY_TABLE, FLOAT32_INVERSE_TOLERANCE, KAPPA_BUCKETS
+from ..certify.accuracy import ACCURACY_TABLE, FLOAT32_INVERSE_TOLERANCE, KAPPA_BUCKETS
 from ..solvers.registry import SOLVERS
 
 __all__ = [

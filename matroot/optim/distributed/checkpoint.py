@@ -6,16 +6,16 @@ does not go through ``get_optimizer_state_dict``. Instead each rank puts its own
 :meth:`~matroot.optim.Shampoo.state_dict` into the checkpoint, serialised under a
 key of its own (:func:`dcp_state_dict`), next to the model's state in the same
 ``dcp.save``. :func:`load_dcp_state_dict` reads every saved rank's entry back,
-merges them into the single-process state (:func:`~matroot.optim.distributed.
+merges them into the single-process state (:func:`~matroot.optim.distributed.core.
 consolidate_state_dicts`) and gives the loading optimizer its part for its own
-world size (:func:`~matroot.optim.distributed.shard_state_dict`), so a run saved
+world size (:func:`~matroot.optim.distributed.core.shard_state_dict`), so a run saved
 at 2 ranks resumes at 3 or in one process with the updates it would have made.
 
 Example (every rank)::
 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    from matroot.optim.distributed_checkpoint import dcp_state_dict, load_dcp_state_dict
+    from matroot.optim.distributed.checkpoint import dcp_state_dict, load_dcp_state_dict
 
     dcp.save({"model": get_model_state_dict(model), "optim": dcp_state_dict(opt)},
              checkpoint_id="ckpt/step100")
@@ -32,7 +32,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from .distributed import consolidate_state_dicts, shard_state_dict
+from .core import consolidate_state_dicts, shard_state_dict
 
 __all__ = ["dcp_state_dict", "load_dcp_state_dict"]
 

@@ -5,9 +5,9 @@
 Shampoo blocks of a model split over the ranks: blocks per rank, the per-rank
 cost balance (largest over mean, and the best any split could reach), the
 optimizer memory per rank and the bytes all-gathered per step. The blocking is
-the optimizer's own (:func:`matroot.optim.blocking.plan_blocks`) and the split
+the optimizer's own (:func:`matroot.optim.shampoo_core.blocking.plan_blocks`) and the split
 the one :class:`matroot.optim.Shampoo` uses under ``torch.distributed``
-(:func:`matroot.optim.sharding.shard_plan`), so the numbers are the run's.
+(:func:`matroot.optim.distributed.sharding.shard_plan`), so the numbers are the run's.
 
 Shapes come from a built-in model (``--model``), from ``--shapes
 2048x2048,5632x2048,2048`` or from a JSON file (``--shapes-json``) holding a list
@@ -21,7 +21,7 @@ from typing import Any
 import json
 import math
 
-from .blocking import DEFAULT_MAX_FACTOR_RATIO, ELEMENTWISE, FactorPolicy, plan_blocks
+from ..shampoo_core.blocking import DEFAULT_MAX_FACTOR_RATIO, ELEMENTWISE, FactorPolicy, plan_blocks
 from .sharding import (
     DTYPE_BYTES,
     best_balance,
@@ -269,7 +269,7 @@ def fsdp2_per_rank(dims, world_size: int, nbytes: int, *, optimizer_bytes: int,
     FSDP2 cuts each parameter's first dimension into ``world_size`` chunks of
     ``ceil(rows / world_size)`` rows (the last ranks get fewer, or none); rank 0
     holds the largest. Shampoo's state is the DDP split's (its blocks are cut from
-    whole parameters: :mod:`matroot.optim.dtensor`); per step it gathers every
+    whole parameters: :mod:`matroot.optim.distributed.dtensor`); per step it gathers every
     gradient whole (and every parameter where weight decay is non-zero) and
     all-gathers the block updates.
 

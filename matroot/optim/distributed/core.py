@@ -3,12 +3,12 @@
 Under data parallelism every rank holds the same (averaged) gradients, so every
 rank would compute the same factors, inverse roots and preconditioned blocks.
 :class:`BlockSharding` splits that work instead: with the balanced, contiguous split
-of :func:`matroot.optim.sharding.shard_plan`, each rank keeps factor and root stacks
+of :func:`matroot.optim.distributed.sharding.shard_plan`, each rank keeps factor and root stacks
 for its own blocks only, moments for exactly the elements of its blocks and of its
 elementwise (AdamW) parameters, each owned whole by one rank. Its core runs on the
-rank's :func:`~matroot.optim.rank_part.piece_plan`, whose parameters are the
+rank's :func:`~matroot.optim.distributed.rank_part.piece_plan`, whose parameters are the
 rectangles of the model it owns, and one all-gather per dtype
-(:func:`~matroot.optim.sharding.gather_buckets`) copies every block's and every
+(:func:`~matroot.optim.distributed.sharding.gather_buckets`) copies every block's and every
 elementwise parameter's update from its owner to all ranks, at every step. No
 moment is kept twice: of a parameter cut between ranks, each keeps its own elements'.
 
@@ -30,7 +30,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .blocking import BlockPlan
+from ..shampoo_core.blocking import BlockPlan
 # Re-exported: the state dicts of sharded runs are this module's public API too.
 from .resharding import check_shard, consolidate_state_dicts, shard_state_dict, slot_map
 from .rank_part import local_plan, piece_plan, rank_pieces
@@ -209,10 +209,10 @@ class BlockSharding:
     Parameters
     ----------
     plan : BlockPlan
-        The family's full plan (:func:`matroot.optim.core.make_plan`).
+        The family's full plan (:func:`matroot.optim.shampoo_core.core.make_plan`).
     group : ProcessGroup
     dtypes : sequence of str
-        Each parameter's update dtype (:func:`~matroot.optim.core.compute_dtype_name`).
+        Each parameter's update dtype (:func:`~matroot.optim.shampoo_core.core.compute_dtype_name`).
 
     Attributes
     ----------
@@ -222,7 +222,7 @@ class BlockSharding:
         Blocks of each group per rank, and the owner of each elementwise parameter.
     pieces : tuple of Piece
         The rectangles of the parameters this rank owns (its blocks, its elementwise
-        parameters): where it keeps moments (:mod:`matroot.optim.rank_part`).
+        parameters): where it keeps moments (:mod:`matroot.optim.distributed.rank_part`).
     local : BlockPlan
         The plan this rank's core state is built on: one parameter per piece.
     buckets : list of GatherBucket

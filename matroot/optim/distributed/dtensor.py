@@ -6,7 +6,7 @@ therefore works on whole tensors and gives each rank back its own part:
 
 1. :func:`whole` gathers the gradient (one all-gather over the DTensor's mesh:
    ``full_tensor()``), and the parameter too where weight decay needs it;
-2. the core and :class:`~matroot.optim.distributed.BlockSharding` run exactly
+2. the core and :class:`~matroot.optim.distributed.core.BlockSharding` run exactly
    as under DDP: each rank updates the blocks it owns and one all-gather per
    dtype gives every rank every block's update;
 3. :func:`add_to_local` adds this rank's rows of that whole update to its
@@ -17,7 +17,7 @@ Every rank sees the same whole gradients, so every rank takes the same
 decisions (skip, raise, fall back); with a given optimizer process group the
 result equals the unsharded run's to rounding at any world size and mesh shape.
 The cost is transient: one whole gradient per parameter during the step, and
-the all-gather traffic of :mod:`matroot.optim.distributed` plus the gradients'.
+the all-gather traffic of :mod:`matroot.optim.distributed.core` plus the gradients'.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The part of a Shampoo block plan one rank owns, and the moments it keeps for it.
 
-:func:`~matroot.optim.sharding.shard_plan` gives each rank a contiguous run of every
+:func:`~matroot.optim.distributed.sharding.shard_plan` gives each rank a contiguous run of every
 group's blocks and some elementwise parameters whole. :func:`local_plan` is that
 rank's part with its factor-stack slots renumbered: what its factor stacks hold.
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .. import _xp
-from .blocking import Block, BlockGroup, BlockPlan, FactorStackShape, ParamLayout
+from ... import _xp
+from ..shampoo_core.blocking import Block, BlockGroup, BlockPlan, FactorStackShape, ParamLayout
 from .sharding import ShardPlan
 
 __all__ = ["MOMENT_KEYS", "local_plan", "Piece", "rank_pieces", "piece_plan", "kept_piece",
@@ -39,7 +39,7 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
     Groups keep their order and keep only the rank's run of blocks; groups the
     rank owns nothing of are left out. Factor-stack slots are renumbered so that
     the rank's stacks hold its own factors only, in the order of
-    :func:`~matroot.optim.blocking.plan_blocks` (group by group).
+    :func:`~matroot.optim.shampoo_core.blocking.plan_blocks` (group by group).
 
     Parameters
     ----------
@@ -55,8 +55,8 @@ def local_plan(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[BlockPlan,
 
     Examples
     --------
-    >>> from matroot.optim.blocking import plan_blocks
-    >>> from matroot.optim.sharding import shard_plan
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
+    >>> from matroot.optim.distributed.sharding import shard_plan
     >>> plan = plan_blocks([(8, 8), (8, 6)], ["float32"] * 2, block_size=4)
     >>> local, owned = local_plan(plan, shard_plan(plan, 2), 1)
     >>> owned
@@ -158,8 +158,8 @@ def rank_pieces(plan: BlockPlan, split: ShardPlan, rank: int) -> tuple[Piece, ..
 
     Examples
     --------
-    >>> from matroot.optim.blocking import plan_blocks
-    >>> from matroot.optim.sharding import shard_plan
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
+    >>> from matroot.optim.distributed.sharding import shard_plan
     >>> plan = plan_blocks([(12, 12), (5,)], ["float32"] * 2, block_size=4)
     >>> split = shard_plan(plan, 2)
     >>> for piece in rank_pieces(plan, split, 1):
@@ -212,8 +212,8 @@ def piece_plan(plan: BlockPlan, split: ShardPlan, rank: int,
 
     Examples
     --------
-    >>> from matroot.optim.blocking import plan_blocks
-    >>> from matroot.optim.sharding import shard_plan
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
+    >>> from matroot.optim.distributed.sharding import shard_plan
     >>> plan = plan_blocks([(12, 12), (5,)], ["float32"] * 2, block_size=4)
     >>> part = piece_plan(plan, shard_plan(plan, 2), 1)
     >>> [(p.shape, p.kind) for p in part.params]

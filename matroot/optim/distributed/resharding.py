@@ -1,11 +1,11 @@
 """Shampoo state dicts across world sizes: each rank's shard, one merged state, and back.
 
 A sharded rank's state dict holds the factor stacks of its own blocks
-(:class:`~matroot.optim.distributed.BlockSharding`). :func:`consolidate_state_dicts`
+(:class:`~matroot.optim.distributed.core.BlockSharding`). :func:`consolidate_state_dicts`
 merges every rank's into the single-process state dict, :func:`shard_state_dict`
 cuts one for any rank of any world size (:func:`slot_map` says where each rank's
 slots sit), and :func:`check_shard` refuses a shard loaded where it does not fit.
-DCP checkpoints (:mod:`matroot.optim.distributed_checkpoint`) go through both.
+DCP checkpoints (:mod:`matroot.optim.distributed.checkpoint`) go through both.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import math
 
 import torch
 
-from .blocking import ELEMENTWISE, BlockPlan, FactorPolicy, plan_blocks
-from .checkpoint import plan_from_layout
-from .preconditioner import empty_stack
+from ..shampoo_core.blocking import ELEMENTWISE, BlockPlan, FactorPolicy, plan_blocks
+from ..shampoo_core.checkpoint import plan_from_layout
+from ..shampoo_core.preconditioner import empty_stack
 from .rank_part import MOMENT_KEYS, Piece, local_plan, own_part, place_part, rank_pieces
 from .sharding import ShardPlan, shard_plan
 
@@ -44,11 +44,11 @@ def check_shard(saved, sharding) -> None:
         raise ValueError(
             "a single-process Shampoo state dict cannot be loaded by a sharded optimizer "
             f"(rank {sharding.rank} of {sharding.world_size}); convert it with "
-            "matroot.optim.distributed.shard_state_dict(state_dict, world_size, rank)")
+            "matroot.optim.distributed.core.shard_state_dict(state_dict, world_size, rank)")
     if sharding is None:
         raise ValueError(
             f"this state dict is rank {saved['rank']}'s shard of a {saved['world_size']}-rank "
-            "run; merge every rank's with matroot.optim.distributed.consolidate_state_dicts "
+            "run; merge every rank's with matroot.optim.distributed.core.consolidate_state_dicts "
             "to load it without torch.distributed")
     if int(saved["world_size"]) != sharding.world_size or int(saved["rank"]) != sharding.rank:
         raise ValueError(

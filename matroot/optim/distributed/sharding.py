@@ -2,7 +2,7 @@
 
 Pure metadata, no arrays and no torch: the same code sizes a cluster in
 ``python -m matroot plan`` and shards the optimizer in
-:mod:`matroot.optim.distributed`.
+:mod:`matroot.optim.distributed.core`.
 
 Every rank owns one contiguous piece of the model: the blocks in model order
 (parameter by parameter, each parameter's blocks row by row) are cut into
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .blocking import ELEMENTWISE, BlockGroup, BlockPlan
+from ..shampoo_core.blocking import ELEMENTWISE, BlockGroup, BlockPlan
 
 __all__ = [
     "COMPUTE_SLACK",
@@ -74,14 +74,14 @@ def group_cost(group: BlockGroup) -> int:
 def factor_bytes(group: BlockGroup, *, packed: bool = False, root_dtype: str | None = None,
                  keep_roots: bool = True) -> int:
     """State bytes of one block's factors: factor, inverse root, failure counter and
-    carried λmax bound (two numbers, :mod:`matroot.optim.factor_bounds`) each.
+    carried λmax bound (two numbers, :mod:`matroot.optim.shampoo_core.factor_bounds`) each.
 
     ``packed``, ``root_dtype`` and ``keep_roots`` are the optimizer's
     ``symmetric_packing``, ``root_storage_dtype`` and ``keep_roots``.
 
     Examples
     --------
-    >>> from matroot.optim.blocking import plan_blocks
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
     >>> group, = plan_blocks([(8, 4)], ["float32"], block_size=8).groups
     >>> factor_bytes(group), factor_bytes(group, packed=True, keep_roots=False)
     (664, 208)
@@ -162,7 +162,7 @@ def best_balance(plan: BlockPlan, world_size: int) -> float:
 
     Examples
     --------
-    >>> from matroot.optim.blocking import plan_blocks
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
     >>> plan = plan_blocks([(12, 4)], ["float32"], block_size=4)
     >>> best_balance(plan, 2)  # 3 equal blocks on 2 ranks: 2 against a mean of 1.5
     1.3333333333333333
@@ -266,7 +266,7 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
 
     Examples
     --------
-    >>> from matroot.optim.blocking import plan_blocks
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
     >>> plan = plan_blocks([(8, 8), (8, 6), (5,)], ["float32"] * 3, block_size=4)
     >>> [(g.shape, len(g.blocks)) for g in plan.groups]
     [((4, 2), 2), ((4, 4), 6)]
@@ -355,7 +355,7 @@ def gather_buckets(plan: BlockPlan, split: ShardPlan, dtypes) -> list[GatherBuck
 
     Examples
     --------
-    >>> from matroot.optim.blocking import plan_blocks
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
     >>> plan = plan_blocks([(8, 8), (8, 6), (5,)], ["float32"] * 3, block_size=4)
     >>> buckets = gather_buckets(plan, shard_plan(plan, 4), ["float32"] * 3)
     >>> [(b.dtype, b.groups, b.elementwise, b.per_rank, b.padded) for b in buckets]

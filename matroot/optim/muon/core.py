@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .. import _xp
-from ..polar_coefficients import MUON_LOWER, MUON_POLAR_STEPS
-from ..polar_factor import polar_info
-from .config import check_keywords
+from ... import _xp
+from ...solvers.polar.coefficients import MUON_LOWER, MUON_POLAR_STEPS
+from ...polar_factor.api import polar_info
+from ..shampoo_core.config import check_keywords
 
 __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
            "matrix_stack_shape", "shape_scale", "default_use_muon", "check_muon_keywords"]
@@ -56,7 +56,7 @@ def default_use_muon(name: str | None, shape: Sequence[int]) -> bool:
 
     Examples
     --------
-    >>> from matroot.optim.muon import default_use_muon
+    >>> from matroot.optim.muon.core import default_use_muon
     >>> [default_use_muon(n, s) for n, s in [("layers.0.weight", (8, 8)),
     ...  ("embed_tokens.weight", (100, 8)), ("transformer.wte.weight", (100, 8)),
     ...  ("lm_head.weight", (100, 8)), ("norm.weight", (8,))]]
@@ -85,7 +85,7 @@ class MuonConfig:
         A :func:`matroot.polar` method; ``"polar_express"`` by default.
     polar_lower : float
         The lower bound on σmin/σmax the schedule is built for:
-        :data:`~matroot.polar_coefficients.MUON_LOWER` (3.3e-3), the widest
+        :data:`~matroot.solvers.polar.coefficients.MUON_LOWER` (3.3e-3), the widest
         ``[ℓ, 1]`` that 4 steps bring into ``[0.8, 1.2]`` (Polar Express uses
         1e-3 with 5 steps).
     polar_steps : int or None
@@ -137,7 +137,7 @@ def check_muon_keywords(names, where: str = "Muon") -> None:
 
     Examples
     --------
-    >>> from matroot.optim.muon import check_muon_keywords
+    >>> from matroot.optim.muon.core import check_muon_keywords
     >>> check_muon_keywords(["momentum", "polar_steps"])
     >>> check_muon_keywords(["adjust_lr_fn"])
     Traceback (most recent call last):
@@ -161,7 +161,7 @@ def matrix_stack_shape(shape: Sequence[int]) -> tuple[int, int, int]:
 
     Examples
     --------
-    >>> from matroot.optim.muon import matrix_stack_shape
+    >>> from matroot.optim.muon.core import matrix_stack_shape
     >>> matrix_stack_shape((8, 4)), matrix_stack_shape((3, 8, 4)), matrix_stack_shape((16, 2, 3, 3))
     ((1, 8, 4), (3, 8, 4), (1, 16, 18))
     """
@@ -179,7 +179,7 @@ def shape_scale(m: int, n: int, convention: str) -> float:
 
     Examples
     --------
-    >>> from matroot.optim.muon import shape_scale
+    >>> from matroot.optim.muon.core import shape_scale
     >>> shape_scale(512, 128, "original"), round(shape_scale(512, 128, "match_rms_adamw"), 6)
     (2.0, 4.525483)
     """
@@ -236,7 +236,7 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.optim.muon import MuonConfig, muon_directions, muon_init
+    >>> from matroot.optim.muon.core import MuonConfig, muon_directions, muon_init
     >>> params = [np.ones((4, 3)), np.ones(3)]
     >>> state = muon_init(params, use_muon=[True, False])
     >>> grads = [np.arange(12.0).reshape(4, 3), np.ones(3)]

@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import _xp
+from ... import _xp
 
 __all__ = ["CONFIG_DEFAULT", "with_keywords", "host_values"]
 

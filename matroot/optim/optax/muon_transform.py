@@ -1,7 +1,7 @@
 """``matroot.optim.optax.muon``: stacked Muon as an optax ``GradientTransformation``.
 
-A thin shell over :func:`matroot.optim.muon.muon_directions`: leaves chosen by
-``use_muon`` (by default :func:`~matroot.optim.muon.default_use_muon` on the
+A thin shell over :func:`matroot.optim.muon.core.muon_directions`: leaves chosen by
+``use_muon`` (by default :func:`~matroot.optim.muon.core.default_use_muon` on the
 leaf's key path and shape) are orthogonalized, one polar call per matrix shape;
 the others take AdamW's direction scaled by ``adamw_lr_ratio``. The state is a
 NamedTuple of arrays and the update is ``jax.jit``-able.
@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .. import _xp
-from .muon import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
+from ... import _xp
+from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
                    muon_directions)
-from .optax_keywords import host_values, with_keywords
-from .optax_leaves import check_leaves_fit
+from .keywords import host_values, with_keywords
+from .leaves import check_leaves_fit
 
 __all__ = ["muon", "scale_by_muon", "MuonOptaxState"]
 
@@ -73,7 +73,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
     adamw_lr_ratio : float
         The AdamW leaves' learning rate as a multiple of the Muon one.
     **config
-        :class:`~matroot.optim.muon.MuonConfig` fields.
+        :class:`~matroot.optim.muon.core.MuonConfig` fields.
     """
     check_muon_keywords(config, "scale_by_muon")
     config = host_values("scale_by_muon", config, traced_ok=("momentum",))

@@ -16,17 +16,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .. import _xp
-from . import core
-from .config import check_keywords
-from .muon_optax import MuonOptaxState, muon, scale_by_muon  # noqa: F401  (re-export)
-from .optax_keywords import host_values, with_keywords
-from .optax_leaves import check_leaves_fit
+from ... import _xp
+from ..shampoo_core import core
+from ..shampoo_core.config import check_keywords
+from .keywords import host_values, with_keywords
+from .leaves import check_leaves_fit
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
 
 
-#: The optax state is the core's own :class:`~matroot.optim.state.ShampooState`, a JAX
+#: The optax state is the core's own :class:`~matroot.optim.shampoo_core.state.ShampooState`, a JAX
 #: pytree here (its block plan static): counters ``step``, ``param_steps``,
 #: ``root_refreshes`` and ``skipped_steps`` are int32 arrays, the lists follow the
 #: pytree's leaves and the plan's stacks (None where a setting keeps no array).

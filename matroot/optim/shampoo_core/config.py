@@ -230,7 +230,7 @@ class ShampooConfig:
 
         Examples
         --------
-        >>> from matroot.optim.option_groups import GraftingOptions, StorageOptions
+        >>> from matroot.optim.shampoo_core.option_groups import GraftingOptions, StorageOptions
         >>> config = ShampooConfig.from_groups(GraftingOptions(grafting="sgd"),
         ...                                    StorageOptions(symmetric_packing=True), lr=0.1)
         >>> config.grafting, config.symmetric_packing, config.lr

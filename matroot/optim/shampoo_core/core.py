@@ -1,10 +1,10 @@
 """Stacked-block Shampoo as a pair of functions, ``init`` and ``update``, on any array API.
 
 The update of one step, for every parameter with a gradient ``g`` (each item is a
-phase function of :mod:`matroot.optim.phases`; :func:`update` validates, runs them
-in order and assembles the new :class:`~matroot.optim.state.ShampooState`):
+phase function of :mod:`matroot.optim.shampoo_core.phases`; :func:`update` validates, runs them
+in order and assembles the new :class:`~matroot.optim.shampoo_core.state.ShampooState`):
 
-1. Elementwise (:mod:`matroot.optim.grafting`): the effective gradient (sign for
+1. Elementwise (:mod:`matroot.optim.shampoo_core.grafting`): the effective gradient (sign for
    ``maximize``, L2 weight decay), the moments and the grafting direction ``a``
    (Adam by default: ``m̂/(√v̂ + eps)``, exactly torch AdamW's).
 2. Factors of every block: ``L ← β₂L + (1−β₂)GGᵀ``, ``R ← β₂R + (1−β₂)GᵀG``
@@ -23,7 +23,7 @@ in order and assembles the new :class:`~matroot.optim.state.ShampooState`):
 ``update`` is a pure function: it returns new arrays and a new state and never
 writes into its inputs, on every backend (JAX included). ``in_place=True`` is
 the fast path for mutable arrays (NumPy, CuPy, PyTorch): moments and factors
-are overwritten where they lie (:func:`matroot.optim.preconditioner.assign` is
+are overwritten where they lie (:func:`matroot.optim.shampoo_core.preconditioner.assign` is
 the one seam). The counters ``step`` and ``param_steps`` may be Python ints or
 0-d integer arrays; with arrays (the optax shell under ``jax.jit``) the root
 refresh is a device-side branch and the start of preconditioning a select. A
@@ -39,7 +39,7 @@ import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .. import _xp
+from ... import _xp
 from .blocking import BlockPlan, plan_blocks
 from .config import (
     NONFINITE_POLICIES,
@@ -102,7 +102,7 @@ def _namespace(arrays, what):
 def make_plan(params, config: ShampooConfig, *, policies=None) -> BlockPlan:
     """The block plan :func:`init` makes for these parameters (shapes and dtypes only).
 
-    ``policies`` (one :class:`~matroot.optim.blocking.FactorPolicy` per parameter)
+    ``policies`` (one :class:`~matroot.optim.shampoo_core.blocking.FactorPolicy` per parameter)
     replaces ``config.factor_policy`` where parameters differ in it.
     """
     params = list(params)

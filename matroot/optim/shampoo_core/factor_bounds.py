@@ -1,7 +1,7 @@
 """Certified λmax bounds of the Shampoo factors, carried from step to step.
 
 A root solve needs an upper bound on λmax of its matrix; finding one afresh costs
-a Cholesky test per factor (:func:`matroot.scaling.certified_lambda_max`). The
+a Cholesky test per factor (:func:`matroot.spectrum.scaling.certified_lambda_max`). The
 factors move by known amounts, so a bound can be carried instead, for O(n) per
 block and step:
 
@@ -29,8 +29,8 @@ with a carried bound gets an unknown bound (+inf), so a bound that was wrong
 
 from __future__ import annotations
 
-from .. import _xp
-from ..accuracy import unit_roundoff
+from ... import _xp
+from ...certify.accuracy import unit_roundoff
 
 __all__ = [
     "UPPER",

@@ -1,5 +1,5 @@
 """Which dimensions of a parameter get a Kronecker factor, and how a dimension is cut
-into blocks: the policy :func:`matroot.optim.blocking.plan_blocks` applies to every
+into blocks: the policy :func:`matroot.optim.shampoo_core.blocking.plan_blocks` applies to every
 parameter (its memory rule, :func:`factor_ratio`, and the block sizes,
 :func:`split_sizes`).
 """

@@ -7,7 +7,7 @@ that is skipped there (``update(..., finite=...)``, the torch optimizer).
 
 from __future__ import annotations
 
-from .. import _xp
+from ... import _xp
 from .blocking import BlockPlan
 
 __all__ = ["check_gradients", "nonfinite_flags", "all_finite"]
@@ -24,7 +24,7 @@ def check_gradients(grads, plan: BlockPlan) -> list:
     Examples
     --------
     >>> import numpy as np
-    >>> from matroot.optim.blocking import plan_blocks
+    >>> from matroot.optim.shampoo_core.blocking import plan_blocks
     >>> check_gradients([np.zeros((2, 3))], plan_blocks([(3, 2)], ["float32"]))
     Traceback (most recent call last):
     ...

@@ -21,7 +21,7 @@ import contextlib
 
 import numpy as np
 
-from .. import _xp
+from ... import _xp
 from .config import ShampooConfig
 from .preconditioner import assign
 

@@ -14,7 +14,7 @@ import math
 import numbers
 from dataclasses import dataclass, field, fields
 
-from ..solvers.registry import check_method
+from ...solvers.registry import check_method
 from .blocking import DEFAULT_MAX_FACTOR_RATIO, FactorPolicy, check_block_size
 from .root_options import RootOptions
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _xp
+from ... import _xp
 
 __all__ = ["pack", "unpack", "diagonals"]
 

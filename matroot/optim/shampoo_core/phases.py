@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
-from .. import _xp
+from ... import _xp
 from .blocking import ELEMENTWISE, BlockPlan, subgroup
 from .config import ShampooConfig
 from .grafting import effective_gradient, final_update, graft, grafting_direction

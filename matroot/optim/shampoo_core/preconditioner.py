@@ -1,19 +1,20 @@
 """The stacked preconditioner: factor updates, inverse roots per stack, preconditioned blocks.
 
-Every function here works on the arrays of one :class:`~matroot.optim.blocking.BlockGroup`
-or one factor stack, through the array API only, so the same code runs on NumPy,
-CuPy and PyTorch. The three steps are separate so a distributed layer can run
-them for the groups and stacks a rank owns:
+Every function here works on the arrays of one
+:class:`~matroot.optim.shampoo_core.blocking.BlockGroup` or one factor stack, through
+the array API only, so the same code runs on NumPy, CuPy and PyTorch. The three
+steps are separate so a distributed layer can run them for the groups and stacks a
+rank owns:
 
 1. :func:`update_factors` — ``L ← β₂L + (1−β₂)GGᵀ``, ``R ← β₂R + (1−β₂)GᵀG`` for
    all blocks of a group with two batched matmuls, written into the group's
    slots of the stacks, and the factors' carried λmax bounds
-   (:mod:`matroot.optim.factor_bounds`) advanced with them.
+   (:mod:`matroot.optim.shampoo_core.factor_bounds`) advanced with them.
 2. :func:`refresh_inverse_roots` — one :func:`matroot.inv_root_info` call per
    stack, given the carried bounds where they are tight; matrices whose root
    failed keep their previous root.
 3. :func:`precondition_blocks` — ``L^(-1/4) M R^(-1/4)`` (``L^(-1/2) m`` for
-   vector blocks) for all blocks of a group; :func:`matroot.optim.grafting.graft`
+   vector blocks) for all blocks of a group; :func:`matroot.optim.shampoo_core.grafting.graft`
    then rescales each block to the norm of its Adam direction.
 """
 
@@ -23,8 +24,8 @@ from typing import Any, NamedTuple
 
 import array_api_extra as xpx
 
-from .. import _xp
-from ..roots import InvRootResult, inv_root_info, usable_roots
+from ... import _xp
+from ...roots.api import InvRootResult, inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
 from .factor_bounds import (
@@ -61,7 +62,7 @@ class FactorStacks(NamedTuple):
     ``factors[i]`` and ``roots[i]`` have shape ``(count, n, n)``;
     ``failures[i]`` counts, per matrix, the root refreshes that failed;
     ``bounds[i]``, shape ``(count, 2)``, carries each factor's λmax bound
-    (:mod:`matroot.optim.factor_bounds`).
+    (:mod:`matroot.optim.shampoo_core.factor_bounds`).
     """
 
     factors: list
@@ -203,7 +204,7 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     ``L ← β₂L + (1−β₂)GGᵀ`` and ``R ← β₂R + (1−β₂)GᵀG`` (for vector blocks
     ``L ← β₂L + (1−β₂)ggᵀ``); with ``β₂ = 1`` the factors are running sums. Each
     factor's bound moves by the trace of its statistic, ``‖G‖²_F``
-    (:func:`~matroot.optim.factor_bounds.advanced_bounds`).
+    (:func:`~matroot.optim.shampoo_core.factor_bounds.advanced_bounds`).
 
     Parameters
     ----------
@@ -248,7 +249,7 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
     The stack's carried λmax bounds are passed as ``lambda_max_upper`` where they
-    are tight (:func:`~matroot.optim.factor_bounds.carried_lambda_max`), so the
+    are tight (:func:`~matroot.optim.shampoo_core.factor_bounds.carried_lambda_max`), so the
     solver spends nothing to find its own; otherwise the solver finds them, and
     they restart the carried ones. Matrices whose new root is non-finite (in the
     roots' storage dtype too) or did not converge keep their previous root

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .._checks import (
+from ..._checks import (
     COMPUTE_DTYPES,
     MATMUL_DTYPES,
     SCALINGS,

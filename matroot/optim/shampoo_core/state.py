@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from .. import _xp
+from ... import _xp
 from .blocking import BlockPlan
 
 __all__ = ["ShampooState", "copy_state", "state_bytes"]
@@ -44,7 +44,7 @@ class ShampooState(NamedTuple):
         Per parameter, the momentum of the final update (None without momentum).
     factor_bounds : list of arrays or None
         Per stack, each factor's carried λmax bound and its floor, shape
-        ``(count, 2)`` (:mod:`matroot.optim.factor_bounds`); None (or a None
+        ``(count, 2)`` (:mod:`matroot.optim.shampoo_core.factor_bounds`); None (or a None
         entry beside factors) where they are unknown: the next refresh finds them.
     """
 

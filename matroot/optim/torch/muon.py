@@ -3,9 +3,9 @@
 Parameter groups carry ``lr``, ``weight_decay``, ``use_muon``, ``momentum`` (μ, read
 by Muon groups) and ``betas`` (read by AdamW groups), so schedulers that cycle
 momentum (``OneCycleLR``, ``CyclicLR``) and per-group settings work; everything
-else (:class:`~matroot.optim.muon.MuonConfig`) is optimizer-wide, since the Muon
+else (:class:`~matroot.optim.muon.core.MuonConfig`) is optimizer-wide, since the Muon
 matrices of all groups share one polar call per shape. Parameters given without
-``use_muon`` are split by :func:`~matroot.optim.muon.default_use_muon` (pass
+``use_muon`` are split by :func:`~matroot.optim.muon.core.default_use_muon` (pass
 ``model.named_parameters()`` so embeddings and heads are recognised), with the
 group keys of :class:`Muon`'s ``params``. Per-parameter state
 (``momentum_buffer``, ``exp_avg_sq`` for AdamW, ``step`` a Python int) lives in
@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from .muon import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
+from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
                    muon_directions)
-from .torch_state import with_missing_group_keys
+from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
 
@@ -149,7 +149,7 @@ class Muon(torch.optim.Optimizer):
     adamw_lr, adamw_weight_decay : float
         The same for the AdamW parameters.
     **config
-        :class:`~matroot.optim.muon.MuonConfig` fields (momentum, nesterov,
+        :class:`~matroot.optim.muon.core.MuonConfig` fields (momentum, nesterov,
         shape_scale, polar_method, polar_lower, polar_steps, matmul_dtype,
         betas, eps); ``momentum`` and ``betas`` are the groups' defaults.
 

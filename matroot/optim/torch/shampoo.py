@@ -2,7 +2,7 @@
 
 The shell maps torch's parameter groups onto the core: parameters whose groups
 agree on every hyperparameter except the per-parameter ones
-(:data:`~matroot.optim.config.PER_PARAMETER`: ``lr``, ``weight_decay`` and the
+(:data:`~matroot.optim.shampoo_core.config.PER_PARAMETER`: ``lr``, ``weight_decay`` and the
 per-dimension policy) share one set of factor stacks (a *family*), so the whole
 model's equal-size factors are solved by one ``inv_root`` call per size; ``lr``
 and ``weight_decay`` are read per group at every step, so LR schedulers work
@@ -16,7 +16,7 @@ lives in ``optimizer.state[p]`` as in torch's own optimizers, made at the
 parameter's first gradient (sharded: on the ranks that own elements of it, for
 those elements only); the factor and root stacks live with their family
 and travel in ``state_dict()["shampoo_families"]`` with a per-parameter index of
-their slots (:mod:`matroot.optim.checkpoint`).
+their slots (:mod:`matroot.optim.shampoo_core.checkpoint`).
 
 Every counter a step advances is a 0-d tensor on the parameters' device (``step``
 float64, as exact in ``1 − βᵗ`` as a Python int; the family counters int64), so
@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import core
-from .config import PER_PARAMETER, check_keywords
-from .distributed import (BlockSharding, agree_on_gradients, agree_on_parameters,
+from ..shampoo_core import core
+from ..shampoo_core.config import PER_PARAMETER, check_keywords
+from ..distributed.core import (BlockSharding, agree_on_gradients, agree_on_parameters,
                           resolve_process_group)
-from .dtensor import add_to_local, is_dtensor, local_view, whole
-from .torch_state import ShampooStateDict, _Family, host_number, update_dtypes
+from ..distributed.dtensor import add_to_local, is_dtensor, local_view, whole
+from .state import ShampooStateDict, _Family, host_number, update_dtypes
 
 __all__ = ["Shampoo"]
 
@@ -98,11 +98,11 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         Parameters or parameter groups; any hyperparameter may be set per group.
     distributed : "auto", None or ProcessGroup
         ``"auto"``: when ``torch.distributed`` is initialised with more than one
-        rank, split the blocks over its ranks (see :mod:`matroot.optim.distributed`
+        rank, split the blocks over its ranks (see :mod:`matroot.optim.distributed.core`
         and docs/distributed.rst); None: never. Parameters may be ``DTensor`` s
         (FSDP2's ``fully_shard``): blocks are cut from whole parameters
-        (:mod:`matroot.optim.dtensor`), so results do not depend on the sharding;
-        DCP checkpoints: :mod:`matroot.optim.distributed_checkpoint`.
+        (:mod:`matroot.optim.distributed.dtensor`), so results do not depend on the sharding;
+        DCP checkpoints: :mod:`matroot.optim.distributed.checkpoint`.
     graft_only : callable, optional
         ``graft_only(param) -> bool``: True keeps that parameter on the grafting
         update with no factors (per parameter; per group, set ``precondition=False``).
@@ -294,7 +294,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     def _update(self, jobs, grads, check_on_device: bool) -> None:
         """The device side of a step: every family's core update, applied to the parameters.
 
-        ``grads`` are whole gradients (:func:`~matroot.optim.dtensor.whole`), per family.
+        ``grads`` are whole gradients
+        (:func:`~matroot.optim.distributed.dtensor.whole`), per family.
         """
         finite = core.all_finite(list(chain.from_iterable(grads))) if check_on_device else None
         for family, fam_grads, job in zip(self._families, grads, jobs):
@@ -346,7 +347,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         Gradients of DTensor parameters are checked on their local parts when
         the blocks are sharded (the check is a collective, so a gradient missing
         on some ranks raises before any rank waits in a gather), then gathered
-        whole (:func:`~matroot.optim.dtensor.whole`), so every rank updates
+        whole (:func:`~matroot.optim.distributed.dtensor.whole`), so every rank updates
         from the same values.
 
         Returns

@@ -3,13 +3,13 @@
 :class:`matroot.optim.Shampoo` keeps one :class:`_Family` per set of parameters
 that share factor stacks. :class:`ShampooStateDict` is the part of the shell that
 saves and restores them: ``state_dict()`` adds each family's stacks, counters and
-per-parameter ``"layout"`` (:mod:`matroot.optim.checkpoint`) to torch's state dict;
+per-parameter ``"layout"`` (:mod:`matroot.optim.shampoo_core.checkpoint`) to torch's state dict;
 ``load_state_dict()`` puts them back, in the dtypes a fresh optimizer of the
 parameters keeps, before torch runs the load post-hooks; ``pickle`` and
 ``copy.deepcopy`` carry the same records. It also moves a family's per-parameter
 entries of ``optimizer.state`` into its core state and back at each step (sharded:
 the moments of the rank's pieces, as views into the elements it keeps of each
-parameter, :mod:`matroot.optim.rank_part`).
+parameter, :mod:`matroot.optim.distributed.rank_part`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .. import _xp
-from . import core
-from .checkpoint import FORMAT, plan_from_layout, plan_layout
-from .distributed import BlockSharding, check_shard, resolve_process_group
-from .preconditioner import factor_shape
-from .rank_part import MOMENT_KEYS, kept_piece, own_part
+from ... import _xp
+from ..shampoo_core import core
+from ..shampoo_core.checkpoint import FORMAT, plan_from_layout, plan_layout
+from ..distributed.core import BlockSharding, check_shard, resolve_process_group
+from ..shampoo_core.preconditioner import factor_shape
+from ..distributed.rank_part import MOMENT_KEYS, kept_piece, own_part
 
 __all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number", "with_missing_group_keys"]
 
@@ -213,7 +213,7 @@ class ShampooStateDict:
 
     def _family_records(self) -> list:
         """Each family's stacks, counters and the per-parameter ``"layout"`` index of their
-        slots (:mod:`matroot.optim.checkpoint`), parameters numbered in group order."""
+        slots (:mod:`matroot.optim.shampoo_core.checkpoint`), parameters numbered in group order."""
         index = {id(p): i for i, p in enumerate(self._all_params())}
         records = []
         for f in self._families:
@@ -236,7 +236,8 @@ class ShampooStateDict:
 
     def state_dict(self):
         """torch's state dict plus ``"shampoo_families"``: each family's stacks, counters and
-        the per-parameter ``"layout"`` index of their slots (:mod:`matroot.optim.checkpoint`)."""
+        the per-parameter ``"layout"`` index of their slots
+        (:mod:`matroot.optim.shampoo_core.checkpoint`)."""
         self._group_of()        # every family member still in a group, or a clear error
         sd = super().state_dict()
         sd["shampoo_families"] = self._family_records()

@@ -34,7 +34,7 @@ composition for ``[ℓ, 1]`` only in the max-norm. With a budget of k steps the
 useful ℓ is the smallest one the k steps bring within a band of 1:
 :func:`band_lower`. Muon's band is :data:`MUON_BAND`; 4 steps (12 products)
 bring σ/s ∈ ``[MUON_LOWER, 1]`` (s the σmax bound, within ``n^(1/8)`` of σmax:
-:func:`matroot.polar_factor.sigma_bound_looseness`) into ``[0.8, 1.2]``, where the
+:func:`matroot.polar_factor.api.sigma_bound_looseness`) into ``[0.8, 1.2]``, where the
 quintic's 5 steps (15 products) bring σ/‖G‖_F ∈ ``[1.5e-3, 1]`` into
 ``[0.68, 1.2]``: a narrower band, on a wider interval whenever ``‖G‖_F ≥ 2.3·s``
 (stable rank above about 5).
@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .solvers.minimax_coefficients import TAIL, quintic_sign_minimax
+from ..minimax_coefficients import TAIL, quintic_sign_minimax
 
 __all__ = ["CUSHION", "MUON_BAND", "MUON_LOWER", "MUON_POLAR_STEPS", "MUON_QUINTIC",
            "MUON_STEPS", "PolarSchedule", "band_lower", "default_margin", "polar_schedule",
@@ -62,7 +62,7 @@ MUON_STEPS = 5
 #: The quintic's band: its 5 steps map every σ/‖G‖_F in ``[1.5e-3, 1]`` into
 #: ``[0.68, 1.2]``, so Muon trains with singular values within about 0.2-0.3 of 1.
 MUON_BAND = 0.2
-#: Polar Express steps of Muon's default (:class:`matroot.optim.muon.MuonConfig`).
+#: Polar Express steps of Muon's default (:class:`matroot.optim.muon.core.MuonConfig`).
 MUON_POLAR_STEPS = 4
 #: ``band_lower(MUON_POLAR_STEPS)`` (3.21e-3) rounded up: the 4-step schedule for
 #: it maps ``[MUON_LOWER, 1]`` within ``MUON_BAND`` of 1 (tests/test_polar.py).
@@ -93,7 +93,7 @@ def quintic_interval(coefficients, lo: float, hi: float, *, grid: int = 2049):
 
     Examples
     --------
-    >>> from matroot.polar_coefficients import MUON_QUINTIC, quintic_interval
+    >>> from matroot.solvers.polar.coefficients import MUON_QUINTIC, quintic_interval
     >>> low, high = quintic_interval(MUON_QUINTIC, 0.7, 1.0)
     >>> bool(0.6 < low < 0.75 and 1.1 < high < 1.2)
     True
@@ -144,7 +144,7 @@ def polar_schedule(lower: float, target: float, margin: float) -> PolarSchedule:
 
     Examples
     --------
-    >>> from matroot.polar_coefficients import polar_schedule
+    >>> from matroot.solvers.polar.coefficients import polar_schedule
     >>> sch = polar_schedule(1e-3, 1e-6, 1e-3)
     >>> len(sch.coefficients), bool(sch.errors[-1] <= 1e-6)
     (7, True)
@@ -176,7 +176,7 @@ def default_margin(unit_roundoff: float) -> float:
 
     Examples
     --------
-    >>> from matroot.polar_coefficients import default_margin
+    >>> from matroot.solvers.polar.coefficients import default_margin
     >>> default_margin(2.0 ** -8), round(default_margin(2.0 ** -24), 6), default_margin(2.0 ** -53)
     (0.01, 0.000244, 1e-06)
     """
@@ -200,7 +200,7 @@ def band_lower(steps: int, band: float = MUON_BAND, margin: float = 0.01) -> flo
 
     Examples
     --------
-    >>> from matroot.polar_coefficients import MUON_LOWER, band_lower
+    >>> from matroot.solvers.polar.coefficients import MUON_LOWER, band_lower
     >>> lower = band_lower(4)
     >>> bool(3e-3 < lower <= MUON_LOWER)
     True

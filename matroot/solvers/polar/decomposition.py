@@ -8,8 +8,8 @@ isometry ``U_r·V_rᵀ`` on its range rather than an arbitrary completion.
 
 from __future__ import annotations
 
-from .. import _xp
-from ..accuracy import unit_roundoff
+from ... import _xp
+from ...certify.accuracy import unit_roundoff
 
 
 def _rank_mask(values, top, count: int, unit_roundoff: float):

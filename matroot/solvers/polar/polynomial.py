@@ -9,7 +9,7 @@ matrix. The Gram-side variant keeps only n×n matrices in its loop.
 
 from __future__ import annotations
 
-from .. import _xp
+from ... import _xp
 
 
 def _polynomial_of(gram, row, eye, matmul, gram_squared=None):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..polar_coefficients import MUON_QUINTIC, MUON_STEPS, polar_schedule
+from .coefficients import MUON_QUINTIC, MUON_STEPS, polar_schedule
 from .decomposition import eigh_polar, svd_polar
 from .polynomial import gram_side_steps, odd_quintic_steps
 

@@ -1,0 +1,1 @@
+"""The functional core of Muon (:mod:`.core`)."""

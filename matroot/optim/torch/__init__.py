@@ -1,0 +1,2 @@
+"""The ``torch.optim.Optimizer`` shells: ``Shampoo`` (:mod:`.shampoo`, its state in
+:mod:`.state`) and ``Muon`` (:mod:`.muon`)."""
