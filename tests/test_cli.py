@@ -316,3 +316,15 @@ def test_sweep_summary_line_leaves_out_what_was_not_measured():
                               fastest_matmul_method_vs_eigh_loop=2.6))
     assert "best matmul method minimax at 2.5x batched eigh" in line
     assert line.endswith("eigh = 16 matmuls")
+
+
+def test_info_probes_numpy_and_accelerators_by_default(capsys):
+    """``matroot info`` without options answers in seconds: NumPy and the devices that
+    are not a CPU; the other CPU backends (JAX compiles each probe) wait for --all."""
+    code, out, _ = run_cli(capsys, "info", "--json")
+    assert code == 0
+    probed = {(s["backend"], s["device"]) for s in json.loads(out)["support"]}
+    assert ("numpy", "cpu") in probed
+    assert all(backend == "numpy" or device != "cpu" for backend, device in probed)
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0 and "--all" in out

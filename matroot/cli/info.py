@@ -2,7 +2,10 @@
 
 Support is not read from a table: every (backend, device, method, precision)
 combination is tried on a small well-conditioned stack and checked against a
-float64 oracle, so the answer is what this installation actually does.
+float64 oracle, so the answer is what this installation actually does. By default
+the probe covers NumPy and every accelerator device found (a few seconds); ``--all``
+adds the CPU devices of torch, JAX and array_api_strict, where JAX compiles each
+combination anew (about a minute on a CPU).
 """
 
 from __future__ import annotations
@@ -96,14 +99,22 @@ def probe(target: Target, method: str, precision) -> dict:
     return {**entry, "status": "yes", "detail": detail}
 
 
-def collect(targets=None, methods=None, progress=None) -> dict:
+def default_targets(infos) -> list[Target]:
+    """What ``matroot info`` probes without ``--all``: NumPy, and every device that is
+    not a CPU (the answer a GPU user runs it for); the other CPU backends repeat NumPy's
+    answer at the cost of their compilations."""
+    return [Target(i.name, d) for i in infos if i.available for d in i.devices
+            if i.name == "numpy" or d != "cpu"]
+
+
+def collect(targets=None, methods=None, progress=None, infos=None) -> dict:
     """Everything ``info`` prints, as a JSON-able dict.
 
     ``targets`` limits the support probe (default: every device of every
     available backend); the backend list always covers all known backends.
     """
     methods = all_methods() if methods is None else list(methods)
-    infos = discover()
+    infos = discover() if infos is None else infos
     if targets is None:
         targets = [Target(i.name, d) for i in infos if i.available for d in i.devices]
     support = []
@@ -203,25 +214,34 @@ def format_info(data: dict) -> str:
 def configure(parser) -> None:
     add_target_options(parser, "probe every installed backend")
     add_thread_option(parser)
+    parser.add_argument("--all", action="store_true",
+                        help="probe every device of every installed backend (JAX compiles "
+                             "each combination: about a minute on a CPU); default: NumPy "
+                             "and the accelerator devices")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--save", metavar="PATH", help="also write the JSON to PATH")
     parser.set_defaults(run=run, prog=parser.prog)
 
 
 def run(args) -> int:
-
-
     at_least(args.threads, 0, "--threads")
     if args.save:
         writable_file(args.save, "--save")
-    targets = targets_from(args) if args.backend or args.device else None
-    progress = Progress(len(targets) if targets else sum(
-        len(i.devices) for i in discover() if i.available))
+    infos = discover()
+    if args.backend or args.device:
+        targets = targets_from(args)
+    elif args.all:
+        targets = [Target(i.name, d) for i in infos if i.available for d in i.devices]
+    else:
+        targets = default_targets(infos)
+    progress = Progress(len(targets))
     with thread_policy(args.threads) as threads:
-        data = collect(targets=targets, progress=progress)
+        data = collect(targets=targets, progress=progress, infos=infos)
     progress.close()
     data["threads"] = threads
     print(json.dumps(data, indent=2) if args.json else format_info(data))
+    if not (args.json or args.all or args.backend or args.device):
+        print("\n  (the CPU devices of torch, JAX and array_api_strict are probed with --all)")
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2)
