@@ -77,17 +77,17 @@ def test_demo_float64_agrees_with_the_oracle(tmp_path, capsys):
     assert all(r["rel_err_max"] < 1e-9 for r in rows)
 
 
-def test_demo_reports_a_method_that_rejects_p(tmp_path, capsys):
+def test_demo_runs_the_methods_that_take_p(tmp_path, capsys):
+    """Without --method, the demo runs every method that takes --p (a method named
+    with --method that does not is refused before any work, as a usage error)."""
     report_path = tmp_path / "demo.json"
     code, out, _ = run_cli(capsys, "--quick", "--p", "3", "--backend", "numpy",
-                           "--method", "newton_db", "--method", "coupled_newton",
                            "--no-plot", "--json", str(report_path))
     assert code == 0
     rows = {r["method"]: r for r in json.loads(report_path.read_text())["rows"]}
-    assert rows["newton_db"]["time_s"] is None
-    assert "does not support p=3" in rows["newton_db"]["note"]
+    assert "newton_db" not in rows and "minimax" not in rows
     assert rows["coupled_newton"]["converged"] == 4
-    assert "skipped: method='newton_db' does not support p=3" in out
+    assert "skipped" not in out
 
 
 def test_info_lists_backends_and_probes_support(capsys):
@@ -122,6 +122,8 @@ def test_info_text_names_every_backend(capsys):
     (["--backend", "tensorflow"], ["unknown backend 'tensorflow'", "numpy"]),
     (["info", "--backend", "mxnet"], ["unknown backend 'mxnet'"]),
     (["--method", "magic"], ["unknown method 'magic'", "evd"]),
+    (["demo", "--p", "3", "--method", "newton_db"],
+     ["--method newton_db does not take --p 3", "coupled_newton"]),
     (["--batch", "0", "--no-plot"], ["--batch must be a positive integer"]),
     (["--eps", "0"], ["--eps must be a finite number > 0"]),
     (["--backend", "numpy", "--device", "cuda"],

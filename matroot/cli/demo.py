@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 
-from matroot.bench.config import all_methods
+from matroot.bench.config import all_methods, method_supports
 
 from .common import (
     UsageError,
@@ -75,11 +75,19 @@ def _checked(args) -> dict:
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from "
                          + ", ".join(all_methods()))
+    p = int(args.p) if float(args.p).is_integer() else args.p
+    unsupported = [m for m in methods or () if not method_supports(m, p)]
+    if unsupported:
+        raise UsageError(f"--method {unsupported[0]} does not take --p {args.p:g}; methods "
+                         "that do: " + ", ".join(m for m in all_methods()
+                                                 if method_supports(m, p)))
     if args.json:
         writable_file(args.json, "--json")
     if not args.no_plot:
         writable_file(args.out, "--out")
         require_module("matplotlib", "the plot", 'pip install "matroot[bench]"')
+    if methods is None:
+        methods = [m for m in all_methods() if method_supports(m, p)]
     return dict(options, methods=methods, p=args.p, eps=args.eps, dtype=args.dtype,
                 seed=args.seed)
 
@@ -96,7 +104,7 @@ def run(args) -> int:
     from matroot.bench.threads import thread_policy
 
     start = time.perf_counter()
-    methods = options["methods"] or all_methods()
+    methods = options["methods"]
     progress = Progress(len(targets) * (len(methods) + 1))
     with thread_policy(args.threads) as threads:
         report = run_demo(targets, progress=progress, **options)
