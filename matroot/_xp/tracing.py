@@ -196,14 +196,16 @@ def lapack_in_order(call, a, *more):
     """``call(a, *more)`` for a LAPACK-backed operation (Cholesky, eigh, SVD, solve)
     on ``(..., m, n)`` stacks (``more``: arrays with the same leading batch axes).
 
-    For JAX on a CPU (eagerly or traced) the stack goes through ``jax.lax.map`` in
-    chunks whose work stays below :data:`JAXLIB_POOL_FLOPS` (the estimate of the
-    costliest kernel, an SVD's ``10·m·n·min(m, n)``, for every kernel), so no call
-    waits on jaxlib's thread pool and calls that XLA runs at once cannot deadlock.
-    The result is ``call(a, *more)``'s, matrix by matrix; on other backends and
-    devices, and for a stack already small enough, it is just ``call(a, *more)``.
+    Traced by JAX for a CPU, the stack goes through ``jax.lax.map`` in chunks whose
+    work stays below :data:`JAXLIB_POOL_FLOPS` (the estimate of the costliest
+    kernel, an SVD's ``10·m·n·min(m, n)``, for every kernel), so no call waits on
+    jaxlib's thread pool and calls that XLA runs at once cannot deadlock. The
+    result is ``call(a, *more)``'s, matrix by matrix. Eagerly each JAX operation is
+    a program of its own whose one call runs on the dispatching thread, which can
+    wait on the pool without holding one of its threads: there, on other backends
+    and devices, and for a stack already small enough, it is just ``call(a, *more)``.
     """
-    if not array_api_compat.is_jax_array(a) or a.ndim < 3:
+    if not (array_api_compat.is_jax_array(a) and is_traced(a)) or a.ndim < 3:
         return call(a, *more)
     if is_accelerator(array_namespace(a), a) or not _jaxlib_pools_lapack_batches():
         return call(a, *more)
