@@ -3,10 +3,12 @@ on concurrent Choleskys), and the step compiles once.
 
 jaxlib 0.10 can deadlock when independent batched LAPACK custom calls (Cholesky)
 of one program run at once on a 2-core CPU; matroot's traced certificate ran
-several. They are now chained by data dependencies
-(:func:`matroot._xp.lapack_in_order`). The solves and the training steps run in a
-subprocess (both cores, a fresh JAX) under a watchdog, so a hang fails the test
-instead of stalling the suite; the watchdog is a hang guard, never a speed limit.
+several. Each call now stays small enough that jaxlib runs it without its thread
+pool (:func:`matroot._xp.lapack_in_order`, issue 36). The solves and the training
+steps run in a subprocess (both cores, a fresh JAX) under a watchdog, so a hang
+fails the test instead of stalling the suite; the watchdog is a hang guard, never
+a speed limit. The subprocesses inherit the suite's one thread and XLA level 0;
+``tests/test_jax_user_loop.py`` runs the user's loop with JAX's defaults.
 """
 
 from __future__ import annotations
@@ -105,16 +107,21 @@ def test_twenty_optax_steps_finish_and_the_step_compiles_once():
     assert out.splitlines()[-1] == "compiles 1", out
 
 
-def test_lapack_calls_are_chained_under_jit():
-    """The traced program orders its Choleskys: each one's input passes an
-    optimization barrier with the previous one's output."""
+def test_lapack_calls_stay_off_the_thread_pool_under_jit():
+    """The compiled solve's Choleskys each factor a stack small enough that jaxlib
+    runs it on the calling thread (an optimization barrier between them, the
+    earlier fix, was removed by XLA before scheduling: it ordered nothing)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     import matroot
 
-    a = jnp.asarray(np.stack([np.eye(8) * 2.0] * 2), dtype=jnp.float32)
+    from test_jax_user_loop import _lapack_calls
+
+    a = jnp.asarray(np.stack([np.eye(64) * 2.0] * 4), dtype=jnp.float32)
     text = jax.jit(lambda x: matroot.inv_root_info(x, 4, method="coupled_newton")
-                   ).lower(a).as_text()
-    assert "optimization_barrier" in text
+                   ).lower(a).compile().as_text()
+    calls = _lapack_calls(text)
+    assert any(target.endswith("potrf_ffi") for target, _, _ in calls), calls
+    assert all(batch == 1 or batch * 10 * n**3 < 200_000 for _, batch, n in calls), calls

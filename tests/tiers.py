@@ -44,6 +44,8 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "compiles a Shampoo step"),
     ("tests/test_docs.py::test_jax_examples_run_and_converge", "compiles a Shampoo step"),
     ("tests/test_jax_watchdog.py::test_twenty_optax_steps*", "compiles a Shampoo step"),
+    ("tests/test_jax_user_loop.py::test_the_user_loop_finishes_for_every_root_method*",
+     "trains with every root method in three fresh processes"),
     *((f"tests/test_matmul_targets.py::test_matmul_target[*-kappa{kappa}-*",
        "repeats κ = 1e2's check at a larger κ") for kappa in ("1e+04", "1e+06")),
     ("tests/test_converged_means_right.py::test_isolated_top_at_n1024[*", "n = 1024 solves"),

@@ -267,4 +267,4 @@ def spd_solve(a, rhs):
         factor, info = torch.linalg.cholesky_ex(a)
         solved = torch.cholesky_solve(rhs, factor)
         return torch.where((info == 0)[:, None, None], solved, float("nan"))
-    return xp.linalg.solve(a, rhs)
+    return lapack_in_order(xp.linalg.solve, a, rhs)

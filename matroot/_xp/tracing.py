@@ -2,7 +2,7 @@
 
 Loops whose exit depends on the data (a host check on eager backends,
 ``lax.while_loop`` under ``jax.jit``), branches, compile-time constants, the
-caching of eager JAX programs, and the ordering of LAPACK calls inside a trace.
+caching of eager JAX programs, and JAX's CPU LAPACK calls kept off jaxlib's thread pool.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import array_api_compat
 
-from .namespace import array_namespace, is_jax_namespace, is_traced
+from .namespace import array_namespace, is_accelerator, is_jax_namespace, is_traced
 
 __all__ = [
     "bounded_loop",
@@ -172,30 +172,54 @@ def register_jax_pytree(cls, static_fields: tuple = ()):
     jax.tree_util.register_pytree_node(cls, flatten, unflatten)
 
 
-#: Under a JAX trace, the last LAPACK custom call's output: the next one's input is
-#: made to depend on it. jaxlib can deadlock when independent batched Choleskys
-#: (LAPACK custom calls) run at once on a 2-core CPU (issue 26); a data dependency
-#: makes XLA run them one after another. A token of another trace (a finished one,
-#: or a loop body's) is not used: that would leak a tracer.
-_LAPACK_ORDER: list = []
+#: jaxlib 0.10's CPU LAPACK kernels (Cholesky, eigh, SVD, LU, triangular solve) run a
+#: batch whose estimated work reaches this many flops as chunks on XLA's intra-op thread
+#: pool, and the calling thread blocks until they finish. XLA runs a program's independent
+#: operations on that same pool, so as many such calls at once as the pool has threads (two
+#: on a 2-core machine) hold every thread while waiting for chunks no thread is left to
+#: run: the process hangs at 0 % CPU (issue 36; jax-ml/jax#36927, later open-source builds
+#: compile the chunking out). Below it, a call runs on its own thread and waits for nothing.
+#: An ``optimization_barrier`` between the calls does not order them: XLA removes the
+#: barriers before it schedules the program.
+JAXLIB_POOL_FLOPS = 200_000
 
 
-def lapack_in_order(call, a):
-    """``call(a)`` for a LAPACK-backed operation (Cholesky, eigh); under a JAX trace,
-    after every earlier one of the same trace (see :data:`_LAPACK_ORDER`).
+def _jaxlib_pools_lapack_batches() -> bool:
+    """True where a CPU LAPACK call of this jaxlib can split its batch onto the pool."""
+    import jaxlib
 
-    Returns ``call(a)``'s result unchanged; eagerly and on other backends it is
-    just ``call(a)``.
+    version = tuple(int(part) for part in jaxlib.__version__.split(".")[:2] if part.isdigit())
+    return version >= (0, 10)
+
+
+def lapack_in_order(call, a, *more):
+    """``call(a, *more)`` for a LAPACK-backed operation (Cholesky, eigh, SVD, solve)
+    on ``(..., m, n)`` stacks (``more``: arrays with the same leading batch axes).
+
+    Traced by JAX for a CPU, the stack goes through ``jax.lax.map`` in chunks whose
+    work stays below :data:`JAXLIB_POOL_FLOPS` (the estimate of the costliest
+    kernel, an SVD's ``10·m·n·min(m, n)``, for every kernel), so no call waits on
+    jaxlib's thread pool and calls that XLA runs at once cannot deadlock. The
+    result is ``call(a, *more)``'s, matrix by matrix. Eagerly each JAX operation is
+    a program of its own whose one call runs on the dispatching thread, which can
+    wait on the pool without holding one of its threads: there, on other backends
+    and devices, and for a stack already small enough, it is just ``call(a, *more)``.
     """
-    if not (array_api_compat.is_jax_array(a) and is_traced(a)):
-        return call(a)
+    if not (array_api_compat.is_jax_array(a) and is_traced(a)) or a.ndim < 3:
+        return call(a, *more)
+    if is_accelerator(array_namespace(a), a) or not _jaxlib_pools_lapack_batches():
+        return call(a, *more)
+    rows, cols = a.shape[-2:]
+    batch_shape = a.shape[:-2]
+    batch = 1
+    for size in batch_shape:
+        batch *= size
+    chunk = max(1, (JAXLIB_POOL_FLOPS - 1) // max(1, 10 * rows * cols * min(rows, cols)))
+    if chunk >= batch:
+        return call(a, *more)
     import jax
-    from jax._src import core as jax_core  # the current trace: no public API yet
 
-    current = jax_core.trace_ctx.trace
-    if _LAPACK_ORDER and getattr(_LAPACK_ORDER[0], "_trace", None) is current:
-        a, _ = jax.lax.optimization_barrier((a, _LAPACK_ORDER[0]))
-    result = call(a)
-    leaves = jax.tree_util.tree_leaves(result)
-    _LAPACK_ORDER[:] = [leaves[0]]
-    return result
+    flat = [x.reshape((batch, *x.shape[len(batch_shape):])) for x in (a, *more)]
+    result = jax.lax.map(lambda args: call(*args), tuple(flat),
+                         batch_size=chunk if chunk > 1 else None)
+    return jax.tree_util.tree_map(lambda x: x.reshape((*batch_shape, *x.shape[1:])), result)

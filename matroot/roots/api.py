@@ -156,10 +156,10 @@ def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_fi
         # its float32 screen picks on the host the matrices that need float64.
         if check_finite and not bool(xp.all(xp.isfinite(a))):
             raise ValueError(stack_solve.NONFINITE_INPUT)
-        result, usable, cast_trouble = _xp.jax_compiled(
+        result, usable, cast_trouble, rtol_floor = _xp.jax_compiled(
             stack_solve.solve_stack, a, bounds, call=call, check_finite=False)
     else:
-        result, usable, cast_trouble = stack_solve.solve_stack(
+        result, usable, cast_trouble, rtol_floor = stack_solve.solve_stack(
             a, call=call, check_finite=check_finite, **bounds)
     if not traced and bool(cast_trouble):
         warnings.warn(
@@ -167,6 +167,14 @@ def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_fi
             f"(computed in {call.work_dtype}, or in the cast back; entries beyond its "
             "range); they are converged=False. Pass a wider input dtype or a larger eps",
             ConvergenceWarning, stacklevel=3)
+    if not traced and call.fallback is None and float(rtol_floor) > 0:
+        # One message per rtol and dtype (no per-call numbers), so Python's default
+        # filter shows it once per calling line, not at every refresh of an optimizer.
+        warnings.warn(
+            f"inv_root_info: rtol={call.rtol:g} is below what {call.work_dtype} can "
+            "certify for some matrices (their rounding u·κ/p is larger), so they are "
+            "converged=False; pass compute_dtype='float64', fallback='evd', or a looser "
+            "rtol", ConvergenceWarning, stacklevel=3)
     if call.fallback is not None:
         result = _repair(xp.reshape(a, (b, n, n)), result, usable, call, call.fallback)
     return reshaped(xp, result, batch)
@@ -249,7 +257,13 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         :func:`matroot.certify.accuracy.rtol_allowance`), and each matrix stops as soon as
         its own residual is below the ``tol`` derived from ``rtol``, so a loose
         target costs fewer products. Default None: the table's target for each
-        matrix's κ (or a looser ``tol``), today's behaviour.
+        matrix's κ (or a looser ``tol``), today's behaviour. An ``rtol`` below a
+        matrix's rounding ``u·κ/p`` in the compute dtype cannot be certified: that
+        matrix is ``converged=False``, and eagerly a ConvergenceWarning (shown once
+        per calling line by Python's default filter) names the fixes
+        (``compute_dtype="float64"``, ``fallback="evd"``, a looser ``rtol``). Under
+        ``jax.jit`` / ``torch.compile`` κ is known only on the device, after the
+        bounds, so nothing warns: read ``converged``.
     max_iter : int, optional
         Cap on iterations (on the degree for chebyshev), at most
         :data:`matroot._checks.MAX_ITER_LIMIT` (10,000).

@@ -9,6 +9,7 @@ instead of deriving any of it again.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from .. import _xp
@@ -18,6 +19,7 @@ from ..certify.accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, M
                        check_rtol, row_target, rtol_allowance, unit_roundoff)
 from ..spectrum.lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from ..certify.probes import FROBENIUS_FACTOR
+from .result import ConvergenceWarning
 from ..solvers import get_solver
 from ..solvers.auto import choose_method
 from ..solvers.registry import SolverSpec, check_method, require_dtypes, require_support
@@ -183,6 +185,12 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_dtype)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
+        if method == "evd" and work_dtype == "float32" and not _xp.has_float64(xp):
+            warnings.warn(  # a real p: evd is the only method (at trace time under jit)
+                f"method='auto' for p={p} runs 'evd', and JAX without float64 gives it no "
+                "float64 eigh: its float32 roots are certified only to κ ≈ 12·p, the "
+                "others come back converged=False; enable jax_enable_x64",
+                ConvergenceWarning, stacklevel=4)
     solver = get_solver(method)
     require_dtypes(solver, work_dtype, matmul_dtype)
     if eps > float(xp.finfo(getattr(xp, work_dtype)).max) / 4:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from .. import _xp
 from .._typing import Array
-from ..certify.accuracy import is_converged, unit_roundoff
+from ..certify.accuracy import CHECK_RESOLUTION, is_converged, unit_roundoff
 from .call import RootCall
 from ..spectrum.lambda_max_bounds import FAILURE_PROBABILITY as BOUND_FAILURE_PROBABILITY
 from ..spectrum.lambda_max_bounds import randomized_margin
@@ -54,8 +54,10 @@ class _Scaled(NamedTuple):
 def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
                 lambda_min_lower=None):
     """The flat ``(b, ...)`` result of ``call`` on ``a``, which matrices were finite
-    with a positive λmax bound (the others get NaN roots), and a 0-d flag, True
-    where some root lost its precision in the cast back to ``a.dtype``."""
+    with a positive λmax bound (the others get NaN roots), a 0-d flag, True
+    where some root lost its precision in the cast back to ``a.dtype``, and the
+    largest ``u·κ/p`` above a caller's ``rtol`` among the matrices that did not
+    converge (0-d; 0 where none: the ``rtol`` their dtype could not certify)."""
     xp = _xp.array_namespace(a)
     solver, p = call.solver, call.p
     reg = _regularised(a, call, check_finite)
@@ -139,7 +141,11 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         failure_probability=failure_probability,
     )
     overflow = usable & check.positive & ~(fits & cast_ok)
-    return result, usable, xp.any(overflow)
+    floor = xp.zeros_like(lam_max)
+    if call.rtol is not None:
+        floor = CHECK_RESOLUTION * call.unit_roundoff(xp) * check.kappa / p
+        floor = xp.where(usable & ~converged & (call.rtol < floor), floor, xp.zeros_like(floor))
+    return result, usable, xp.any(overflow), xp.max(floor)
 
 
 def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:

@@ -37,6 +37,16 @@ REFERENCE_KAPPA = 1e4
 #: cost more than the matmuls they save.
 ACCELERATOR_METHOD = "coupled_newton"
 
+#: JAX without float64 (``jax_enable_x64`` off) on a CPU: evd's float32 eigh meets the
+#: table only at κ ≲ 12·p and cannot retry in float64, so it returned converged=False
+#: for every matrix at κ = 1e4 (issue 36). Measured there (JAX 0.10.2, jit, float32,
+#: κ = 1e4, best of 5, side by side on a 2-core CPU under a load of ~15, so noisy):
+#: coupled Newton was fastest at 4 × 128² (p = 2 / 4: 63 / 145 ms against Newton-DB 82 /
+#: 241 and minimax 82 / 282) and 16 × 64² p = 4 (28 against 461 and 214), Newton-DB at
+#: 16 × 64² p = 2 (15 against 17), minimax at 4 × 256² (721 / 2147 against coupled
+#: Newton 1789 / 3080); every matmul method converged on every matrix, evd on none.
+NO_FLOAT64_METHOD = "coupled_newton"
+
 #: With 16-bit matmul operands: coupled Newton, which DASH found to tolerate
 #: fp16 where Newton–Schulz (Newton-DB) with 16-bit iterates did not.
 LOW_PRECISION_METHOD = "coupled_newton"
@@ -49,9 +59,14 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
 
     - p not a positive integer: ``"evd"``, the only method for real p.
     - ``matmul_dtype`` set (16-bit matmuls asked for): ``"coupled_newton"``.
-    - CPU backends (NumPy, torch CPU, array-api-strict), any size and dtype:
-      ``"evd"``, the fastest at the default tolerance in every CPU configuration
-      measured (:data:`CPU_METHOD`).
+    - CPU backends (NumPy, torch CPU, array-api-strict, JAX with float64), any
+      size and dtype: ``"evd"``, the fastest at the default tolerance in every CPU
+      configuration measured (:data:`CPU_METHOD`).
+    - JAX on a CPU without float64 (``jax_enable_x64`` off): ``"coupled_newton"``
+      (:data:`NO_FLOAT64_METHOD`): evd cannot retry in float64 there and certifies
+      float32 roots only to κ ≈ 12·p. For a real p it is evd, the only method, and
+      :func:`matroot.inv_root` says so with a :class:`~matroot.ConvergenceWarning`
+      (at trace time under ``jax.jit``) that names ``jax_enable_x64``.
     - Accelerators (CUDA torch, CuPy, JAX on a GPU): ``"coupled_newton"``, the
       fastest matmul-only method on an H200 for p = 2 and 4 at 256² and 1024²
       (:data:`ACCELERATOR_METHOD`); for a p it does not take, the method with
@@ -88,6 +103,8 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
     if matmul_dtype is not None and LOW_PRECISION_METHOD in solvers_supporting(p):
         return LOW_PRECISION_METHOD
     if not _xp.is_accelerator(xp, a):
+        if not _xp.has_float64(xp):
+            return NO_FLOAT64_METHOD if NO_FLOAT64_METHOD in candidates else candidates[0]
         return CPU_METHOD
     return ACCELERATOR_METHOD if ACCELERATOR_METHOD in candidates else candidates[0]
 

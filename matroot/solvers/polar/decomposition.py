@@ -20,7 +20,7 @@ def _rank_mask(values, top, count: int, unit_roundoff: float):
 def svd_polar(x, gram, rows, matmul):
     """``U·Vᵀ`` over the singular values above the rank cut (no products counted)."""
     xp = _xp.array_namespace(x)
-    u, s, vt = xp.linalg.svd(x, full_matrices=False)
+    u, s, vt = _xp.lapack_in_order(lambda m: xp.linalg.svd(m, full_matrices=False), x)
     unit = unit_roundoff(xp, x.dtype)
     keep = xp.astype(_rank_mask(s, s[..., 0], x.shape[-1], unit), x.dtype)
     return (u * keep[..., None, :]) @ vt
@@ -30,7 +30,7 @@ def eigh_polar(x, gram, rows, matmul):
     """``X·V·Λ^(-1/2)·Vᵀ`` from ``eigh(XᵀX)``; eigenvalues at or below the rank cut
     (in σ², so ``n·u`` relative to λmax) give zero directions. Two products."""
     xp = _xp.array_namespace(x)
-    lam, v = xp.linalg.eigh(_xp.symmetric_part(gram))
+    lam, v = _xp.lapack_in_order(xp.linalg.eigh, _xp.symmetric_part(gram))
     unit = unit_roundoff(xp, x.dtype)
     keep = _rank_mask(lam, lam[..., -1], x.shape[-1], unit)
     safe = xp.where(keep, lam, xp.ones_like(lam))
