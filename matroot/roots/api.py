@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _xp
 from . import stack_solve
+from .fixed_solve import fixed_solve
 from .._checks import check_bound, check_choice, check_stack
 from .._typing import Array
 from .call import RootCall, resolve_call
@@ -24,7 +25,14 @@ from ..spectrum.lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
 from ..certify.verify import DEFAULT_CERTIFICATE
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
-           "default_tol", "default_max_iter", "usable_roots"]
+           "default_tol", "default_max_iter", "usable_roots", "VERDICTS"]
+
+#: Where a call's verdict is decided: read once on the host at the end of the call
+#: ("host": non-finite input raises, warnings, the fallback re-solves only the
+#: matrices that failed), or left on the device ("device": no host read at all;
+#: non-finite input gives NaN roots with converged=False, the fallback is solved for
+#: the whole stack and taken with a per-matrix select).
+VERDICTS = ("host", "device")
 
 
 def default_tol(method: str, compute_dtype: str) -> float:
@@ -86,14 +94,15 @@ def _with_signature_of(source):
 
 
 def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
-                  scaling: str = "power", tol: float | None = None,
+                  scaling: str | None = None, tol: float | None = None,
                   rtol: float | None = None, max_iter: int | None = None,
                   matmul_dtype: str | None = None,
                   check_finite: bool = True, compute_dtype: str | None = None,
                   fallback: str | None = None, lambda_max_upper: Any = None,
                   lambda_min_lower: Any = None,
                   certificate: str = DEFAULT_CERTIFICATE,
-                  bound_certificate: str = DEFAULT_BOUND_CERTIFICATE) -> InvRootResult:
+                  bound_certificate: str = DEFAULT_BOUND_CERTIFICATE,
+                  verdict: str = "host", steps: str = "auto") -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -113,7 +122,21 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     >>> res.converged.tolist(), res.iterations.shape
     ([True, True], (2,))
     """
+    return _info(a, p, method=method, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
+                 max_iter=max_iter, matmul_dtype=matmul_dtype, check_finite=check_finite,
+                 compute_dtype=compute_dtype, fallback=fallback,
+                 lambda_max_upper=lambda_max_upper, lambda_min_lower=lambda_min_lower,
+                 certificate=certificate, bound_certificate=bound_certificate,
+                 verdict=verdict, steps=steps)[0]
+
+
+def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, check_finite,
+          compute_dtype, fallback, lambda_max_upper, lambda_min_lower, certificate,
+          bound_certificate, verdict, steps):
+    """:func:`inv_root_info` and the number of matrices that failed, read on the host with
+    the verdict (None where nothing was read: a traced call, the device verdict)."""
     xp = check_stack(a)
+    check_choice(verdict, "verdict", VERDICTS)
     _xp.refuse_torch_func(a, "inv_root")
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(InvRootResult, ("method", "failure_probability"))
@@ -121,10 +144,13 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     call = resolve_call(xp, a, p, method=method, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
                         max_iter=max_iter, matmul_dtype=matmul_dtype,
                         compute_dtype=compute_dtype, fallback=fallback,
-                        certificate=certificate, bound_certificate=bound_certificate)
+                        certificate=certificate, bound_certificate=bound_certificate,
+                        caller_bounds=lambda_max_upper is not None
+                        or lambda_min_lower is not None, steps=steps)
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     traced = _xp.is_traced(a)
+    on_device = traced or verdict == "device"
     if traced and fallback is not None:
         raise ValueError("fallback= re-solves the matrices that failed their check, which "
                          "reads them from the host: not possible under jax.jit or "
@@ -132,18 +158,93 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                          "result.converged is False outside the compiled function")
     b = math.prod(batch)
     if b == 0 or n == 0:
-        return empty_result(xp, a, batch, call.method)
+        return empty_result(xp, a, batch, call.method), None
 
     bounds = {name: check_bound(value, name, xp, batch, traced=traced) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
     with _xp.solve_context(xp, a):
-        result = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
+        if call.fixed is not None:
+            result, failed = _solved_fixed(a, xp, call, batch, b, n, on_device, check_finite)
+        elif on_device and not traced:
+            # The adaptive path, every decision on the device (its traced code paths:
+            # all max_iter steps with per-matrix freezing, no early exit).
+            with _xp.host_reads_off():
+                result = _solved(a, xp, call._replace_fallback(None), batch, b, n, True,
+                                 check_finite, bounds)
+                if call.fallback is not None:
+                    flat = reshaped(xp, result, (b,))
+                    usable = xp.isfinite(flat.lambda_max) & (flat.lambda_max > 0)
+                    result = reshaped(xp, _repair_on_device(
+                        xp.reshape(a, (b, n, n)), flat, usable, call), batch)
+            failed = None
+        else:
+            result, failed = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds), None
     if not _xp.gradient_flows(differentiated):
-        return result
+        return result, failed
     # The solve ran untracked; the root's derivative is the exact one (matroot.roots.gradient).
     return result._replace(root=_xp.with_gradient(
         differentiated, result.root,
-        functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps))))
+        functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps)))), failed
+
+
+def _solved_fixed(a, xp, call: RootCall, batch, b: int, n: int, on_device: bool,
+                  check_finite: bool):
+    """A fixed-step solve (:mod:`matroot.roots.fixed_solve`) and its one host read: the
+    non-finite input, the cast's trouble and the failed matrices in one integer."""
+    if _xp.is_jax_namespace(xp) and not _xp.is_traced(a):
+        parts = _xp.jax_compiled(fixed_solve, a, call=call)
+    else:
+        parts = fixed_solve(a, call=call)
+    result = parts.result
+    if on_device:
+        if call.fallback is not None:
+            result = _repair_on_device(xp.reshape(a, (b, n, n)), result, parts.usable(), call)
+        return reshaped(xp, result, batch), None
+    # The verdict's one host read: how many matrices did not converge. Only where some
+    # did not does a second read say why (non-finite input, a cast that failed).
+    failed = 0
+    if not bool(xp.all(result.converged)):
+        usable = parts.usable()
+        nonfinite, trouble, failed = (int(v) for v in _xp.to_numpy(xp.stack([
+            xp.sum(xp.astype(m, xp.int32)) for m in (
+                parts.nonfinite(), parts.cast_trouble(), ~result.converged & usable)])))
+        if check_finite and nonfinite:
+            raise ValueError(stack_solve.NONFINITE_INPUT)
+        if trouble:
+            _warn_cast(a, call)
+        if call.fallback is not None and failed:
+            result = _repair(xp.reshape(a, (b, n, n)), result, usable, call, call.fallback)
+    return reshaped(xp, result, batch), failed
+
+
+def _warn_cast(a, call: RootCall) -> None:
+    warnings.warn(
+        f"inv_root_info: some roots overflow or lose their precision in {a.dtype} "
+        f"(computed in {call.work_dtype}, or in the cast back; entries beyond its "
+        "range); they are converged=False. Pass a wider input dtype or a larger eps",
+        ConvergenceWarning, stacklevel=4)
+
+
+def _repair_on_device(stack, result, usable, call: RootCall):
+    """The device verdict's fallback: the whole stack re-solved in float64, taken where a
+    usable matrix failed its check (no host read decides which)."""
+    xp = _xp.array_namespace(stack)
+    fix = inv_root_info(stack, call.p, method=call.fallback, eps=call.eps, rtol=call.rtol,
+                        compute_dtype="float64", check_finite=False, verdict="device")
+    mask = ~result.converged & usable
+
+    def merged(new, old):
+        if new.ndim == 3:
+            return _xp.batched_where(mask, xp.astype(new, old.dtype), old)
+        return xp.where(mask, xp.astype(new, old.dtype), old)
+
+    return result._replace(
+        root=merged(fix.root, result.root), residual=merged(fix.residual, result.residual),
+        converged=merged(fix.converged, result.converged),
+        error_estimate=merged(fix.error_estimate, result.error_estimate),
+        lambda_max=merged(fix.lambda_max, result.lambda_max),
+        check_matmuls=merged(fix.check_matmuls, result.check_matmuls),
+        repaired=mask)
 
 
 def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,
@@ -328,12 +429,16 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     array([[0.5     , 0.      ],
            [0.      , 0.333333]])
     """
-    result = inv_root_info(a, p, **options)
+    bound = inspect.signature(inv_root_info).bind(a, p, **options)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    result, count = _info(arguments.pop("a"), arguments.pop("p"), **arguments)
     xp = _xp.array_namespace(result.root)
-    if _xp.is_traced(result.root):
-        return result.root  # no host read when traced: inv_root_info says which failed
-    failed = ~usable_roots(result, options.get("tol"))
-    count = int(xp.sum(xp.astype(failed, xp.int32)))
+    if _xp.is_traced(result.root) or options.get("verdict") == "device":
+        return result.root  # no host read: inv_root_info says which failed
+    if count is None:
+        failed = ~usable_roots(result, options.get("tol"))
+        count = int(xp.sum(xp.astype(failed, xp.int32)))
     if count:
         warnings.warn(
             f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "

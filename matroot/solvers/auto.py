@@ -37,12 +37,22 @@ REFERENCE_KAPPA = 1e4
 #: cost more than the matmuls they save.
 ACCELERATOR_METHOD = "coupled_newton"
 
+#: With an accuracy target ``rtol`` on an accelerator the solve runs a fixed step count
+#: (:mod:`matroot.solvers.fixed_steps`): no Lanczos run, no per-step norm, no host read.
+#: Counted through torch's dispatcher (docs/benchmarks.rst, ``matroot bench launches``;
+#: float32 8 × 384², κ = 1e4, rtol = 5e-3, host verdict), minimax took 83 operations at
+#: p = 2 and 103 at p = 4, coupled Newton 125 and 139, Newton–Schulz 110 and 142
+#: (DASH's cheapest configuration reaching the same error: 140 and 138). Where minimax
+#: does not take p, coupled Newton.
+FIXED_STEP_METHOD = "minimax"
+
 #: With 16-bit matmul operands: coupled Newton, which DASH found to tolerate
 #: fp16 where Newton–Schulz (Newton-DB) with 16-bit iterates did not.
 LOW_PRECISION_METHOD = "coupled_newton"
 
 
-def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = None) -> str:
+def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = None,
+                  fixed_steps: bool = False) -> str:
     """Pick the solver ``method="auto"`` runs for this input.
 
     The rule (docs/benchmarks.rst has the measurements behind it):
@@ -52,7 +62,10 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
     - CPU backends (NumPy, torch CPU, array-api-strict), any size and dtype:
       ``"evd"``, the fastest at the default tolerance in every CPU configuration
       measured (:data:`CPU_METHOD`).
-    - Accelerators (CUDA torch, CuPy, JAX on a GPU): ``"coupled_newton"``, the
+    - Accelerators with ``fixed_steps`` (an accuracy target ``rtol`` given, whose
+      solve runs a fixed step count): ``"minimax"``, the fewest operations per solve
+      (:data:`FIXED_STEP_METHOD`), or coupled Newton for a p it does not take.
+    - Accelerators otherwise (CUDA torch, CuPy, JAX on a GPU): ``"coupled_newton"``, the
       fastest matmul-only method on an H200 for p = 2 and 4 at 256² and 1024²
       (:data:`ACCELERATOR_METHOD`); for a p it does not take, the method with
       the fewest matmuls that does (:func:`accelerator_candidates`).
@@ -67,6 +80,8 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
         Root order.
     matmul_dtype : str or None
         The requested matmul operand dtype.
+    fixed_steps : bool
+        Whether the call may run a fixed step count (it has an accuracy target).
 
     Returns
     -------
@@ -89,6 +104,8 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
         return LOW_PRECISION_METHOD
     if not _xp.is_accelerator(xp, a):
         return CPU_METHOD
+    if fixed_steps:
+        return FIXED_STEP_METHOD if FIXED_STEP_METHOD in candidates else ACCELERATOR_METHOD
     return ACCELERATOR_METHOD if ACCELERATOR_METHOD in candidates else candidates[0]
 
 
