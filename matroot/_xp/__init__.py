@@ -49,7 +49,7 @@ from .linalg import (
     symmetric_part,
 )
 from .matmul import Matmul, matrix_power, power_matmuls
-from .launches import constant_vector, power_of_two_inverse, root_entries, shared_identity
+from .launches import constant, constant_vector, power_of_two_inverse, root_entries, shared_identity
 from .namespace import (
     array_namespace,
     backend_name,
@@ -119,6 +119,7 @@ __all__ = [
     "lapack_in_order",
     "identity_stack",
     "shared_identity",
+    "constant",
     "constant_vector",
     "root_entries",
     "add_scaled_identity",

@@ -14,27 +14,33 @@ from .linalg import identity_stack
 from .namespace import array_namespace, backend_name, is_traced
 from .precision import has_float64
 
-__all__ = ["constant_vector", "power_of_two_inverse", "root_entries", "shared_identity"]
+__all__ = ["constant", "constant_vector", "power_of_two_inverse", "root_entries", "shared_identity"]
 
 
 #: 0-d constants kept on their devices for :func:`constant_vector`.
 _CONSTANTS: dict = {}
 
 
-def constant_vector(xp, value, length: int, dtype, device):
-    """A length-``length`` vector of ``value``: a broadcast view of a 0-d array made once
-    per value, dtype and device (no launch on a GPU). Read-only (NumPy marks it so;
-    torch refuses in-place writes to it), like a result field should be."""
+def constant(xp, value, dtype, device):
+    """A 0-d array of ``value``, made once per value, dtype and device (an operand such as
+    ``where``'s that would otherwise be a launch of its own on every call)."""
     key = (backend_name(xp), str(device), str(dtype), value)
     scalar = _CONSTANTS.get(key)
     if scalar is None:
         scalar = xp.full((), value, dtype=dtype, device=device)
         if is_traced(scalar):
-            return xp.broadcast_to(scalar, (length,))
+            return scalar
         if len(_CONSTANTS) >= 256:
             del _CONSTANTS[next(iter(_CONSTANTS))]
         _CONSTANTS[key] = scalar
-    return xp.broadcast_to(scalar, (length,))
+    return scalar
+
+
+def constant_vector(xp, value, length: int, dtype, device):
+    """A length-``length`` vector of ``value``: a broadcast view of :func:`constant` (no
+    launch on a GPU). Read-only (NumPy marks it so; torch refuses in-place writes to
+    it), like a result field should be."""
+    return xp.broadcast_to(constant(xp, value, dtype, device), (length,))
 
 
 #: Identities kept on their devices for :func:`shared_identity`, keyed by (backend,

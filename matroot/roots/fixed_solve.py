@@ -117,8 +117,9 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
         fits = fits & cast_ok
         estimate = estimate + cast_error
     # fits implies a finite, positive unscaling (a usable matrix). An untrusted root's
-    # estimate is inf (x/False), which no accuracy meets.
-    estimate = estimate / (check.positive & fits)
+    # estimate is inf, which no accuracy meets.
+    estimate = xp.where(check.positive & fits, estimate,
+                        _xp.constant(xp, math.inf, estimate.dtype, dev))
     result = InvRootResult(
         root=returned,
         residual=check.residual,
