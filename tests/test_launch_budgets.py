@@ -1,6 +1,6 @@
 """Issue 35's solve budgets, counted through torch's dispatcher on the CPU (deterministic):
-every non-view ATen operation and every host read (``launch_count.Count``, the issue's
-definition), for one float32 8 × 384² stack with κ = 1e4 and ``rtol=5e-3`` as a new user
+every non-view ATen operation and every host read
+(:class:`matroot.testing.launch_count.LaunchCount`, the issue's definition), for one float32 8 × 384² stack with κ = 1e4 and ``rtol=5e-3`` as a new user
 calls it, plus what a fixed-step solve promises: the first step always runs, converged
 roots meet rtol against a float64 oracle, and a bad matrix changes no neighbour's bits.
 
@@ -17,11 +17,11 @@ import pytest
 
 import matroot
 from conftest import to_numpy
-from launch_count import Count
 from matroot.testing import oracle_inv_root, relative_error
 from matroot.testing.spectra import ADVERSARIAL_FAMILIES, family_stack
 
 torch = pytest.importorskip("torch")
+from matroot.testing.launch_count import LaunchCount  # noqa: E402
 
 #: DASH's cheapest configuration reaching 5e-3 on this stack (issue 35: coupled Newton,
 #: Frobenius scaling, 14–16 steps), in operations per solve.
@@ -43,7 +43,7 @@ def problem():
 
 def _counted(a, p, method, verdict):
     matroot.inv_root_info(a, p, rtol=5e-3, method=method, steps="fixed", verdict=verdict)
-    with Count() as count:  # the second call: constants kept across calls are made
+    with LaunchCount() as count:  # the second call: constants kept across calls are made
         result = matroot.inv_root_info(a, p, rtol=5e-3, method=method, steps="fixed",
                                        verdict=verdict)
     return count, result
@@ -90,8 +90,8 @@ def test_a_bad_matrix_changes_no_neighbour(method, verdict):
     same bits and flags as when solved alone."""
     rng = np.random.default_rng(3)
     good = family_stack("geometric", rng, (3,), 24, 1e3).astype(np.float32)
-    bad = np.stack([np.full((24, 24), np.nan), np.where(np.eye(24) > 0, np.inf, 0.0), np.zeros((24, 24)),
-                    -np.eye(24)]).astype(np.float32)
+    bad = np.stack([np.full((24, 24), np.nan), np.where(np.eye(24) > 0, np.inf, 0.0),
+                    np.zeros((24, 24)), -np.eye(24)]).astype(np.float32)
     mixed = np.concatenate([good[:1], bad[:2], good[1:2], bad[2:], good[2:]])
     where_good = [0, 3, 6]
     options = dict(p=2, rtol=1e-2, method=method, steps="fixed", verdict=verdict,

@@ -10,11 +10,10 @@ import math
 import warnings
 from typing import Any
 
-import numpy as np
 
 from .. import _xp
 from . import stack_solve
-from .fixed_solve import fixed_solve
+from .verdict import repair, repair_on_device, solve_fixed, warn_cast
 from .._checks import check_bound, check_choice, check_stack
 from .._typing import Array
 from .call import RootCall, resolve_call
@@ -164,7 +163,8 @@ def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, chec
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
     with _xp.solve_context(xp, a):
         if call.fixed is not None:
-            result, failed = _solved_fixed(a, xp, call, batch, b, n, on_device, check_finite)
+            result, failed = solve_fixed(a, xp, call, batch, b, n, on_device, check_finite,
+                                         inv_root_info)
         elif on_device and not traced:
             # The adaptive path, every decision on the device (its traced code paths:
             # all max_iter steps with per-matrix freezing, no early exit).
@@ -174,8 +174,8 @@ def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, chec
                 if call.fallback is not None:
                     flat = reshaped(xp, result, (b,))
                     usable = xp.isfinite(flat.lambda_max) & (flat.lambda_max > 0)
-                    result = reshaped(xp, _repair_on_device(
-                        xp.reshape(a, (b, n, n)), flat, usable, call), batch)
+                    result = reshaped(xp, repair_on_device(
+                        xp.reshape(a, (b, n, n)), flat, usable, call, inv_root_info), batch)
             failed = None
         else:
             result, failed = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds), None
@@ -185,66 +185,6 @@ def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, chec
     return result._replace(root=_xp.with_gradient(
         differentiated, result.root,
         functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps)))), failed
-
-
-def _solved_fixed(a, xp, call: RootCall, batch, b: int, n: int, on_device: bool,
-                  check_finite: bool):
-    """A fixed-step solve (:mod:`matroot.roots.fixed_solve`) and its one host read: the
-    non-finite input, the cast's trouble and the failed matrices in one integer."""
-    if _xp.is_jax_namespace(xp) and not _xp.is_traced(a):
-        parts = _xp.jax_compiled(fixed_solve, a, call=call)
-    else:
-        parts = fixed_solve(a, call=call)
-    result = parts.result
-    if on_device:
-        if call.fallback is not None:
-            result = _repair_on_device(xp.reshape(a, (b, n, n)), result, parts.usable(), call)
-        return reshaped(xp, result, batch), None
-    # The verdict's one host read: how many matrices did not converge. Only where some
-    # did not does a second read say why (non-finite input, a cast that failed).
-    failed = 0
-    if not bool(xp.all(result.converged)):
-        usable = parts.usable()
-        nonfinite, trouble, failed = (int(v) for v in _xp.to_numpy(xp.stack([
-            xp.sum(xp.astype(m, xp.int32)) for m in (
-                parts.nonfinite(), parts.cast_trouble(), ~result.converged & usable)])))
-        if check_finite and nonfinite:
-            raise ValueError(stack_solve.NONFINITE_INPUT)
-        if trouble:
-            _warn_cast(a, call)
-        if call.fallback is not None and failed:
-            result = _repair(xp.reshape(a, (b, n, n)), result, usable, call, call.fallback)
-    return reshaped(xp, result, batch), failed
-
-
-def _warn_cast(a, call: RootCall) -> None:
-    warnings.warn(
-        f"inv_root_info: some roots overflow or lose their precision in {a.dtype} "
-        f"(computed in {call.work_dtype}, or in the cast back; entries beyond its "
-        "range); they are converged=False. Pass a wider input dtype or a larger eps",
-        ConvergenceWarning, stacklevel=4)
-
-
-def _repair_on_device(stack, result, usable, call: RootCall):
-    """The device verdict's fallback: the whole stack re-solved in float64, taken where a
-    usable matrix failed its check (no host read decides which)."""
-    xp = _xp.array_namespace(stack)
-    fix = inv_root_info(stack, call.p, method=call.fallback, eps=call.eps, rtol=call.rtol,
-                        compute_dtype="float64", check_finite=False, verdict="device")
-    mask = ~result.converged & usable
-
-    def merged(new, old):
-        if new.ndim == 3:
-            return _xp.batched_where(mask, xp.astype(new, old.dtype), old)
-        return xp.where(mask, xp.astype(new, old.dtype), old)
-
-    return result._replace(
-        root=merged(fix.root, result.root), residual=merged(fix.residual, result.residual),
-        converged=merged(fix.converged, result.converged),
-        error_estimate=merged(fix.error_estimate, result.error_estimate),
-        lambda_max=merged(fix.lambda_max, result.lambda_max),
-        check_matmuls=merged(fix.check_matmuls, result.check_matmuls),
-        repaired=mask)
 
 
 def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,
@@ -263,46 +203,10 @@ def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_fi
         result, usable, cast_trouble = stack_solve.solve_stack(
             a, call=call, check_finite=check_finite, **bounds)
     if not traced and bool(cast_trouble):
-        warnings.warn(
-            f"inv_root_info: some roots overflow or lose their precision in {a.dtype} "
-            f"(computed in {call.work_dtype}, or in the cast back; entries beyond its "
-            "range); they are converged=False. Pass a wider input dtype or a larger eps",
-            ConvergenceWarning, stacklevel=3)
+        warn_cast(a, call)
     if call.fallback is not None:
-        result = _repair(xp.reshape(a, (b, n, n)), result, usable, call, call.fallback)
+        result = repair(xp.reshape(a, (b, n, n)), result, usable, call, inv_root_info)
     return reshaped(xp, result, batch)
-
-
-def _repair(stack, result, usable, call: RootCall, fallback: str):
-    """Re-solve the matrices that failed their check with ``fallback`` in
-    float64, held to the same accuracy target (``call.rtol``; None: the table)."""
-    xp = _xp.array_namespace(stack)
-    failed = _xp.to_numpy(~result.converged & usable)
-    where = np.nonzero(failed)[0]
-    if where.size == 0:
-        return result
-    index = _xp.from_numpy(xp, where, dtype=xp.int64, device=_xp.device_of(stack))
-    fix = inv_root_info(xp.take(stack, index, axis=0), call.p, method=fallback,
-                        eps=call.eps, rtol=call.rtol, compute_dtype="float64",
-                        check_finite=False)
-    position = np.zeros(failed.shape, dtype=np.int64)
-    position[where] = np.arange(where.size)
-    gather = _xp.from_numpy(xp, position, dtype=xp.int64, device=_xp.device_of(stack))
-    mask = _xp.from_numpy(xp, failed, device=_xp.device_of(stack))
-
-    def merged(new, old):
-        taken = xp.take(new, gather, axis=0)
-        if taken.ndim == 3:
-            return _xp.batched_where(mask, taken, old)
-        return xp.where(mask, xp.astype(taken, old.dtype), old)
-
-    return result._replace(
-        root=merged(fix.root, result.root), residual=merged(fix.residual, result.residual),
-        converged=merged(fix.converged, result.converged),
-        error_estimate=merged(fix.error_estimate, result.error_estimate),
-        lambda_max=merged(fix.lambda_max, result.lambda_max),
-        check_matmuls=merged(fix.check_matmuls, result.check_matmuls),
-        repaired=mask)
 
 
 @_with_signature_of(inv_root_info)
@@ -328,8 +232,12 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         and p (:func:`matroot.choose_method`).
     eps : float
         Ridge added to the diagonal before the root is taken, ``>= 0``.
-    scaling : {"power", "frobenius"}
-        How λmax is estimated to scale the spectrum into the solver's basin.
+    scaling : {None, "power", "frobenius", "schatten"}
+        How λmax is bounded to scale the spectrum into the solver's basin: a Krylov
+        estimate made an upper bound (``bound_certificate``), ``‖A‖_F``, or the
+        Schatten-8 norm ``‖A⁴‖_F^(1/4)`` (two products, at most ``n^(1/8)·λmax``).
+        Default None: ``"schatten"`` for a fixed-step solve (``steps``), whose step
+        count needs a scale whose overestimate is known in advance, else ``"power"``.
     tol : float, optional
         Per-matrix residual at which an iterative solver stops (chebyshev: the
         target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
@@ -400,6 +308,29 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         A lower bound on λmin(A + eps·I), used by ``minimax`` and ``chebyshev``
         instead of their estimate (never below eps). A bound that is too high is
         caught by the check of the root as well.
+    verdict : {"host", "device"}
+        ``"host"`` (default): the verdict is read on the host once at the end of
+        the call (a fixed-step solve reads nothing else; a second read happens only
+        where some matrix failed, to say why): non-finite input raises (with
+        ``check_finite``), a ConvergenceWarning is given, ``fallback`` re-solves
+        only the failed matrices. ``"device"``: nothing is read on the host, what
+        ``jax.jit``, ``torch.compile`` and an optimizer step want: ``converged``
+        stays on the device, non-finite input gives NaN roots with
+        ``converged=False`` (``check_finite`` is not applied), no warning, and
+        ``fallback`` is solved for the whole stack and taken per matrix with a
+        select. With ``steps`` adaptive the loop then runs all ``max_iter`` steps,
+        freezing each matrix where it stopped.
+    steps : {"auto", "fixed", "adaptive"}
+        ``"fixed"``: run the number of steps the method's scalar error map needs
+        for the largest κ ``rtol`` can be certified at (``p·rtol/u``) and the
+        scale's known overestimate, with no stop test, norm or select per step
+        (:mod:`matroot.solvers.fixed_steps`; docs/launches.rst). Needs ``rtol``, a
+        method with a fixed-step rule (``minimax``, ``newton_db``,
+        ``coupled_newton``) and no ``tol``, ``max_iter``, ``matmul_dtype``, caller
+        bounds or randomized certificate (a ValueError says which is missing).
+        ``"adaptive"``: the loop with batched stop checks. ``"auto"`` (default):
+        fixed where the call allows it, in float32, on an accelerator (where a
+        solve's time is its launches), else adaptive.
 
     Returns
     -------
