@@ -73,8 +73,14 @@ def _fastest_config(candidates, exact, goal):
 
 
 #: matroot's configurations: (label, method, extra keywords); each asked for rtol=goal.
+#: ``steps="auto"`` (the default rows) runs fixed steps on an accelerator and the adaptive
+#: loop on a CPU; the rows that name ``steps`` run it on either.
 MATROOT_CONFIGS = (
     ("minimax", "minimax", {}),
+    ("minimax, fixed steps", "minimax", {"steps": "fixed"}),
+    ("minimax, fixed steps, device verdict", "minimax",
+     {"steps": "fixed", "verdict": "device"}),
+    ("coupled_newton, fixed steps", "coupled_newton", {"steps": "fixed"}),
     ("minimax, randomized certificates", "minimax",
      {"certificate": "randomized", "bound_certificate": "randomized"}),
     ("coupled_newton", "coupled_newton", {}),

@@ -46,7 +46,7 @@ def load_dash_solvers():
         stand_in.__path__ = [str(folder)]
         sys.modules.setdefault(name, stand_in)
     triton_helper = types.ModuleType(f"{PACKAGE}.utils.newton_schulz_triton")
-    triton_helper.ns_line_1 = None  # type: ignore[attr-defined]
+    triton_helper.ns_line_1 = None
     sys.modules.setdefault(triton_helper.__name__, triton_helper)
     config = importlib.import_module(f"{PACKAGE}.dash.dash_config")
     ndb = importlib.import_module(f"{PACKAGE}.dash.invertors.inv_ndb")

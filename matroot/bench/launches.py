@@ -120,7 +120,7 @@ def run(*, orders=(2, 4), n: int = 384, batch: int = 8, kappa: float = 1e4,
 def format_table(report: dict) -> str:
     """A markdown table of a :func:`run` report, with each solve's ratio to the cheapest
     DASH solve for its p."""
-    best = {}
+    best: dict[int, int] = {}
     for r in report["rows"]:
         if r["contender"].startswith("DASH") and r["ops"] is not None:
             best[r["p"]] = min(best.get(r["p"], r["ops"]), r["ops"])

@@ -88,7 +88,9 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
     """The flat ``(b, ...)`` result of ``call`` (which has a fixed plan) on ``a``, with
     what a host verdict reads where some matrix failed (:class:`FixedParts`)."""
     xp = _xp.array_namespace(a)
-    p = call.p
+    p, plan = call.p, call.fixed
+    if plan is None or not isinstance(p, int):
+        raise ValueError("fixed_solve needs a call with a fixed plan and an integer p")
     dev = _xp.device_of(a)
     stack, inverse = _regularised(a, call)  # 2·A/m
     b, n = stack.shape[0], stack.shape[-1]
@@ -97,7 +99,7 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
     scale = schatten_lambda_max(stack, times=0.5)
     scaled = stack / scale[:, None, None]
     matmul = _xp.Matmul(xp)
-    matrix, host_factor = run_fixed(call.method, scaled, p, call.fixed, matmul, a_factor=0.5)
+    matrix, host_factor = run_fixed(call.method, scaled, p, plan, matmul, a_factor=0.5)
     # X = sym(Z) = (Z + Zᵀ)·host_factor/2 is checked as that multiple of Z + Zᵀ.
     doubled = matrix + xp.matrix_transpose(matrix)
     factor = 0.5 * host_factor
@@ -123,7 +125,7 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
     result = InvRootResult(
         root=returned,
         residual=check.residual,
-        iterations=_xp.constant_vector(xp, call.fixed.total, b, xp.int32, dev),
+        iterations=_xp.constant_vector(xp, plan.total, b, xp.int32, dev),
         converged=is_converged(True, True, estimate, call.accuracy(check.kappa)),
         lambda_max=scale / inverse,
         matmuls=_xp.constant_vector(xp, matmul.count, b, xp.int32, dev),
