@@ -1,8 +1,9 @@
 """Issue 35's solve budgets, counted through torch's dispatcher on the CPU (deterministic):
 every non-view ATen operation and every host read
 (:class:`matroot.testing.launch_count.LaunchCount`, the issue's definition), for one
-float32 8 × 384² stack with κ = 1e4 and ``rtol=5e-3`` as a new user calls it, plus what a fixed-step solve promises: the first step always runs, converged
-roots meet rtol against a float64 oracle, and a bad matrix changes no neighbour's bits.
+float32 8 × 384² stack with κ = 1e4 and ``rtol=5e-3`` as a new user calls it, plus
+what a fixed-step solve promises: the first step always runs, converged roots meet
+rtol against a float64 oracle, and a bad matrix changes no neighbour's bits.
 
 On the CPU ``steps="auto"`` runs the adaptive loop (auto picks evd there); the counts
 are of ``steps="fixed"``, which is what an accelerator runs with the same arguments.
