@@ -90,8 +90,6 @@ def is_traced(x) -> bool:
     a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``), or a torch tensor while
     ``torch.compile`` traces (a read would break the graph), or any array inside
     :func:`host_reads_off`."""
-    if _HOST_READS_OFF.get() and not array_api_compat.is_jax_array(x) and hasattr(x, "shape"):
-        return True
     if array_api_compat.is_jax_array(x):
         import jax
 
@@ -99,5 +97,7 @@ def is_traced(x) -> bool:
     if array_api_compat.is_torch_array(x):
         import torch
 
-        return torch.compiler.is_compiling()
-    return False
+        # Compiling first: dynamo cannot trace a ContextVar read.
+        if torch.compiler.is_compiling():
+            return True
+    return _HOST_READS_OFF.get() and hasattr(x, "shape")

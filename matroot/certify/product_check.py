@@ -31,7 +31,6 @@ p), with the two vector loops of that check replaced:
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -49,7 +48,7 @@ KAPPA_STEPS = 3
 KAPPA_VECTORS = 8
 
 
-@functools.lru_cache(maxsize=64)
+@_xp.host_constant
 def growth_slope(p: int) -> float:
     """``c_p`` with ``sandwich_bound(ρ)/(ρ/p) ≤ 1 + c_p·ρ`` on ``(0, LINEAR_REGIME)``,
     from a fine grid with a 1 % margin (the ratio is convex in ρ).

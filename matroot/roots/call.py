@@ -273,6 +273,7 @@ def _resolve_steps(xp, a, steps: str, solver, p, *, rtol, tol, explicit_tol, max
     return plan
 
 
+@_xp.host_constant
 def _fixed_plan(method: str, p, rtol: float, tol: float, n: int, unit: float):
     """The fixed-step rule (:mod:`matroot.solvers.fixed_steps`): the steps that bring every
     eigenvalue of a scaled spectrum down to ``1/(κ_max·overestimate)`` to ``tol``, where
