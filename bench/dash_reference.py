@@ -42,14 +42,11 @@ GPU instead of one CPU thread.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -58,64 +55,13 @@ import matroot
 from matroot.testing import scaled_spd_stack
 from matroot.bench.timing import interleaved_times, timed_call
 from matroot.testing import SPDCase, relative_error
+from matroot.bench.dash import DASH_STEPS, dash_call, load_dash_solvers
 
 RESULTS = Path(__file__).resolve().parent / "results"
-#: DASH step counts tried, smallest first.
-DASH_STEPS = (4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24)
-_PACKAGE = "ista_daslab_optimizers"
-
-
-def load_dash_solvers():
-    """DASH's solver classes and config, or None when the wheel is not installed.
-
-    The package's ``__init__`` files import CUDA and Triton code; they are
-    replaced by empty packages that only point at the real directories, and the
-    Triton helper the float32 solvers never call by an empty module.
-    """
-    spec = importlib.util.find_spec(_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    for name, folder in ((_PACKAGE, root), (f"{_PACKAGE}.dash", root / "dash"),
-                         (f"{_PACKAGE}.dash.invertors", root / "dash" / "invertors"),
-                         (f"{_PACKAGE}.utils", root / "utils")):
-        stand_in = types.ModuleType(name)
-        stand_in.__path__ = [str(folder)]
-        sys.modules.setdefault(name, stand_in)
-    triton_helper = types.ModuleType(f"{_PACKAGE}.utils.newton_schulz_triton")
-    triton_helper.ns_line_1 = None
-    sys.modules.setdefault(triton_helper.__name__, triton_helper)
-    config = importlib.import_module(f"{_PACKAGE}.dash.dash_config")
-    ndb = importlib.import_module(f"{_PACKAGE}.dash.invertors.inv_ndb")
-    cn = importlib.import_module(f"{_PACKAGE}.dash.invertors.inv_cn")
-    return config.DashConfig, ndb.DashRootInvNewtonDB, cn.DashRootInvCoupledNewton
 
 
 def _dash_call(dash, name, a, p, eps, steps, *, float32_scale=False):
-    import torch
-
-    config_type, ndb, cn = dash
-    cfg = config_type(eps_inv_root=eps, newton_steps=steps, cn_tolerance=0.0,
-                      matmul_dtype=torch.float32)
-    solve = (ndb._matrix_root_inv_newton_db if name == "newton_db"
-             else cn._matrix_root_inv_coupled_newton)
-    scaling = importlib.import_module(f"{_PACKAGE}.dash.invertors.scalers").DashMatrixScaling
-    stock = scaling.__dict__["get_matrix_scaling"]
-
-    def float32_scaling(a, cfg):
-        return stock.__func__(a, cfg).float()
-
-    def call():
-        out = torch.empty_like(a)
-        if float32_scale:
-            scaling.get_matrix_scaling = staticmethod(float32_scaling)
-        try:
-            solve(inp=a, out=out, cfg=cfg, root=p)
-        finally:
-            scaling.get_matrix_scaling = stock
-        return out
-
-    return call
+    return dash_call(dash, name, a, p, eps, steps, float32_scale=float32_scale)
 
 
 def _fastest_config(candidates, exact, goal):
@@ -127,8 +73,14 @@ def _fastest_config(candidates, exact, goal):
 
 
 #: matroot's configurations: (label, method, extra keywords); each asked for rtol=goal.
+#: ``steps="auto"`` (the default rows) runs fixed steps on an accelerator and the adaptive
+#: loop on a CPU; the rows that name ``steps`` run it on either.
 MATROOT_CONFIGS = (
     ("minimax", "minimax", {}),
+    ("minimax, fixed steps", "minimax", {"steps": "fixed"}),
+    ("minimax, fixed steps, device verdict", "minimax",
+     {"steps": "fixed", "verdict": "device"}),
+    ("coupled_newton, fixed steps", "coupled_newton", {"steps": "fixed"}),
     ("minimax, randomized certificates", "minimax",
      {"certificate": "randomized", "bound_certificate": "randomized"}),
     ("coupled_newton", "coupled_newton", {}),

@@ -2,7 +2,8 @@
 # The GPU check: on a machine with an NVIDIA GPU and torch (CUDA build) and/or CuPy,
 # run the tests that use the GPU backends (the xp fixture adds torch-cuda and cupy
 # when a GPU is present), the demo, host-sync counts per solve, the comparison with
-# DASH's solvers, and the solver and optimizer benchmarks; write everything under one
+# DASH's solvers (8 × 384², compiled too, and 16 × 1024² eager: the fixed-step solve
+# with either verdict against DASH), and the solver and optimizer benchmarks; write everything under one
 # folder, in under 10 minutes (a short lease: GPU_CHECK_BUDGET_S, later steps skipped).
 #
 #   bench/gpu_check.sh [--dry-run] OUT_DIR        (or OUT=OUT_DIR bench/gpu_check.sh)
@@ -29,7 +30,7 @@ out=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry_run=1 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
     *) out="$arg" ;;
   esac
@@ -139,6 +140,10 @@ else
   # graphs; skipped without its wheel). Compilations take most of the step.
   step dash 240 "$PYTHON" bench/dash_reference.py --device cuda --compile --goals 5e-3 \
     --out "$out/dash"
+  # The eager solve (fixed steps, host and device verdict; adaptive) against DASH at
+  # the larger size of issue 35's goal, 16 × 1024², κ = 1e4 (no compile: eager only).
+  step dash-1024 150 "$PYTHON" bench/dash_reference.py --device cuda --goals 5e-3 \
+    --n 1024 --batch 16 --kappas 1e4 --out "$out/dash-1024"
   # The tests on the GPU backends (torch-cuda, cupy), quick tier: the CPU backends'
   # tests run on every CI machine already. JAX on the GPU compiles every shape for
   # seconds, so it gets a step of its own on the files that judge `converged`.

@@ -97,6 +97,15 @@ def test_getting_started_examples_run():
     assert result.failed == 0
 
 
+def test_launches_examples_run():
+    """docs/launches.rst: the device verdict reads nothing on the host, the host one once."""
+    pytest.importorskip("torch")
+    result = doctest.testfile(str(DOCS / "launches.rst"), module_relative=False,
+                              optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 8
+    assert result.failed == 0
+
+
 def test_jax_examples_run_and_converge():
     """docs/jax.rst's examples, as a new user runs them: a fresh process (x64 off, no
     compiled functions from other tests), under the suite's hang guard (issue 26)."""

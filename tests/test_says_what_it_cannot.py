@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.result import ConvergenceWarning
+from matroot import ConvergenceWarning
 
 
 def _stack(b: int, n: int, kappa: float, seed: int = 0) -> np.ndarray:

@@ -29,7 +29,7 @@ SEQUENCES = np.array([
     [0.5, NAN, 0.1, 0.1, 0.1, 0.1, 0.1],          # non-finite at step 1
     [0.5, 0.2, INF, 0.1, 0.1, 0.1, 0.1],          # infinite at step 2
     [0.5, 0.01, 0.005, 0.0025, 0.00125, 0.0009, 0.0009],  # halves exactly: tol at step 5
-    [0.001, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],        # exactly tol at step 0
+    [0.001, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],        # tol at the start: the first step runs
     [0.5, 0.3, 0.2, 0.1, 0.06, 0.05, 0.0005],     # max_iter, final residual meets tol
 ])
 MAX_ITER = SEQUENCES.shape[1] - 1
@@ -37,13 +37,14 @@ MAX_ITER = SEQUENCES.shape[1] - 1
 
 def reference_rule(sequence, tol, stall_level):
     """The stop rule of iterate_frozen's docstring, one matrix at a time in Python:
-    (residual, iterations, converged)."""
+    (residual, iterations, converged). The start's residual (k = 0) stops only when it
+    is not finite: the first step always runs (issue 36)."""
     previous = INF
     for k in range(MAX_ITER):
         r = sequence[k]
         if not math.isfinite(r):
             return r, k, False
-        if tol > 0 and (r <= tol or (r <= stall_level and r > previous / 2)):
+        if tol > 0 and k > 0 and (r <= tol or (r <= stall_level and r > previous / 2)):
             return r, k, True
         previous = r
     final = sequence[MAX_ITER]

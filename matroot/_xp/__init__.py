@@ -17,6 +17,8 @@ importing only those listed before it:
   per-matrix Cholesky success, finiteness);
 - :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
   policy, counted, and integer matrix powers by binary powering;
+- :mod:`~matroot._xp.launches`: device constants made once per size and reused, and
+  entry-wise maps in the fewest operations (what a call launches on a GPU);
 - :mod:`~matroot._xp.autodiff`: results attached to their input through a backward
   formula (``jax.custom_jvp``; torch autograd through
   :mod:`~matroot._xp.torch_autodiff`, imported on first use); torch.func transforms
@@ -47,11 +49,13 @@ from .linalg import (
     symmetric_part,
 )
 from .matmul import Matmul, matrix_power, power_matmuls
+from .launches import constant, constant_vector, power_of_two_inverse, root_entries, shared_identity
 from .namespace import (
     array_namespace,
     backend_name,
     device_of,
     holds_no_values,
+    host_reads_off,
     is_accelerator,
     is_cupy_namespace,
     is_jax_namespace,
@@ -93,6 +97,7 @@ __all__ = [
     "is_accelerator",
     "is_traced",
     "holds_no_values",
+    "host_reads_off",
     "to_numpy",
     "from_numpy",
     "has_float64",
@@ -113,6 +118,10 @@ __all__ = [
     "register_jax_pytree",
     "lapack_in_order",
     "identity_stack",
+    "shared_identity",
+    "constant",
+    "constant_vector",
+    "root_entries",
     "add_scaled_identity",
     "batched_matmul",
     "add_product",
@@ -123,6 +132,7 @@ __all__ = [
     "frobenius_norm",
     "symmetric_part",
     "power_of_two_scale",
+    "power_of_two_inverse",
     "inverse_root_entries",
     "finite_matrices",
     "cholesky_succeeds",

@@ -7,6 +7,9 @@ them in :mod:`matroot._xp` with the helpers built on them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import array_api_compat
 from array_api_compat import (
     array_namespace,
@@ -66,10 +69,27 @@ def holds_no_values(x) -> bool:
     return array_api_compat.is_torch_array(x) and x.device.type == "meta"
 
 
+#: Set inside :func:`host_reads_off`: every array counts as traced (no host read).
+_HOST_READS_OFF = contextvars.ContextVar("matroot_host_reads_off", default=False)
+
+
+@contextlib.contextmanager
+def host_reads_off():
+    """Within this context :func:`is_traced` holds for every torch, NumPy or CuPy array,
+    so the library takes its traced code paths (every decision on the device, fixed
+    loop trip counts) eagerly: what ``inv_root_info(..., verdict="device")`` runs."""
+    token = _HOST_READS_OFF.set(True)
+    try:
+        yield
+    finally:
+        _HOST_READS_OFF.reset(token)
+
+
 def is_traced(x) -> bool:
     """True where ``x``'s values cannot be read on the host (no ``bool()``/``float()``):
     a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``), or a torch tensor while
-    ``torch.compile`` traces (a read would break the graph)."""
+    ``torch.compile`` traces (a read would break the graph), or any array inside
+    :func:`host_reads_off`."""
     if array_api_compat.is_jax_array(x):
         import jax
 
@@ -77,5 +97,7 @@ def is_traced(x) -> bool:
     if array_api_compat.is_torch_array(x):
         import torch
 
-        return torch.compiler.is_compiling()
-    return False
+        # Compiling first: dynamo cannot trace a ContextVar read.
+        if torch.compiler.is_compiling():
+            return True
+    return _HOST_READS_OFF.get() and hasattr(x, "shape")

@@ -210,12 +210,10 @@ def rtol_allowance(rtol: float | Array, kappa: Array, p, unit: float,
     [0.01, 0.01]
     """
     xp = _xp.array_namespace(kappa)
-    allowed = xp.zeros_like(kappa) + rtol  # rtol: a float or one target per matrix
     if not first_order:
-        return allowed
-    unseen = allowed - CHECK_RESOLUTION * unit * kappa / p
-    return xp.where(unseen > 0, unseen / ESTIMATE_UNDERSHOOT,
-                    xp.full_like(kappa, -float("inf")))
+        return xp.zeros_like(kappa) + rtol  # rtol: a float or one target per matrix
+    unseen = rtol - kappa * (CHECK_RESOLUTION * unit / p)
+    return xp.where(unseen > 0, unseen / ESTIMATE_UNDERSHOOT, -float("inf"))
 
 
 

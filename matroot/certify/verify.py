@@ -90,13 +90,15 @@ DEFAULT_CERTIFICATE = "deterministic"
 
 class RootCheck(NamedTuple):
     """Per-matrix results of checking roots (:func:`matroot.certify.verify.verify_root`, or a
-    solver's own check), each of shape (b,) but ``matmul_equivalents``, their cost."""
+    solver's own check), each of shape (b,) but ``matmul_equivalents``, their cost;
+    ``root_norm``: ``‖X‖_F`` of the checked root where the check formed it, else None."""
 
     residual: Array
     error_estimate: Array
     positive: Array
     kappa: Array
     matmul_equivalents: float
+    root_norm: Array | None = None
 
 
 

@@ -1,4 +1,5 @@
-"""``matroot bench solvers | optim | polar | plots | report``: the benchmarks' command lines.
+"""``matroot bench solvers | optim | polar | launches | plots | report``: the benchmarks'
+command lines.
 
 Results go to ``--out`` (default ``./matroot-bench/`` under the current folder):
 never into the installed package, and never into the repository's committed
@@ -42,6 +43,13 @@ def configure(parser) -> None:
         description="Products, time and orthogonality defect of matroot.polar's methods "
                     "side by side, and one stacked Muon direction against a per-parameter "
                     "loop."))
+    _configure_launches(verbs.add_parser(
+        "launches", help="operations and host syncs per solve (torch dispatcher) vs DASH",
+        description="Count the operations (about one kernel launch each on a GPU) and "
+                    "host syncs of one solve through torch's dispatcher on the CPU: "
+                    "matroot's methods with fixed steps and adaptive, DASH's solvers at "
+                    "the fewest steps reaching rtol (when ista-daslab-optimizers is "
+                    "installed), and the optimizer rows registered with the benchmark."))
     for name, what in (("plots", "PNG plots"), ("report", "summary.md and summary.rst")):
         sub = verbs.add_parser(name, help=f"redraw the {what} of a solvers.json",
                                description=f"Write the {what} of a solver benchmark's JSON.")
@@ -266,6 +274,37 @@ def _run_polar(args) -> int:
         raise UsageError(str(err)) from None
     with thread_policy(args.threads) as threads:
         report = run(target, quick=args.quick)
+    report["threads"] = threads
+    return _print_and_save(report, format_table(report), out)
+
+
+def _configure_launches(parser) -> None:
+    parser.add_argument("--p", type=int, nargs="+", default=[2, 4], metavar="P",
+                        help="root orders (default 2 4)")
+    parser.add_argument("--n", type=int, default=384, help="matrix size (default 384)")
+    parser.add_argument("--batch", type=int, default=8, help="stack size (default 8)")
+    parser.add_argument("--kappa", type=float, default=1e4, help="κ (default 1e4)")
+    parser.add_argument("--rtol", type=float, default=5e-3, help="target (default 5e-3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="no adaptive-loop rows (the slowest to count)")
+    add_thread_option(parser)
+    parser.add_argument("--out", metavar="JSON",
+                        help="write the report as JSON here (and a .md table beside it)")
+    parser.set_defaults(run=_run_launches, prog=parser.prog)
+
+
+def _run_launches(args) -> int:
+    require_module("torch", "the dispatcher count", 'pip install "matroot[torch]"')
+    from matroot.bench.launches import format_table, run
+    from matroot.bench.threads import thread_policy
+
+    at_least(args.threads, 0, "--threads")
+    for value, name in ((args.n, "--n"), (args.batch, "--batch")):
+        at_least(value, 1, name)
+    out = writable_file(args.out, "--out") if args.out else None
+    with thread_policy(args.threads) as threads:
+        report = run(orders=tuple(args.p), n=args.n, batch=args.batch, kappa=args.kappa,
+                     rtol=args.rtol, adaptive=not args.quick, quick=args.quick)
     report["threads"] = threads
     return _print_and_save(report, format_table(report), out)
 

@@ -10,10 +10,10 @@ import math
 import warnings
 from typing import Any
 
-import numpy as np
 
 from .. import _xp
 from . import stack_solve
+from .verdict import repair, repair_on_device, solve_fixed, warn_cast
 from .._checks import check_bound, check_choice, check_stack
 from .._typing import Array
 from .call import RootCall, resolve_call
@@ -24,7 +24,14 @@ from ..spectrum.lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
 from ..certify.verify import DEFAULT_CERTIFICATE
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
-           "default_tol", "default_max_iter", "usable_roots"]
+           "default_tol", "default_max_iter", "usable_roots", "VERDICTS"]
+
+#: Where a call's verdict is decided: read once on the host at the end of the call
+#: ("host": non-finite input raises, warnings, the fallback re-solves only the
+#: matrices that failed), or left on the device ("device": no host read at all;
+#: non-finite input gives NaN roots with converged=False, the fallback is solved for
+#: the whole stack and taken with a per-matrix select).
+VERDICTS = ("host", "device")
 
 
 def default_tol(method: str, compute_dtype: str) -> float:
@@ -86,14 +93,15 @@ def _with_signature_of(source):
 
 
 def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0.0,
-                  scaling: str = "power", tol: float | None = None,
+                  scaling: str | None = None, tol: float | None = None,
                   rtol: float | None = None, max_iter: int | None = None,
                   matmul_dtype: str | None = None,
                   check_finite: bool = True, compute_dtype: str | None = None,
                   fallback: str | None = None, lambda_max_upper: Any = None,
                   lambda_min_lower: Any = None,
                   certificate: str = DEFAULT_CERTIFICATE,
-                  bound_certificate: str = DEFAULT_BOUND_CERTIFICATE) -> InvRootResult:
+                  bound_certificate: str = DEFAULT_BOUND_CERTIFICATE,
+                  verdict: str = "host", steps: str = "auto") -> InvRootResult:
     """:func:`inv_root` with per-matrix diagnostics.
 
     Takes the same arguments as :func:`inv_root`.
@@ -113,7 +121,21 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     >>> res.converged.tolist(), res.iterations.shape
     ([True, True], (2,))
     """
+    return _info(a, p, method=method, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
+                 max_iter=max_iter, matmul_dtype=matmul_dtype, check_finite=check_finite,
+                 compute_dtype=compute_dtype, fallback=fallback,
+                 lambda_max_upper=lambda_max_upper, lambda_min_lower=lambda_min_lower,
+                 certificate=certificate, bound_certificate=bound_certificate,
+                 verdict=verdict, steps=steps)[0]
+
+
+def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, check_finite,
+          compute_dtype, fallback, lambda_max_upper, lambda_min_lower, certificate,
+          bound_certificate, verdict, steps):
+    """:func:`inv_root_info` and the number of matrices that failed, read on the host with
+    the verdict (None where nothing was read: a traced call, the device verdict)."""
     xp = check_stack(a)
+    check_choice(verdict, "verdict", VERDICTS)
     _xp.refuse_torch_func(a, "inv_root")
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(InvRootResult, ("method", "failure_probability"))
@@ -121,10 +143,13 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
     call = resolve_call(xp, a, p, method=method, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
                         max_iter=max_iter, matmul_dtype=matmul_dtype,
                         compute_dtype=compute_dtype, fallback=fallback,
-                        certificate=certificate, bound_certificate=bound_certificate)
+                        certificate=certificate, bound_certificate=bound_certificate,
+                        caller_bounds=lambda_max_upper is not None
+                        or lambda_min_lower is not None, steps=steps)
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     traced = _xp.is_traced(a)
+    on_device = traced or verdict == "device"
     if traced and fallback is not None:
         raise ValueError("fallback= re-solves the matrices that failed their check, which "
                          "reads them from the host: not possible under jax.jit or "
@@ -132,18 +157,34 @@ def inv_root_info(a: Array, /, p: float, *, method: str = "auto", eps: float = 0
                          "result.converged is False outside the compiled function")
     b = math.prod(batch)
     if b == 0 or n == 0:
-        return empty_result(xp, a, batch, call.method)
+        return empty_result(xp, a, batch, call.method), None
 
     bounds = {name: check_bound(value, name, xp, batch, traced=traced) for name, value in
               (("lambda_max_upper", lambda_max_upper), ("lambda_min_lower", lambda_min_lower))}
     with _xp.solve_context(xp, a):
-        result = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds)
+        if call.fixed is not None:
+            result, failed = solve_fixed(a, xp, call, batch, b, n, on_device, check_finite,
+                                         inv_root_info)
+        elif on_device and not traced:
+            # The adaptive path, every decision on the device (its traced code paths:
+            # all max_iter steps with per-matrix freezing, no early exit).
+            with _xp.host_reads_off():
+                result = _solved(a, xp, call._replace_fallback(None), batch, b, n, True,
+                                 check_finite, bounds)
+                if call.fallback is not None:
+                    flat = reshaped(xp, result, (b,))
+                    usable = xp.isfinite(flat.lambda_max) & (flat.lambda_max > 0)
+                    result = reshaped(xp, repair_on_device(
+                        xp.reshape(a, (b, n, n)), flat, usable, call, inv_root_info), batch)
+            failed = None
+        else:
+            result, failed = _solved(a, xp, call, batch, b, n, traced, check_finite, bounds), None
     if not _xp.gradient_flows(differentiated):
-        return result
+        return result, failed
     # The solve ran untracked; the root's derivative is the exact one (matroot.roots.gradient).
     return result._replace(root=_xp.with_gradient(
         differentiated, result.root,
-        functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps))))
+        functools.partial(inv_root_derivative, p=float(call.p), eps=float(call.eps)))), failed
 
 
 def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,
@@ -162,11 +203,7 @@ def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_fi
         result, usable, cast_trouble, rtol_floor = stack_solve.solve_stack(
             a, call=call, check_finite=check_finite, **bounds)
     if not traced and bool(cast_trouble):
-        warnings.warn(
-            f"inv_root_info: some roots overflow or lose their precision in {a.dtype} "
-            f"(computed in {call.work_dtype}, or in the cast back; entries beyond its "
-            "range); they are converged=False. Pass a wider input dtype or a larger eps",
-            ConvergenceWarning, stacklevel=3)
+        warn_cast(a, call)
     if not traced and call.fallback is None and float(rtol_floor) > 0:
         # One message per rtol and dtype (no per-call numbers), so Python's default
         # filter shows it once per calling line, not at every refresh of an optimizer.
@@ -176,40 +213,8 @@ def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_fi
             "converged=False; pass compute_dtype='float64', fallback='evd', or a looser "
             "rtol", ConvergenceWarning, stacklevel=3)
     if call.fallback is not None:
-        result = _repair(xp.reshape(a, (b, n, n)), result, usable, call, call.fallback)
+        result = repair(xp.reshape(a, (b, n, n)), result, usable, call, inv_root_info)
     return reshaped(xp, result, batch)
-
-
-def _repair(stack, result, usable, call: RootCall, fallback: str):
-    """Re-solve the matrices that failed their check with ``fallback`` in
-    float64, held to the same accuracy target (``call.rtol``; None: the table)."""
-    xp = _xp.array_namespace(stack)
-    failed = _xp.to_numpy(~result.converged & usable)
-    where = np.nonzero(failed)[0]
-    if where.size == 0:
-        return result
-    index = _xp.from_numpy(xp, where, dtype=xp.int64, device=_xp.device_of(stack))
-    fix = inv_root_info(xp.take(stack, index, axis=0), call.p, method=fallback,
-                        eps=call.eps, rtol=call.rtol, compute_dtype="float64",
-                        check_finite=False)
-    position = np.zeros(failed.shape, dtype=np.int64)
-    position[where] = np.arange(where.size)
-    gather = _xp.from_numpy(xp, position, dtype=xp.int64, device=_xp.device_of(stack))
-    mask = _xp.from_numpy(xp, failed, device=_xp.device_of(stack))
-
-    def merged(new, old):
-        taken = xp.take(new, gather, axis=0)
-        if taken.ndim == 3:
-            return _xp.batched_where(mask, taken, old)
-        return xp.where(mask, xp.astype(taken, old.dtype), old)
-
-    return result._replace(
-        root=merged(fix.root, result.root), residual=merged(fix.residual, result.residual),
-        converged=merged(fix.converged, result.converged),
-        error_estimate=merged(fix.error_estimate, result.error_estimate),
-        lambda_max=merged(fix.lambda_max, result.lambda_max),
-        check_matmuls=merged(fix.check_matmuls, result.check_matmuls),
-        repaired=mask)
 
 
 @_with_signature_of(inv_root_info)
@@ -235,8 +240,12 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         and p (:func:`matroot.choose_method`).
     eps : float
         Ridge added to the diagonal before the root is taken, ``>= 0``.
-    scaling : {"power", "frobenius"}
-        How λmax is estimated to scale the spectrum into the solver's basin.
+    scaling : {None, "power", "frobenius", "schatten"}
+        How λmax is bounded to scale the spectrum into the solver's basin: a Krylov
+        estimate made an upper bound (``bound_certificate``), ``‖A‖_F``, or the
+        Schatten-8 norm ``‖A⁴‖_F^(1/4)`` (two products, at most ``n^(1/8)·λmax``).
+        Default None: ``"schatten"`` for a fixed-step solve (``steps``), whose step
+        count needs a scale whose overestimate is known in advance, else ``"power"``.
     tol : float, optional
         Per-matrix residual at which an iterative solver stops (chebyshev: the
         target relative error of its fit). ``tol=0`` with ``max_iter=k`` runs
@@ -313,6 +322,29 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         A lower bound on λmin(A + eps·I), used by ``minimax`` and ``chebyshev``
         instead of their estimate (never below eps). A bound that is too high is
         caught by the check of the root as well.
+    verdict : {"host", "device"}
+        ``"host"`` (default): the verdict is read on the host once at the end of
+        the call (a fixed-step solve reads nothing else; a second read happens only
+        where some matrix failed, to say why): non-finite input raises (with
+        ``check_finite``), a ConvergenceWarning is given, ``fallback`` re-solves
+        only the failed matrices. ``"device"``: nothing is read on the host, what
+        ``jax.jit``, ``torch.compile`` and an optimizer step want: ``converged``
+        stays on the device, non-finite input gives NaN roots with
+        ``converged=False`` (``check_finite`` is not applied), no warning, and
+        ``fallback`` is solved for the whole stack and taken per matrix with a
+        select. With ``steps`` adaptive the loop then runs all ``max_iter`` steps,
+        freezing each matrix where it stopped.
+    steps : {"auto", "fixed", "adaptive"}
+        ``"fixed"``: run the number of steps the method's scalar error map needs
+        for the largest κ ``rtol`` can be certified at (``p·rtol/u``) and the
+        scale's known overestimate, with no stop test, norm or select per step
+        (:mod:`matroot.solvers.fixed_steps`; docs/launches.rst). Needs ``rtol``, a
+        method with a fixed-step rule (``minimax``, ``newton_db``,
+        ``coupled_newton``) and no ``tol``, ``max_iter``, ``matmul_dtype``, caller
+        bounds or randomized certificate (a ValueError says which is missing).
+        ``"adaptive"``: the loop with batched stop checks. ``"auto"`` (default):
+        fixed where the call allows it, in float32, on an accelerator (where a
+        solve's time is its launches), else adaptive.
 
     Returns
     -------
@@ -342,12 +374,16 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     array([[0.5     , 0.      ],
            [0.      , 0.333333]])
     """
-    result = inv_root_info(a, p, **options)
+    bound = inspect.signature(inv_root_info).bind(a, p, **options)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    result, count = _info(arguments.pop("a"), arguments.pop("p"), **arguments)
     xp = _xp.array_namespace(result.root)
-    if _xp.is_traced(result.root):
-        return result.root  # no host read when traced: inv_root_info says which failed
-    failed = ~usable_roots(result, options.get("tol"))
-    count = int(xp.sum(xp.astype(failed, xp.int32)))
+    if _xp.is_traced(result.root) or options.get("verdict") == "device":
+        return result.root  # no host read: inv_root_info says which failed
+    if count is None:
+        failed = ~usable_roots(result, options.get("tol"))
+        count = int(xp.sum(xp.astype(failed, xp.int32)))
     if count:
         warnings.warn(
             f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "

@@ -10,6 +10,7 @@ instead of deriving any of it again.
 from __future__ import annotations
 
 import warnings
+import dataclasses
 from dataclasses import dataclass
 
 from .. import _xp
@@ -22,6 +23,8 @@ from ..certify.probes import FROBENIUS_FACTOR
 from .result import ConvergenceWarning
 from ..solvers import get_solver
 from ..solvers.auto import choose_method
+from ..solvers.fixed_steps import MAX_FIXED_STEPS, FixedPlan, certifiable_kappa, fixed_plan
+from ..spectrum.lambda_max_bounds import schatten_overestimate
 from ..solvers.registry import SolverSpec, check_method, require_dtypes, require_support
 from ..certify.verify import CERTIFICATES, DEFAULT_CERTIFICATE
 
@@ -42,7 +45,7 @@ class RootCall:
         Root order (integral values as int).
     eps : float
         Ridge.
-    scaling : {"power", "frobenius"}
+    scaling : {"power", "frobenius", "schatten"}
         How λmax is bounded.
     tol : float
         Per-matrix stop threshold of the iteration (0: exactly ``max_iter`` steps).
@@ -61,6 +64,9 @@ class RootCall:
         stack (``scaling="power"`` only).
     fallback : {None, "evd"}
         Method that re-solves the matrices whose check failed.
+    fixed : FixedPlan or None
+        The steps of a fixed-step solve (:mod:`matroot.solvers.fixed_steps`), or None
+        for the adaptive loop with its batched stop checks.
 
     Examples
     --------
@@ -83,6 +89,11 @@ class RootCall:
     certificate: str
     bound_certificate: str
     fallback: str | None
+    fixed: FixedPlan | None = None
+
+    def _replace_fallback(self, fallback: str | None) -> RootCall:
+        """This call with another fallback."""
+        return dataclasses.replace(self, fallback=fallback)
 
     @property
     def method(self) -> str:
@@ -138,12 +149,19 @@ class RootCall:
         return xp.where(self.tol > target, xp.maximum(guarded, loose), guarded)
 
 
-def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: str = "power",
+#: ``scaling`` values of a root call: the Krylov-based bound, the Frobenius norm, and
+#: the Schatten-8 norm (:func:`matroot.spectrum.lambda_max_bounds.schatten_lambda_max`).
+ROOT_SCALINGS = (*SCALINGS, "schatten")
+
+
+def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
+                 scaling: str | None = None,
                  tol: float | None = None, rtol: float | None = None,
                  max_iter: int | None = None, matmul_dtype: str | None = None,
                  compute_dtype: str | None = None, fallback: str | None = None,
                  certificate: str = DEFAULT_CERTIFICATE,
-                 bound_certificate: str = DEFAULT_BOUND_CERTIFICATE) -> RootCall:
+                 bound_certificate: str = DEFAULT_BOUND_CERTIFICATE,
+                 caller_bounds: bool = False, steps: str = "auto") -> RootCall:
     """Validate an ``inv_root`` call's options and decide everything they leave open.
 
     Parameters
@@ -155,6 +173,10 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
     p, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, compute_dtype, fallback
         As in :func:`matroot.inv_root`.
     certificate, bound_certificate
+        As in :func:`matroot.inv_root`.
+    caller_bounds : bool
+        Whether the caller gave λmax or λmin bounds (then the adaptive path runs).
+    steps : {"auto", "fixed", "adaptive"}
         As in :func:`matroot.inv_root`.
 
     Returns
@@ -170,21 +192,25 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
     p = check_p(p)
     require_support(method, p)
     eps = check_nonnegative(eps, "eps")
-    check_choice(scaling, "scaling", SCALINGS)
+    if scaling is not None:
+        check_choice(scaling, "scaling", ROOT_SCALINGS)
     check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
     check_choice(fallback, "fallback", FALLBACKS)
     check_choice(certificate, "certificate", CERTIFICATES)
     check_choice(bound_certificate, "bound_certificate", BOUND_CERTIFICATES)
+    check_choice(steps, "steps", STEPS)
     max_iter = check_max_iter(max_iter)
     if tol is not None:
         tol = check_nonnegative(tol, "tol")
+    explicit_tol = tol
     if compute_dtype == "float64" and not _xp.has_float64(xp):
         raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
                          "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1)")
     work_dtype = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_dtype)
     if method == "auto":
-        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype)
+        method = choose_method(xp, a, p, matmul_dtype=matmul_dtype,
+                               fixed_steps=rtol is not None and steps != "adaptive")
         if method == "evd" and work_dtype == "float32" and not _xp.has_float64(xp):
             warnings.warn(  # a real p: evd is the only method (at trace time under jit)
                 f"method='auto' for p={p} runs 'evd', and JAX without float64 gives it no "
@@ -208,8 +234,57 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0, scaling: s
         tol = rtol * solver.rtol_stop_fraction / margin
     elif tol is None:
         tol = solver.default_tol[work_dtype]
+    plan = _resolve_steps(xp, a, steps, solver, p, rtol=rtol, tol=tol,
+                          explicit_tol=explicit_tol, max_iter=max_iter,
+                          matmul_dtype=matmul_dtype, certificate=certificate,
+                          scaling=scaling, caller_bounds=caller_bounds, work_dtype=work_dtype)
+    if scaling is None:
+        scaling = "schatten" if plan is not None else "power"
     return RootCall(solver=solver, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
                     max_iter=solver.default_max_iter if max_iter is None else max_iter,
                     work_dtype=work_dtype, matmul_dtype=matmul_dtype,
                     certificate=certificate, bound_certificate=bound_certificate,
-                    fallback=fallback)
+                    fallback=fallback, fixed=plan)
+
+
+#: ``steps`` values: the fixed-step rule where the call allows it on an accelerator
+#: ("auto"), always ("fixed": a ValueError where the call does not allow it), never.
+STEPS = ("auto", "fixed", "adaptive")
+
+
+def _resolve_steps(xp, a, steps: str, solver, p, *, rtol, tol, explicit_tol, max_iter,
+                   matmul_dtype, certificate, scaling, caller_bounds, work_dtype):
+    """The fixed plan of this call, or None for the adaptive loop."""
+    if steps == "adaptive":
+        return None
+    needs = [why for why, missing in (
+        (f"a method with a fixed-step rule (not {solver.name!r})", not solver.fixed_steps),
+        ("rtol= (the target fixes the step count)", rtol is None),
+        ("no tol= or max_iter= (they ask for the adaptive loop)",
+         explicit_tol is not None or max_iter is not None),
+        ("matmul_dtype=None", matmul_dtype is not None),
+        ("certificate='deterministic'", certificate != "deterministic"),
+        ("scaling='schatten' or None (a scale whose overestimate is known)",
+         scaling not in (None, "schatten")),
+        ("no lambda_max_upper= or lambda_min_lower=", caller_bounds)) if missing]
+    if steps == "auto" and (needs or work_dtype != "float32"
+                            or not _xp.is_accelerator(xp, a)):
+        return None
+    if needs:
+        raise ValueError("steps='fixed' needs " + "; ".join(needs))
+    plan = _fixed_plan(solver.name, p, rtol, tol, a.shape[-1],
+                       unit_roundoff(xp, getattr(xp, work_dtype)))
+    if plan is None and steps == "fixed":
+        raise ValueError(f"steps='fixed': {solver.name} would need more than "
+                         f"{MAX_FIXED_STEPS} steps in a stage for rtol={rtol:g}; pass "
+                         "steps='adaptive' or a smaller rtol")
+    return plan
+
+
+@_xp.host_constant
+def _fixed_plan(method: str, p, rtol: float, tol: float, n: int, unit: float):
+    """The fixed-step rule (:mod:`matroot.solvers.fixed_steps`): the steps that bring every
+    eigenvalue of a scaled spectrum down to ``1/(κ_max·overestimate)`` to ``tol``, where
+    ``κ_max`` is the largest κ a root can be certified at for ``rtol``."""
+    lower = 1.0 / (certifiable_kappa(p, rtol, unit) * schatten_overestimate(n, unit))
+    return fixed_plan(method, p, lower, tol, unit)

@@ -1,6 +1,7 @@
 """The shared loop of the iterative solvers: per-matrix freezing, batched stop checks.
 
-Each matrix of a stack stops on its own once its residual is at most ``tol``, once
+Every matrix takes the first step (the start's residual decides nothing but
+finiteness). Each matrix of a stack then stops on its own once its residual is at most ``tol``, once
 the residual stalls at the rounding floor (it fell below ``sqrt(tol)``, every
 direction has converged, and then it did not halve in a step: quadratic
 convergence has ended, and more steps only add rounding error), or once it turns
@@ -142,13 +143,16 @@ class _Judge:
             self.halved = xp.asarray(tol, dtype=dtype, device=device)
             self.not_halved = xp.asarray(max(tol, stall_level), dtype=dtype, device=device)
 
-    def __call__(self, res, previous, active):
+    def __call__(self, res, previous, active, first=False):
         """``(record, still)`` for residuals ``res`` of a step, ``previous`` the record
         (the last residual of each matrix while it iterated; inf before the first step)
-        and ``active`` the matrices that took the step (None: all of them)."""
+        and ``active`` the matrices that took the step (None: all of them). ``first``:
+        the residual of the start, before any step: only a non-finite one stops there
+        (a start already within ``tol`` in norm, e.g. the first minimax iterate I/s at
+        p = 1 and a loose tol, can be far off in one direction)."""
         xp = self.xp
         still = res < math.inf
-        if self.stops:
+        if self.stops and not first:
             threshold = xp.where(res * 2 > previous, self.not_halved, self.halved)
             still = still & (res > threshold)
         if active is None:
@@ -179,7 +183,7 @@ def _iterate_traced(xp, state, step, judge, *, max_iter, check_every):
     def advance(carry, k):
         state, residual, iterations, active = carry
         res, updated = step(state, k)
-        residual, still = judge(res, residual, active)
+        residual, still = judge(res, residual, active, first=isinstance(k, int) and k == 0)
         state = _select(xp, still, updated(), state)
         return state, residual, iterations + xp.astype(still, xp.int32), still
 
@@ -206,7 +210,7 @@ def _iterate_eager(xp, state, step, residual_of, judge, *, max_iter, check_every
     masks = []  # this check interval's per-step `still`
     for k in range(max_iter):
         res, advance = step(state, k)
-        residual, still = judge(res, residual, active)
+        residual, still = judge(res, residual, active, first=k == 0)
         masks.append(still)
         if (k + 1) % check_every and k + 1 < max_iter:
             state, active = _select(xp, still, advance(), state), still

@@ -46,28 +46,40 @@ ACCELERATOR_METHOD = "coupled_newton"
 #: 16 × 64² p = 2 (15 against 17), minimax at 4 × 256² (721 / 2147 against coupled
 #: Newton 1789 / 3080); every matmul method converged on every matrix, evd on none.
 NO_FLOAT64_METHOD = "coupled_newton"
+#: With an accuracy target ``rtol`` on an accelerator the solve runs a fixed step count
+#: (:mod:`matroot.solvers.fixed_steps`): no Lanczos run, no per-step norm, no host read.
+#: Counted through torch's dispatcher (docs/benchmarks.rst, ``matroot bench launches``;
+#: float32 8 × 384², κ = 1e4, rtol = 5e-3, host verdict), minimax took 83 operations at
+#: p = 2 and 103 at p = 4, coupled Newton 125 and 139, Newton–Schulz 110 and 142
+#: (DASH's cheapest configuration reaching the same error: 140 and 138). Where minimax
+#: does not take p, coupled Newton.
+FIXED_STEP_METHOD = "minimax"
 
 #: With 16-bit matmul operands: coupled Newton, which DASH found to tolerate
 #: fp16 where Newton–Schulz (Newton-DB) with 16-bit iterates did not.
 LOW_PRECISION_METHOD = "coupled_newton"
 
 
-def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = None) -> str:
+def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = None,
+                  fixed_steps: bool = False) -> str:
     """Pick the solver ``method="auto"`` runs for this input.
 
     The rule (docs/benchmarks.rst has the measurements behind it):
 
     - p not a positive integer: ``"evd"``, the only method for real p.
     - ``matmul_dtype`` set (16-bit matmuls asked for): ``"coupled_newton"``.
-    - CPU backends (NumPy, torch CPU, array-api-strict, JAX with float64), any
-      size and dtype: ``"evd"``, the fastest at the default tolerance in every CPU
-      configuration measured (:data:`CPU_METHOD`).
+    - CPU backends (NumPy, torch CPU, array-api-strict, JAX with float64), any size and dtype:
+      ``"evd"``, the fastest at the default tolerance in every CPU configuration
+      measured (:data:`CPU_METHOD`).
     - JAX on a CPU without float64 (``jax_enable_x64`` off): ``"coupled_newton"``
       (:data:`NO_FLOAT64_METHOD`): evd cannot retry in float64 there and certifies
       float32 roots only to κ ≈ 12·p. For a real p it is evd, the only method, and
       :func:`matroot.inv_root` says so with a :class:`~matroot.ConvergenceWarning`
       (at trace time under ``jax.jit``) that names ``jax_enable_x64``.
-    - Accelerators (CUDA torch, CuPy, JAX on a GPU): ``"coupled_newton"``, the
+    - Accelerators with ``fixed_steps`` (an accuracy target ``rtol`` given, whose
+      solve runs a fixed step count): ``"minimax"``, the fewest operations per solve
+      (:data:`FIXED_STEP_METHOD`), or coupled Newton for a p it does not take.
+    - Accelerators otherwise (CUDA torch, CuPy, JAX on a GPU): ``"coupled_newton"``, the
       fastest matmul-only method on an H200 for p = 2 and 4 at 256² and 1024²
       (:data:`ACCELERATOR_METHOD`); for a p it does not take, the method with
       the fewest matmuls that does (:func:`accelerator_candidates`).
@@ -82,6 +94,8 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
         Root order.
     matmul_dtype : str or None
         The requested matmul operand dtype.
+    fixed_steps : bool
+        Whether the call may run a fixed step count (it has an accuracy target).
 
     Returns
     -------
@@ -106,6 +120,8 @@ def choose_method(xp: Any, a: Array, p: float, *, matmul_dtype: str | None = Non
         if not _xp.has_float64(xp):
             return NO_FLOAT64_METHOD if NO_FLOAT64_METHOD in candidates else candidates[0]
         return CPU_METHOD
+    if fixed_steps:
+        return FIXED_STEP_METHOD if FIXED_STEP_METHOD in candidates else ACCELERATOR_METHOD
     return ACCELERATOR_METHOD if ACCELERATOR_METHOD in candidates else candidates[0]
 
 

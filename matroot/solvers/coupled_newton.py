@@ -135,4 +135,5 @@ SPEC = SolverSpec(
     default_max_iter=60,
     cost=_cost,
     cost_summary="2 + ⌊log₂p⌋ + popcount(p) − 1 per step (4 for p = 4)",
+    fixed_steps=True,
 )

@@ -403,4 +403,5 @@ SPEC = SolverSpec(
     cost=_cost,
     cost_summary="4 per step (2 in the first), one stage per factor of two in p",
     needs_lower_bound=True,
+    fixed_steps=True,
 )

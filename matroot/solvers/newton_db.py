@@ -111,4 +111,5 @@ SPEC = SolverSpec(
     default_max_iter=60,
     cost=_cost,
     cost_summary="3 per step, one square root per factor of two in p",
+    fixed_steps=True,
 )

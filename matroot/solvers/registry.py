@@ -103,6 +103,11 @@ class SolverSpec:
     accuracy_row : str
         The row of the README's accuracy table the method is held to ("evd",
         "iterative" or "chebyshev"; :data:`matroot.testing.ACCURACY_TABLE`).
+    fixed_steps : bool
+        Whether the method has a fixed-step rule (:mod:`matroot.solvers.fixed_steps`):
+        with a target ``rtol`` (and no ``tol`` or ``max_iter``) it then runs the
+        number of steps its scalar error map needs for the largest κ the target
+        can be certified at, with no stop test.
     rtol_stop_fraction : float
         For an accuracy target ``rtol`` and no ``tol``, an iterative method stops
         at ``tol = rtol·rtol_stop_fraction`` (a direct method takes ``rtol`` as
@@ -128,6 +133,7 @@ class SolverSpec:
     needs_scaling: bool = True
     accuracy_row: str = "iterative"
     rtol_stop_fraction: float = 0.125
+    fixed_steps: bool = False
     compute_dtypes: tuple = field(init=False)
 
     def __post_init__(self):

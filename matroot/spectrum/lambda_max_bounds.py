@@ -27,7 +27,8 @@ from .krylov import (LANCZOS_STEPS, POWER_MATVECS, RitzValues, _entry_scale, _po
                      ritz_values)
 
 __all__ = ["certified_lambda_max", "verified_upper", "CertifiedBound", "randomized_lambda_max",
-           "randomized_margin", "BOUND_CERTIFICATES", "DEFAULT_BOUND_CERTIFICATE",
+           "randomized_margin", "schatten_lambda_max", "schatten_overestimate",
+           "BOUND_CERTIFICATES", "DEFAULT_BOUND_CERTIFICATE",
            "FAILURE_PROBABILITY"]
 
 #: ``bound_certificate`` values: a randomized Lanczos bound, or a Cholesky-proven one.
@@ -280,3 +281,53 @@ def randomized_lambda_max(a: Array, /, *, ritz: RitzValues | None = None,
         top = xp.maximum(top, shift) + rounding * guaranteed
         bound = xp.minimum(shift + (top - shift) / (1 - shortfall), guaranteed)
     return CertifiedBound(bound * scale, xp.zeros_like(bound) + cost)
+
+
+#: The Schatten norm :func:`schatten_lambda_max` forms: ``‖A‖_{S8} = ‖A⁴‖_F^(1/4)``.
+SCHATTEN_ORDER = 8
+
+
+def schatten_overestimate(n: int, unit: float) -> float:
+    """The most :func:`schatten_lambda_max` can exceed λmax by, for a PSD ``n×n`` matrix:
+    ``n^(1/8)`` (all eigenvalues equal) times its rounding margin.
+
+    Examples
+    --------
+    >>> from matroot.spectrum.lambda_max_bounds import schatten_overestimate
+    >>> round(schatten_overestimate(384, 2.0 ** -24), 3)
+    2.104
+    """
+    return max(n, 1) ** (1.0 / SCHATTEN_ORDER) * (1 + 4 * max(n, 1) * unit)
+
+
+def schatten_lambda_max(a: Array, *, times: float = 1.0) -> Array:
+    """An upper bound on λmax of each PSD matrix of a ``(b, n, n)`` stack in two products.
+
+    ``‖A‖_{S8} = (Σ λᵢ⁸)^(1/8) = ‖A⁴‖_F^(1/4)`` lies in ``[λmax, n^(1/8)·λmax]``
+    (:func:`schatten_overestimate`): unlike a Krylov estimate its distance from λmax
+    is known before the stack is read, which is what lets a fixed-step solve
+    (:mod:`matroot.solvers.fixed_steps`) choose its step count on the host. ``A⁴`` is
+    formed as ``(A·A)²``; the factor ``1 + 4n·u`` covers the rounding of the
+    products and the norm in practice (the worst-case bound, ``3n²u``, is far
+    looser), and a bound that falls short by less than 21 % is inside every
+    iteration's basin, while the check of the root judges what comes out. The caller
+    keeps the entries O(1) (matroot divides by a power of two first); ``times``
+    multiplies the result (on the first product: no pass of its own).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.spectrum.lambda_max_bounds import schatten_lambda_max
+    >>> a = np.diag([1.0, 0.5, 0.25])[None]
+    >>> bool(1.0 <= float(schatten_lambda_max(a)[0]) <= 1.01)
+    True
+    """
+    xp = _xp.array_namespace(a)
+    n = a.shape[-1]
+    u = unit_roundoff(xp, a.dtype)
+    # The margin rides on the first product: (c²·A²)² = c⁴·A⁴.
+    square = _xp.add_product(a, a, a, beta=0.0, alpha=((1 + 4 * n * u) * times) ** 2)
+    fourth = _xp.frobenius_norm(_xp.batched_matmul(square, square))
+    # Square roots, correctly rounded everywhere (a pow could differ in the last bit
+    # with a matrix's position in the batch).
+    return xp.sqrt(xp.sqrt(fourth))

@@ -28,7 +28,8 @@ from .krylov import (LANCZOS_STEPS, POWER_MATVECS, RitzValues, _entry_scale,  # 
                      power_iteration, power_iteration_core, ritz_values)
 from .lambda_max_bounds import (BOUND_CERTIFICATES, CERTIFY_FACTORS,  # noqa: F401
                                 FAILURE_PROBABILITY, POWER_SAFETY, CertifiedBound,
-                                certified_lambda_max, randomized_lambda_max, verified_upper)
+                                certified_lambda_max, randomized_lambda_max,
+                                schatten_lambda_max, verified_upper)
 
 __all__ = ["power_iteration", "lambda_max_bound", "certified_lambda_max", "verified_upper",
            "CertifiedBound", "randomized_lambda_max", "lambda_min_estimate",
@@ -89,9 +90,13 @@ def lambda_max_bound_core(a: Array, *, scaling: str = "power",
     """:func:`lambda_max_bound` without input validation, for callers that checked it;
     ``ritz``: the caller's :func:`ritz_values` of ``a`` (randomized bound only)."""
     xp = _xp.array_namespace(a)
-    if scaling == "frobenius":
+    if scaling in ("frobenius", "schatten"):
         scale = _entry_scale(xp, a)
-        return _xp.frobenius_norm(a / scale[..., None, None]) * scale
+        if scaling == "frobenius":
+            return _xp.frobenius_norm(a / scale[..., None, None]) * scale
+        n = a.shape[-1]
+        flat = xp.reshape(a / scale[..., None, None], (-1, n, n))
+        return xp.reshape(schatten_lambda_max(flat), scale.shape) * scale
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
     if n == 0 or 0 in batch:

@@ -1,0 +1,103 @@
+"""Fewer launches per call: device constants made once and reused across calls (an
+identity, a constant vector as a broadcast view), and entry-wise maps written in the
+fewest operations (a power of two from ``frexp``, roots by square roots).
+
+On a GPU every operation a call dispatches is a kernel launch; a constant that is the
+same on every call (the identity of a size, a result field that holds one value)
+need not be launched again. Each is kept per backend, device, dtype and size, read
+only, and never while a trace runs (a traced value must not outlive its trace).
+"""
+
+from __future__ import annotations
+
+from .linalg import identity_stack
+from .namespace import array_namespace, backend_name, is_traced
+from .precision import has_float64
+
+__all__ = ["constant", "constant_vector", "power_of_two_inverse", "root_entries", "shared_identity"]
+
+
+#: 0-d constants kept on their devices for :func:`constant_vector`.
+_CONSTANTS: dict = {}
+
+
+def constant(xp, value, dtype, device):
+    """A 0-d array of ``value``, made once per value, dtype and device (an operand such as
+    ``where``'s that would otherwise be a launch of its own on every call)."""
+    key = (backend_name(xp), str(device), str(dtype), value)
+    scalar = _CONSTANTS.get(key)
+    if scalar is None:
+        scalar = xp.full((), value, dtype=dtype, device=device)
+        if is_traced(scalar):
+            return scalar
+        if len(_CONSTANTS) >= 256:
+            del _CONSTANTS[next(iter(_CONSTANTS))]
+        _CONSTANTS[key] = scalar
+    return scalar
+
+
+def constant_vector(xp, value, length: int, dtype, device):
+    """A length-``length`` vector of ``value``: a broadcast view of :func:`constant` (no
+    launch on a GPU). Read-only (NumPy marks it so; torch refuses in-place writes to
+    it), like a result field should be."""
+    return xp.broadcast_to(constant(xp, value, dtype, device), (length,))
+
+
+#: Identities kept on their devices for :func:`shared_identity`, keyed by (backend,
+#: device, dtype, n) as strings; oldest dropped first.
+_IDENTITIES: dict = {}
+_IDENTITIES_KEPT = 16
+
+
+def shared_identity(xp, n: int, dtype, device):
+    """:func:`identity_stack`, made once per size, dtype and device and then reused (one
+    launch saved per use on a GPU). Read-only: callers never write into it."""
+    key = (backend_name(xp), str(device), str(dtype), n)
+    if key in _IDENTITIES:
+        return _IDENTITIES[key]
+    eye = identity_stack(xp, n, dtype, device)
+    if is_traced(eye):  # a traced value must not outlive its trace
+        return eye
+    if len(_IDENTITIES) >= _IDENTITIES_KEPT:
+        del _IDENTITIES[next(iter(_IDENTITIES))]
+    _IDENTITIES[key] = eye
+    return eye
+
+
+def power_of_two_inverse(m):
+    """Per entry of ``m > 0``, ``2^(−e)`` with ``2^(e−1) ≤ m < 2^e`` (so ``m·2^(−e)`` lies in
+    [1/2, 1), exactly): one ``frexp`` and one power where the backend has ``frexp``.
+    For 0, ``inf`` and NaN the result is unspecified (1 from ``frexp``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> power_of_two_inverse(np.array([3.0, 0.5, 1e-3])).tolist()
+    [0.25, 1.0, 512.0]
+    """
+    xp = array_namespace(m)
+    frexp = getattr(xp, "frexp", None)
+    if frexp is None:  # array-api-strict
+        return 0.5 ** (xp.floor(xp.log2(m)) + 1)
+    _, exponent = frexp(m)
+    return 0.5 ** exponent
+
+
+def root_entries(x, p: float):
+    """``x ** (1/p)`` entry by entry, rounded the same wherever an entry sits in ``x``
+    (square roots for p = 1, 2, 4, …; as :func:`inverse_root_entries` otherwise).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> root_entries(np.array([16.0, 81.0]), 4)
+    array([2., 3.])
+    """
+    xp = array_namespace(x)
+    if p in (1, 2, 4, 8, 16, 32, 64):
+        for _ in range(int(p).bit_length() - 1):
+            x = xp.sqrt(x)
+        return x
+    if x.dtype == xp.float32 and has_float64(xp):
+        return xp.astype(xp.astype(x, xp.float64) ** (1.0 / p), x.dtype)
+    return x ** (1.0 / p)

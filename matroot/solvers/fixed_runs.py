@@ -1,0 +1,133 @@
+"""The iterations run for a fixed step count (:mod:`matroot.solvers.fixed_steps`): straight-line
+products, no norm, no comparison, no select, nothing read back.
+
+Every step is written in the fewest backend operations: each scale-and-add rides on
+a product (``beta·C + alpha·(A@B)``, one ``baddbmm`` on torch through
+:func:`matroot._xp.add_product`; NumPy and JAX form the plain expression, which XLA
+fuses) or on one ``add`` with a Python ``alpha`` (:func:`matroot._xp.add_scaled`), and
+Python scalars that multiply a whole iterate are carried on the host and folded into
+the next product's ``alpha`` instead of being applied. Operations per step on torch
+(``n×n`` products and full-size passes):
+
+==============  ===========  ===============================
+method          first step   later steps
+==============  ===========  ===============================
+minimax         3            5 (``ZY − I``, ``I + cD``, ``q``, ``Y·q``, ``q·Z``)
+newton_db       2            3 (``E``, ``Y·E``, ``E·Z``)
+coupled_newton  1 + log₂p+1  2 + ⌊log₂p⌋ + popcount(p) (``N``, ``X·N``, ``N^p·M``)
+==============  ===========  ===============================
+
+Each run returns the root of the scaled stack as ``(matrix, host_factor)``: the root is
+``host_factor · matrix``, a Python float the caller folds into its unscaling.
+"""
+
+from __future__ import annotations
+
+from .. import _xp
+from .._xp import matrix_power
+from .fixed_steps import FixedPlan
+
+__all__ = ["run_fixed"]
+
+
+def _identity_like(a):
+    xp = _xp.array_namespace(a)
+    return _xp.shared_identity(xp, a.shape[-1], a.dtype, _xp.device_of(a))
+
+
+def _minimax_stage(a, a_factor, rows, eye, matmul):
+    """One square-root stage of ``c = a_factor·a``: ``(Y, y_factor, Z)`` with
+    ``y_factor·Y → c^(1/2)`` and ``Z → c^(-1/2)``, by the stage's quintics
+    ``q = α + βD + γD²`` about ``D = ZY − I``, written ``αI + β·D·(I + (γ/β)·D)``."""
+    y = z = None
+    y_factor = a_factor
+    for k, (alpha, beta, gamma) in enumerate(rows):
+        if k == 0:
+            # From Z = I, Y = c: q(c) = c₀I + c₁c + c₂c² = c₀·(I + (c₁/c₀)·c) + c₂·c²
+            # (c₀ = q(0) > 0, the growth of the smallest eigenvalue), in two operations.
+            c0, c1, c2 = alpha - beta + gamma, beta - 2 * gamma, gamma
+            inner = _xp.add_scaled(eye, c1 * a_factor / c0, a)
+            q = matmul.added(inner, a, a, beta=c0, alpha=c2 * a_factor ** 2)
+            y, z = matmul(a, q), q
+            continue
+        d = matmul.added(eye, z, y, beta=-1.0, alpha=y_factor)
+        if beta != 0:
+            inner = _xp.add_scaled(eye, gamma / beta, d)
+            q = matmul.added(eye, d, inner, beta=alpha, alpha=beta)
+        else:
+            q = matmul.added(eye, d, d, beta=alpha, alpha=gamma)
+        y, z = matmul(y, q), matmul(q, z)
+    return y, y_factor, z
+
+
+def _minimax(a, a_factor, p, plan: FixedPlan, matmul):
+    eye = _identity_like(a)
+    for rows in plan.coefficients:
+        a, a_factor, z = _minimax_stage(a, a_factor, rows, eye, matmul)
+    if p == 1:
+        return matmul(z, z), 1.0
+    return z, 1.0
+
+
+def _newton_schulz_stage(a, a_factor, steps, eye, matmul):
+    """``(Y, y_factor, Z, z_factor)`` for ``c = a_factor·a``: ``E = (3I − ZY)/2``,
+    ``Y ← YE``, ``Z ← EZ``; ``E`` is formed as ``I − ZY/3`` and its 3/2 carried on
+    the host into the next products, as are the factors of ``Y`` and ``Z``."""
+    y, z, y_factor, z_factor = a, None, a_factor, 1.0
+    for k in range(steps):
+        if k == 0:
+            e = _xp.add_scaled(eye, -a_factor / 3.0, a)
+        else:
+            e = matmul.added(eye, z, y, alpha=-y_factor * z_factor / 3.0)
+        y = matmul(y, e)
+        z = e if k == 0 else matmul(e, z)
+        y_factor, z_factor = y_factor * 1.5, z_factor * 1.5
+    return y, y_factor, z, z_factor
+
+
+def _newton_db(a, a_factor, p, plan: FixedPlan, matmul):
+    eye = _identity_like(a)
+    for steps in plan.steps:
+        a, a_factor, z, z_factor = _newton_schulz_stage(a, a_factor, steps, eye, matmul)
+    if p == 1:
+        return matmul(z, z), z_factor * z_factor
+    return z, z_factor
+
+
+def _coupled_newton(a, a_factor, p, plan: FixedPlan, matmul):
+    """``X₀ = t^(1/p)·I``, ``M₀ = t·c``; ``N = ((p+1)I − M)/p`` is formed as
+    ``I − M/(p+1)`` and its ``(p+1)/p`` carried on the host, as is ``M``'s factor."""
+    eye = _identity_like(a)
+    t = (p + 1) / 2
+    grow = (p + 1) / p
+    x, x_factor = None, t ** (1.0 / p)
+    m, m_factor = a, t * a_factor
+    for _ in range(plan.steps[0]):
+        n = _xp.add_scaled(eye, -m_factor / (p + 1), m)
+        x = n if x is None else matmul(x, n)
+        x_factor *= grow
+        m = matmul(matrix_power(n, p, matmul), m)
+        m_factor *= grow ** p
+    return x, x_factor
+
+
+_RUNS = {"minimax": _minimax, "newton_db": _newton_db, "coupled_newton": _coupled_newton}
+
+
+def run_fixed(method: str, a, p: int, plan: FixedPlan, matmul, *, a_factor: float = 1.0):
+    """``(matrix, host_factor)`` with ``host_factor·matrix ≈ (a_factor·a)^(-1/p)`` after the
+    plan's steps (``a_factor``: a host scalar the products take, not a pass).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot import _xp
+    >>> from matroot.solvers.fixed_steps import fixed_plan
+    >>> from matroot.solvers.fixed_runs import run_fixed
+    >>> a = np.diag([1.0, 0.25, 0.01])[None]
+    >>> plan = fixed_plan("coupled_newton", 2, 0.01, 1e-10, 2.0 ** -53)
+    >>> x, factor = run_fixed("coupled_newton", a, 2, plan, _xp.Matmul(np))
+    >>> np.round(np.diag(x[0]) * factor, 8).tolist()
+    [1.0, 2.0, 10.0]
+    """
+    return _RUNS[method](a, a_factor, p, plan, matmul)
