@@ -1,0 +1,285 @@
+"""``refresh_eigenbasis``: the eigenbasis of a stack of symmetric matrices, warm-started
+from the previous one, certified per matrix, with eigh for the matrices that need it.
+
+The call: validate → set aside non-finite matrices → symmetrise and scale by a power of
+two → orthogonal iteration (:mod:`.orthogonal_iteration`) → eigh for the matrices that
+did not converge (only those) → unscale, back to the input's shape and dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _xp
+from .._checks import check_choice, check_stack, refuse_traced
+from .._typing import Array
+from .orthogonal_iteration import orthogonal_iteration, rounding_allowance
+
+__all__ = ["EigenbasisResult", "refresh_eigenbasis", "DEFAULT_ITERATIONS", "DEFAULT_RTOL",
+           "FALLBACKS", "MAX_ITERATIONS"]
+
+#: Steps of orthogonal iteration at most (a matrix stops at its first converged step).
+DEFAULT_ITERATIONS = 2
+#: The relative residual ‖A·Q − Q·diag(λ)‖_F / ‖A‖_F that counts as converged.
+DEFAULT_RTOL = 1e-2
+#: What a matrix that did not converge gets: eigh's eigenpairs, or the iterate as it is.
+FALLBACKS = ("eigh", "none")
+#: Past this many steps an eigh is cheaper on every backend measured (bench/eigenbasis_refresh.py).
+MAX_ITERATIONS = 64
+
+
+class EigenbasisResult(NamedTuple):
+    """What :func:`refresh_eigenbasis` returns; arrays in the input's namespace and device.
+
+    Attributes
+    ----------
+    eigenvectors : array (..., n, n)
+        Orthonormal columns, in ascending order of eigenvalue (as eigh returns them).
+    eigenvalues : array (..., n)
+        Ascending; the Rayleigh quotients ``qᵢᵀ·A·qᵢ`` of the columns.
+    residual : array (...)
+        ``‖A·Q − Q·diag(λ)‖_F / ‖A‖_F`` of the returned pair (0 for a zero matrix;
+        NaN for a matrix with NaN or Inf entries).
+    converged : array (...) of bool
+        ``residual + rounding allowance ≤ rtol``: the promise of docs/eigenbasis.rst holds.
+    iterations : array (...) of int32
+        Orthogonal-iteration steps each matrix took (before any fallback).
+    fell_back : array (...) of bool
+        Which matrices were solved by eigh instead (``fallback="eigh"``).
+    """
+
+    eigenvectors: Array
+    eigenvalues: Array
+    residual: Array
+    converged: Array
+    iterations: Array
+    fell_back: Array
+
+    @property
+    def fallbacks(self) -> int:
+        """How many matrices eigh solved (read on the host: not under a trace)."""
+        xp = _xp.array_namespace(self.fell_back)
+        return int(xp.sum(xp.astype(self.fell_back, xp.int32)))
+
+
+def _check_count(value, name: str, upper: int) -> int:
+    value = refuse_traced(value, name)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 1 <= value <= upper:
+        raise ValueError(f"{name}={value} must be from 1 to {upper}; a basis that needs "
+                         f"more steps is cheaper from eigh (fallback='eigh')")
+    return int(value)
+
+
+def _check_rtol(value) -> float:
+    value = refuse_traced(value, "rtol")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"rtol must be a real number, got {type(value).__name__}")
+    if not 0 < value < 1:  # comparisons: NaN fails them
+        raise ValueError(f"rtol={value} must be in (0, 1): a relative residual of 1 or more "
+                         "says nothing about the basis")
+    return float(value)
+
+
+def _check_basis(xp, a, basis):
+    check_stack(basis, "basis")
+    try:
+        _xp.array_namespace(a, basis)
+    except TypeError as err:
+        raise TypeError(f"basis must be an array of a's library "
+                        f"({_xp.backend_name(xp)}), got {type(basis).__name__}") from err
+    if tuple(basis.shape) != tuple(a.shape):
+        raise ValueError(f"basis must have a's shape {tuple(a.shape)} (one n×n basis per "
+                         f"matrix), got {tuple(basis.shape)}")
+    if _xp.device_of(basis) != _xp.device_of(a):
+        raise ValueError(f"basis is on {_xp.device_of(basis)}, a on {_xp.device_of(a)}; "
+                         "move them to one device")
+
+
+def _work_dtype(xp, dtype):
+    return xp.float64 if dtype == xp.float64 else xp.float32
+
+
+def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_ITERATIONS,
+                       rtol: float = DEFAULT_RTOL, fallback: str = "eigh") -> EigenbasisResult:
+    """Eigenvectors and eigenvalues of symmetric (PSD) matrices from a previous basis.
+
+    Runs warm-started orthogonal iteration on every matrix of the stack at once and
+    certifies each result by its relative residual ``‖A·Q − Q·diag(λ)‖_F / ‖A‖_F``.
+    ``converged`` promises (docs/eigenbasis.rst): ``‖A − Q·diag(λ)·Qᵀ‖_F ≤ rtol·‖A‖_F``,
+    the sorted eigenvalues within ``rtol·‖A‖_F`` of A's (in the 2-norm of their
+    differences), ``Q`` orthonormal to rounding, and every group of eigenvectors
+    whose eigenvalues lie a gap ``δ`` away from the rest of A's spectrum within
+    ``rtol·‖A‖_F/δ`` of A's invariant subspace (sine of the largest angle).
+
+    Parameters
+    ----------
+    a : array (..., n, n)
+        Symmetric matrices (PSD for the warm start to pay: Shampoo/SOAP factors);
+        the symmetric part is used.
+    basis : array (..., n, n)
+        The previous eigenvectors (columns), e.g. the last call's ``eigenvectors``;
+        orthonormal or not (the first step orthonormalises), in any column order.
+    iterations : int, default 2
+        Orthogonal-iteration steps at most; each matrix stops once converged.
+    rtol : float, default 1e-2
+        The relative residual to reach, in (0, 1).
+    fallback : {"eigh", "none"}
+        ``"eigh"``: the matrices that did not converge (only those) are solved by
+        ``eigh`` (a matrix with NaN or Inf entries is not: its results are NaN);
+        ``"none"``: they keep their last iterate, ``converged=False``.
+
+    Returns
+    -------
+    EigenbasisResult
+        ``eigenvectors``, ``eigenvalues``, ``residual``, ``converged``, ``iterations``,
+        ``fell_back`` (and ``fallbacks``, their count), in a's namespace, device and
+        dtype (16-bit inputs are computed in float32).
+
+    Raises
+    ------
+    TypeError
+        For a or basis not a real floating array of a supported library, arrays of
+        two libraries, or options of the wrong type (or traced).
+    ValueError
+        For shapes that differ or are not square, devices that differ, iterations
+        outside 1…64, rtol outside (0, 1), an unknown fallback.
+
+    Examples
+    --------
+    >>> import numpy as np, matroot
+    >>> rng = np.random.default_rng(0)
+    >>> g = rng.standard_normal((2, 6, 3))
+    >>> factor = g @ np.swapaxes(g, -1, -2)
+    >>> basis = np.linalg.eigh(factor)[1]
+    >>> g = rng.standard_normal((2, 6, 3))
+    >>> new = 0.95 * factor + 0.05 * g @ np.swapaxes(g, -1, -2)
+    >>> result = matroot.refresh_eigenbasis(new, basis, rtol=1e-6)
+    >>> bool(np.allclose(result.eigenvalues, np.linalg.eigvalsh(new), atol=1e-5))
+    True
+    >>> result.converged.tolist()
+    [True, True]
+    """
+    xp = check_stack(a, "a")
+    _check_basis(xp, a, basis)
+    iterations = _check_count(iterations, "iterations", MAX_ITERATIONS)
+    rtol = _check_rtol(rtol)
+    check_choice(fallback, "fallback", FALLBACKS)
+    batch, n = tuple(a.shape[:-2]), a.shape[-1]
+    b = math.prod(batch)
+    work = _work_dtype(xp, a.dtype)
+    if b == 0 or n == 0:
+        return _empty(xp, a, batch, n)
+    stack = xp.reshape(xp.astype(a, work), (b, n, n))
+    start = xp.reshape(xp.astype(basis, work), (b, n, n))
+    traced = _xp.is_traced(stack) or _xp.is_traced(start)
+    if _xp.is_jax_namespace(xp):
+        _xp.register_jax_pytree(EigenbasisResult)
+    static = dict(iterations=iterations, rtol=rtol)
+    with _xp.solve_context(xp, stack):
+        if _xp.is_jax_namespace(xp) and not traced:
+            parts = _xp.jax_compiled(_iterate, stack, dict(start=start), **static)
+        else:
+            parts = _iterate(stack, start=start, **static)
+        if fallback == "eigh":
+            parts = _with_fallback(parts, rtol=rtol, traced=traced)
+        else:
+            parts = parts[:5] + (xp.zeros_like(parts[3]),)
+    q, w, residual, converged, steps, fell_back = parts
+    dtype = a.dtype
+    return EigenbasisResult(
+        xp.reshape(xp.astype(q, dtype), (*batch, n, n)),
+        xp.reshape(xp.astype(w, dtype), (*batch, n)),
+        xp.reshape(xp.astype(residual, dtype), batch),
+        xp.reshape(converged, batch), xp.reshape(steps, batch), xp.reshape(fell_back, batch))
+
+
+def _iterate(stack, *, start, iterations: int, rtol: float):
+    """The iteration on a ``(b, n, n)`` stack: ``(q, eigenvalues, residual, converged,
+    steps, finite, scaled stack)``; NaN results for non-finite matrices."""
+    xp = _xp.array_namespace(stack)
+    n = stack.shape[-1]
+    eye = _xp.identity_stack(xp, n, stack.dtype, _xp.device_of(stack))
+    finite = _xp.finite_matrices(stack)
+    usable = finite & _xp.finite_matrices(start)
+    stack = _xp.symmetric_part(_xp.batched_where(finite, stack, xp.zeros_like(stack)))
+    start = _xp.batched_where(usable, start, xp.zeros_like(start) + eye)
+    scale = _xp.power_of_two_scale(stack)
+    scaled = stack / scale[:, None, None]
+    q, d, residual, converged, steps = orthogonal_iteration(
+        scaled, start, iterations=iterations, rtol=rtol,
+        traced=_xp.is_traced(stack))
+    nan = xp.asarray(math.nan, dtype=stack.dtype, device=_xp.device_of(stack))
+    q = _xp.batched_where(finite, q, xp.zeros_like(q) + nan)
+    w = xp.where(finite[:, None], d * scale[:, None], nan)
+    residual = xp.where(finite, residual, nan)
+    return q, w, residual, converged & finite, steps, finite, scaled, scale
+
+
+def _eigh_pairs(scaled, scale, rtol: float):
+    """eigh of a scaled stack: eigenvectors, eigenvalues (unscaled), residual, converged."""
+    xp = _xp.array_namespace(scaled)
+    w, v = _xp.lapack_in_order(xp.linalg.eigh, scaled)
+    norm = _xp.frobenius_norm(scaled)
+    norm = xp.where(norm > 0, norm, xp.ones_like(norm))
+    residual = _xp.frobenius_norm(_xp.batched_matmul(scaled, v) - v * w[:, None, :]) / norm
+    allowance = rounding_allowance(scaled.shape[-1], float(xp.finfo(scaled.dtype).eps) / 2)
+    return v, w * scale[:, None], residual, residual + allowance <= rtol
+
+
+def _with_fallback(parts, *, rtol: float, traced: bool):
+    """eigh for the finite matrices that did not converge (only those): a subset eagerly,
+    ``lax.cond`` + ``where`` under jax.jit, outside the graph under torch.compile."""
+    q, w, residual, converged, steps, finite, scaled, scale = parts
+    xp = _xp.array_namespace(q)
+    need = finite & ~converged
+    if traced and _xp.is_jax_namespace(xp):
+        def solve(operands):
+            q, w, residual, converged = operands
+            v, lam, res, ok = _eigh_pairs(scaled, scale, rtol)
+            return (_xp.batched_where(need, v, q), xp.where(need[:, None], lam, w),
+                    xp.where(need, res, residual), xp.where(need, ok, converged))
+
+        q, w, residual, converged = _xp.cond(xp.any(need), solve, lambda ops: ops,
+                                             (q, w, residual, converged))
+        return q, w, residual, converged, steps, need
+    fixed = _xp.outside_torch_compile(_fallback_subset, q, w, residual, converged, need,
+                                      scaled, scale, rtol)
+    return (*fixed, steps, need)
+
+
+def _fallback_subset(q, w, residual, converged, need, scaled, scale, rtol: float):
+    """Eagerly: eigh of the matrices ``need`` marks (one host read finds them), placed
+    by ``take`` and ``where`` (no host copy of the stacks)."""
+    xp = _xp.array_namespace(q)
+    device = _xp.device_of(q)
+    rows = _xp.to_numpy(need).nonzero()[0]
+    if rows.size == 0:
+        return q, w, residual, converged
+    v, lam, res, ok = _eigh_pairs(xp.take(scaled, _xp.from_numpy(xp, rows, device=device),
+                                          axis=0),
+                                  xp.take(scale, _xp.from_numpy(xp, rows, device=device),
+                                          axis=0), rtol)
+    # Matrix i takes row (number of needs before it) of the subset; the others row 0.
+    place = np.maximum(np.cumsum(_xp.to_numpy(need)) - 1, 0)
+    place = _xp.from_numpy(xp, place, device=device)
+    return (_xp.batched_where(need, xp.take(v, place, axis=0), q),
+            xp.where(need[:, None], xp.take(lam, place, axis=0), w),
+            xp.where(need, xp.take(res, place, axis=0), residual),
+            xp.where(need, xp.take(ok, place, axis=0), converged))
+
+
+def _empty(xp, a, batch, n) -> EigenbasisResult:
+    device = _xp.device_of(a)
+    zeros = xp.zeros(batch, dtype=a.dtype, device=device)
+    return EigenbasisResult(
+        xp.zeros((*batch, n, n), dtype=a.dtype, device=device),
+        xp.zeros((*batch, n), dtype=a.dtype, device=device), zeros,
+        xp.ones(batch, dtype=xp.bool, device=device),
+        xp.zeros(batch, dtype=xp.int32, device=device),
+        xp.zeros(batch, dtype=xp.bool, device=device))
