@@ -261,10 +261,10 @@ def _fallback_subset(q, w, residual, converged, need, scaled, scale, rtol: float
     rows = _xp.to_numpy(need).nonzero()[0]
     if rows.size == 0:
         return q, w, residual, converged
-    v, lam, res, ok = _eigh_pairs(xp.take(scaled, _xp.from_numpy(xp, rows, device=device),
-                                          axis=0),
-                                  xp.take(scale, _xp.from_numpy(xp, rows, device=device),
-                                          axis=0), rtol)
+    # One matrix per call: torch's batched eigh rounds a matrix differently in batches
+    # of different sizes, and a neighbour's failure must not change a matrix's result.
+    pairs = [_eigh_pairs(scaled[i:i + 1, ...], scale[i:i + 1], rtol) for i in rows.tolist()]
+    v, lam, res, ok = (xp.concat([pair[k] for pair in pairs], axis=0) for k in range(4))
     # Matrix i takes row (number of needs before it) of the subset; the others row 0.
     place = np.maximum(np.cumsum(_xp.to_numpy(need)) - 1, 0)
     place = _xp.from_numpy(xp, place, device=device)
