@@ -17,7 +17,7 @@ One product and one QR per step, plus the first product. The small shift
 columns that matter, but keeps the columns of a (near-)null space at their previous
 directions instead of letting the QR complete them arbitrarily (a zero matrix keeps
 its basis, orthonormalised). Each matrix stops once its residual, plus
-:func:`rounding_allowance`, is at most ``rtol``; the loop stops when all have.
+:func:`~.certificate.rounding_allowance`, is at most ``rtol``; the loop stops when all have.
 
 Why a full QR and not a cheaper update: a first-order (Jacobi-like) rotation from
 ``QᵀAQ`` divides by eigenvalue gaps and fails where a rank-deficient factor gains a
@@ -30,47 +30,12 @@ from __future__ import annotations
 import math
 
 from .. import _xp
+from .certificate import rayleigh_quotients, relative_residual, rounding_allowance
 
-__all__ = ["SHIFT", "ALLOWANCE_FACTOR", "rounding_allowance", "orthogonal_iteration"]
+__all__ = ["SHIFT", "orthogonal_iteration"]
 
 #: The shift σ as a fraction of ‖A‖_F.
 SHIFT = 2.0 ** -20
-#: The rounding allowance in units of (n + 2)·u (see :func:`rounding_allowance`).
-ALLOWANCE_FACTOR = 4.0
-
-
-def rounding_allowance(n: int, unit_roundoff: float) -> float:
-    """What rounding may hide from the computed residual: ``ALLOWANCE_FACTOR·(n + 2)·u``.
-
-    The computed residual of a basis differs from its exact one by the rounding of
-    ``A·Q`` and of the Rayleigh quotients, and the bases that Householder QR and
-    eigh return are orthonormal only to ``‖QᵀQ − I‖_F`` of about ``n·u`` (measured
-    up to 0.9·n·u for torch's float32 eigh at n = 1024, 3.3·n·u for its float64 one
-    at n = 10); both move the promised error (docs/eigenbasis.rst) by this order. A
-    matrix counts as converged where ``residual + allowance ≤ rtol``, and the
-    allowance bounds the returned basis's ``‖QᵀQ − I‖_F``.
-
-    Examples
-    --------
-    >>> round(rounding_allowance(1024, 2.0 ** -24), 6)
-    0.000245
-    """
-    return ALLOWANCE_FACTOR * (max(n, 0) + 2) * unit_roundoff
-
-
-def _rayleigh_quotients(q, z):
-    """Per column ``qᵢᵀzᵢ / qᵢᵀqᵢ`` (0 for a zero column)."""
-    xp = _xp.array_namespace(q)
-    squares = xp.sum(q * q, axis=-2)
-    squares = xp.where(squares > 0, squares, xp.ones_like(squares))
-    return xp.sum(q * z, axis=-2) / squares
-
-
-def _residual(q, z, d, norm):
-    """``‖Z − Q·diag(d)‖_F / norm`` per matrix (``Z = (A + σI)·Q``, ``d`` its quotients)."""
-    return _xp.frobenius_norm(z - q * d[:, None, :]) / norm
-
-
 def _qr_step(a, shift, q, z, d):
     """One orthogonal-iteration step from ``Z = (A + σI)·Q`` and its quotients ``d``;
     returns the new basis, its product and its quotients."""
@@ -82,7 +47,7 @@ def _qr_step(a, shift, q, z, d):
     signs = xp.where(signs == 0, xp.ones_like(signs), signs)
     q = factors[0] * signs[:, None, :]
     z = shift * q + _xp.batched_matmul(a, q)
-    return q, z, _rayleigh_quotients(q, z)
+    return q, z, rayleigh_quotients(q, z)
 
 
 def orthogonal_iteration(a, basis, *, iterations: int, rtol: float, traced: bool):
@@ -116,7 +81,7 @@ def orthogonal_iteration(a, basis, *, iterations: int, rtol: float, traced: bool
     shift = xp.where(positive, SHIFT * norm, xp.ones_like(norm))[:, None, None]
     allowance = rounding_allowance(n, float(xp.finfo(a.dtype).eps) / 2)
     z = shift * basis + _xp.batched_matmul(a, basis)
-    d = _rayleigh_quotients(basis, z)
+    d = rayleigh_quotients(basis, z)
     b = a.shape[0]
     device = _xp.device_of(a)
     state = (basis, z, d, xp.full((b,), math.inf, dtype=a.dtype, device=device),
@@ -126,7 +91,7 @@ def orthogonal_iteration(a, basis, *, iterations: int, rtol: float, traced: bool
     def step(state, k):
         q, z, d, residual, done, steps = state
         new_q, new_z, new_d = _qr_step(a, shift, q, z, d)
-        new_residual = _residual(new_q, new_z, new_d, safe_norm)
+        new_residual = relative_residual(new_q, new_z, new_d, safe_norm)
         keep = done
         q = _xp.batched_where(keep, q, new_q)
         z = _xp.batched_where(keep, z, new_z)

@@ -17,10 +17,12 @@ import numpy as np
 from .. import _xp
 from .._checks import check_choice, check_stack, refuse_traced
 from .._typing import Array
-from .orthogonal_iteration import orthogonal_iteration, rounding_allowance
+from .certificate import rounding_allowance
+from .block_rotation import block_rotation, default_block
+from .orthogonal_iteration import orthogonal_iteration
 
 __all__ = ["EigenbasisResult", "refresh_eigenbasis", "DEFAULT_ITERATIONS", "DEFAULT_RTOL",
-           "FALLBACKS", "MAX_ITERATIONS"]
+           "FALLBACKS", "METHODS", "MAX_ITERATIONS"]
 
 #: Steps of orthogonal iteration at most (a matrix stops at its first converged step).
 DEFAULT_ITERATIONS = 2
@@ -28,6 +30,9 @@ DEFAULT_ITERATIONS = 2
 DEFAULT_RTOL = 1e-2
 #: What a matrix that did not converge gets: eigh's eigenpairs, or the iterate as it is.
 FALLBACKS = ("eigh", "none")
+#: The methods: block steps (thin products, :mod:`.block_rotation`) or orthogonal
+#: iteration (a full QR per step, :mod:`.orthogonal_iteration`).
+METHODS = ("block", "orthogonal")
 #: Past this many steps an eigh is cheaper on every backend measured (bench/eigenbasis_refresh.py).
 MAX_ITERATIONS = 64
 
@@ -43,9 +48,11 @@ class EigenbasisResult(NamedTuple):
         Ascending; the Rayleigh quotients ``qᵢᵀ·A·qᵢ`` of the columns.
     residual : array (...)
         ``‖A·Q − Q·diag(λ)‖_F / ‖A‖_F`` of the returned pair (0 for a zero matrix;
-        NaN for a matrix with NaN or Inf entries).
+        NaN for a matrix with NaN or Inf entries), plus for the block method the
+        probed bound on ``‖QᵀQ − I‖_F``: a bound on the relative reconstruction
+        error up to the rounding allowance.
     converged : array (...) of bool
-        ``residual + rounding allowance ≤ rtol``: the promise of docs/eigenbasis.rst holds.
+        ``residual + rounding allowance ≤ rtol``: the promise above holds.
     iterations : array (...) of int32
         Orthogonal-iteration steps each matrix took (before any fallback).
     fell_back : array (...) of bool
@@ -66,13 +73,12 @@ class EigenbasisResult(NamedTuple):
         return int(xp.sum(xp.astype(self.fell_back, xp.int32)))
 
 
-def _check_count(value, name: str, upper: int) -> int:
+def _check_count(value, name: str, upper: int, why: str) -> int:
     value = refuse_traced(value, name)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if not 1 <= value <= upper:
-        raise ValueError(f"{name}={value} must be from 1 to {upper}; a basis that needs "
-                         f"more steps is cheaper from eigh (fallback='eigh')")
+        raise ValueError(f"{name}={value} must be from 1 to {upper} ({why})")
     return int(value)
 
 
@@ -106,16 +112,21 @@ def _work_dtype(xp, dtype):
 
 
 def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_ITERATIONS,
-                       rtol: float = DEFAULT_RTOL, fallback: str = "eigh") -> EigenbasisResult:
+                       rtol: float = DEFAULT_RTOL, fallback: str = "eigh",
+                       method: str = "block", block: int | None = None) -> EigenbasisResult:
     """Eigenvectors and eigenvalues of symmetric (PSD) matrices from a previous basis.
 
-    Runs warm-started orthogonal iteration on every matrix of the stack at once and
-    certifies each result by its relative residual ``‖A·Q − Q·diag(λ)‖_F / ‖A‖_F``.
-    ``converged`` promises (docs/eigenbasis.rst): ``‖A − Q·diag(λ)·Qᵀ‖_F ≤ rtol·‖A‖_F``,
-    the sorted eigenvalues within ``rtol·‖A‖_F`` of A's (in the 2-norm of their
-    differences), ``Q`` orthonormal to rounding, and every group of eigenvectors
-    whose eigenvalues lie a gap ``δ`` away from the rest of A's spectrum within
-    ``rtol·‖A‖_F/δ`` of A's invariant subspace (sine of the largest angle).
+    Refreshes every matrix of the stack at once from its previous basis (block steps
+    by default: the dominant columns by subspace iteration and Rayleigh–Ritz, the
+    others rotated to stay orthogonal to them, thin products only) and certifies each
+    result by its relative residual ``‖A·Q − Q·diag(λ)‖_F / ‖A‖_F``. ``converged``
+    promises (docs/eigenbasis.rst): ``‖A − Q·diag(λ)·Qᵀ‖_F ≤ rtol·‖A‖_F``, the sorted
+    eigenvalues within ``rtol·‖A‖_F`` of A's (the 2-norm of their differences),
+    ``‖QᵀQ − I‖_F ≤ rtol``, and every group of eigenvectors whose eigenvalues lie a
+    gap ``δ`` away from the rest of A's spectrum within about ``rtol·‖A‖_F/δ`` of
+    A's invariant subspace (sine of the largest angle). For ``method="block"`` the
+    orthogonality is bounded by random probes, wrong with probability ≤ 1e-12 per
+    matrix.
 
     Parameters
     ----------
@@ -133,6 +144,14 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
         ``"eigh"``: the matrices that did not converge (only those) are solved by
         ``eigh`` (a matrix with NaN or Inf entries is not: its results are NaN);
         ``"none"``: they keep their last iterate, ``converged=False``.
+    method : {"block", "orthogonal"}
+        ``"block"``: about ``1 + 6·block/n`` products of n×n matrices per step;
+        ``"orthogonal"``: orthogonal (subspace) iteration on all n columns, a
+        product and an n×n QR per step, for factors whose mass lies beyond any
+        small block.
+    block : int, optional
+        Columns the block method refreshes by subspace iteration (1…n), default
+        ``ceil(n/8)``.
 
     Returns
     -------
@@ -148,7 +167,8 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
         two libraries, or options of the wrong type (or traced).
     ValueError
         For shapes that differ or are not square, devices that differ, iterations
-        outside 1…64, rtol outside (0, 1), an unknown fallback.
+        outside 1…64, block outside 1…n, rtol outside (0, 1), an unknown fallback
+        or method.
 
     Examples
     --------
@@ -167,10 +187,14 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     """
     xp = check_stack(a, "a")
     _check_basis(xp, a, basis)
-    iterations = _check_count(iterations, "iterations", MAX_ITERATIONS)
+    iterations = _check_count(iterations, "iterations", MAX_ITERATIONS,
+                              "a basis that needs more steps is cheaper from eigh")
     rtol = _check_rtol(rtol)
     check_choice(fallback, "fallback", FALLBACKS)
+    check_choice(method, "method", METHODS)
     batch, n = tuple(a.shape[:-2]), a.shape[-1]
+    block = default_block(n) if block is None else _check_count(block, "block", max(n, 1),
+                                                              "columns of the n×n basis")
     b = math.prod(batch)
     work = _work_dtype(xp, a.dtype)
     if b == 0 or n == 0:
@@ -180,7 +204,7 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     traced = _xp.is_traced(stack) or _xp.is_traced(start)
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(EigenbasisResult)
-    static = dict(iterations=iterations, rtol=rtol)
+    static = dict(iterations=iterations, rtol=rtol, method=method, block=block)
     with _xp.solve_context(xp, stack):
         if _xp.is_jax_namespace(xp) and not traced:
             parts = _xp.jax_compiled(_iterate, stack, dict(start=start), **static)
@@ -199,21 +223,32 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
         xp.reshape(converged, batch), xp.reshape(steps, batch), xp.reshape(fell_back, batch))
 
 
-def _iterate(stack, *, start, iterations: int, rtol: float):
+def _finite_matrices(x):
+    """Per matrix: all entries finite. Not ``_xp.finite_matrices``'s ``sum(x·0) == 0``:
+    torch.compile's inductor folds ``x·0`` to 0 and calls every matrix finite."""
+    xp = _xp.array_namespace(x)
+    return xp.all(xp.isfinite(x), axis=(-2, -1))
+
+
+def _iterate(stack, *, start, iterations: int, rtol: float, method: str, block: int):
     """The iteration on a ``(b, n, n)`` stack: ``(q, eigenvalues, residual, converged,
     steps, finite, scaled stack)``; NaN results for non-finite matrices."""
     xp = _xp.array_namespace(stack)
     n = stack.shape[-1]
     eye = _xp.identity_stack(xp, n, stack.dtype, _xp.device_of(stack))
-    finite = _xp.finite_matrices(stack)
-    usable = finite & _xp.finite_matrices(start)
+    finite = _finite_matrices(stack)
+    usable = finite & _finite_matrices(start)
     stack = _xp.symmetric_part(_xp.batched_where(finite, stack, xp.zeros_like(stack)))
     start = _xp.batched_where(usable, start, xp.zeros_like(start) + eye)
     scale = _xp.power_of_two_scale(stack)
     scaled = stack / scale[:, None, None]
-    q, d, residual, converged, steps = orthogonal_iteration(
-        scaled, start, iterations=iterations, rtol=rtol,
-        traced=_xp.is_traced(stack))
+    traced = _xp.is_traced(stack)
+    if method == "block":
+        q, d, residual, converged, steps = block_rotation(
+            scaled, start, iterations=iterations, rtol=rtol, block=block, traced=traced)
+    else:
+        q, d, residual, converged, steps = orthogonal_iteration(
+            scaled, start, iterations=iterations, rtol=rtol, traced=traced)
     nan = xp.asarray(math.nan, dtype=stack.dtype, device=_xp.device_of(stack))
     q = _xp.batched_where(finite, q, xp.zeros_like(q) + nan)
     w = xp.where(finite[:, None], d * scale[:, None], nan)

@@ -214,11 +214,7 @@ class _Grader:
     orthogonality: float | None
 
     def orthogonality_limit(self, case) -> float:
-        if self.orthogonality is not None:
-            return self.orthogonality
-        from ..eigenbasis.orthogonal_iteration import rounding_allowance
-
-        return rounding_allowance(case.n, float(np.finfo(dtype_name(case.a.dtype)).eps) / 2)
+        return self.rtol if self.orthogonality is None else self.orthogonality
 
     def namespace(self, case):
         before = host_float64(case.a)
@@ -281,7 +277,7 @@ def check_eigenbasis_refresh(refresh: Callable, *, rtol: float, dtype: str = "fl
       dtype, the input left unchanged;
     - ``promise``: every matrix reported converged has reconstruction and eigenvalue
       errors (:func:`eigenbasis_errors`) at most ``rtol`` and orthogonality at most
-      ``orthogonality`` (default matroot's rounding allowance, 4·(n + 2)·u);
+      ``orthogonality`` (default ``rtol``);
     - ``nan_isolation``: a NaN matrix is not converged and changes none of its
       neighbours' results (bitwise).
 

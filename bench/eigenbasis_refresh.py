@@ -1,0 +1,156 @@
+"""Eigenbasis refresh vs a batched float32 eigh, side by side on this machine.
+
+The stacks are Shampoo factors one preconditioner update apart: ``L`` is an EMA
+(β₂ = 0.95) of Gram matrices of gradients whose leading directions drift a little each
+step (ranks cycled over n/32, n/8, n/2 and n across the blocks); the previous basis is
+the float64 eigenvectors of ``L``, rounded to float32; the refresh is asked for those
+of ``L' = 0.95·L + 0.05·G·Gᵀ``. Times are medians of alternating rounds (eigh, then
+each refresh setting), with the library's default thread count. Accuracy is graded by
+``matroot.testing.eigenbasis_errors`` against the float64 eigh oracle.
+
+Usage: ``python bench/eigenbasis_refresh.py`` (8 × 384², a few rounds);
+``--large`` adds 16 × 1024² (minutes). Writes bench/results/eigenbasis.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+import matroot
+from matroot.testing import eigenbasis_errors
+
+RESULTS = Path(__file__).parent / "results"
+SETTINGS = ((1, "none"), (2, "none"), (4, "none"), (2, "eigh"))
+
+
+def soap_factors(batch: int, n: int, *, seed: int = 0, steps: int = 30, beta: float = 0.95):
+    """(previous basis, new factor) as float64 stacks, as the module docstring says."""
+    rng = np.random.default_rng(seed)
+    ranks = [max(1, n // 32), max(1, n // 8), max(1, n // 2), n]
+    previous, new = np.empty((batch, n, n)), np.empty((batch, n, n))
+    for i in range(batch):
+        rank = ranks[i % len(ranks)]
+        directions = np.linalg.qr(rng.standard_normal((n, rank)))[0]
+        weights = np.geomspace(1.0, 0.05, rank)
+        factor = np.zeros((n, n))
+        for step in range(steps + 1):
+            directions = np.linalg.qr(directions + 0.1 * rng.standard_normal((n, rank))
+                                      / np.sqrt(n))[0]
+            g = directions * weights + 0.01 * rng.standard_normal((n, rank)) / np.sqrt(n)
+            if step == steps:
+                previous[i] = factor
+            factor = beta * factor + (1 - beta) * (g @ g.T)
+        new[i] = factor
+    return np.linalg.eigh(previous)[1], new
+
+
+def _median_times(calls: dict, rounds: int) -> dict:
+    times: dict = {name: [] for name in calls}
+    for name, call in calls.items():  # warm-up (JIT caches, allocator)
+        call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def measure(backend: str, batch: int, n: int, rounds: int) -> list[dict]:
+    basis64, new64 = soap_factors(batch, n)
+    if backend == "torch":
+        import torch
+
+        a, q = torch.tensor(new64, dtype=torch.float32), torch.tensor(basis64,
+                                                                     dtype=torch.float32)
+        eigh = torch.linalg.eigh
+    else:
+        a, q = new64.astype(np.float32), basis64.astype(np.float32)
+        eigh = np.linalg.eigh
+    calls = {"eigh": lambda: eigh(a)}
+    for iterations, fallback in SETTINGS:
+        calls[f"refresh k={iterations} {fallback}"] = (
+            lambda k=iterations, f=fallback: matroot.refresh_eigenbasis(
+                a, q, iterations=k, fallback=f))
+    times = _median_times(calls, rounds)
+    previous = eigenbasis_errors(new64, basis64, np.einsum("bij,bjk,bki->bi",
+                                                           basis64.transpose(0, 2, 1), new64,
+                                                           basis64))
+    rows = [{"backend": backend, "batch": batch, "n": n, "method": "previous basis",
+             "seconds": 0.0, "ratio_to_eigh": 0.0, "converged": 0, "fallbacks": 0,
+             "residual_max": float(previous["reconstruction"].max()),
+             "reconstruction_max": float(previous["reconstruction"].max()),
+             "eigenvalue_error_max": float(previous["eigenvalues"].max()),
+             "converged_wrong": 0}]
+    w, v = eigh(a)
+    grades = eigenbasis_errors(new64, v, w)
+    rows.append({"backend": backend, "batch": batch, "n": n, "method": "eigh float32",
+                 "seconds": times["eigh"], "ratio_to_eigh": 1.0, "converged": batch,
+                 "fallbacks": 0, "residual_max": float("nan"),
+                 "reconstruction_max": float(grades["reconstruction"].max()),
+                 "eigenvalue_error_max": float(grades["eigenvalues"].max()),
+                 "converged_wrong": 0})
+    for name in calls:
+        if name == "eigh":
+            continue
+        iterations, fallback = name.split()[1][2:], name.split()[2]
+        result = calls[name]()
+        grades = eigenbasis_errors(new64, result.eigenvectors, result.eigenvalues)
+        converged = np.asarray(result.converged, dtype=bool)
+        wrong = converged & ((grades["reconstruction"] > matroot.eigenbasis.DEFAULT_RTOL)
+                             | (grades["eigenvalues"] > matroot.eigenbasis.DEFAULT_RTOL))
+        rows.append({"backend": backend, "batch": batch, "n": n,
+                     "method": f"refresh iterations={iterations} fallback={fallback}",
+                     "seconds": times[name], "ratio_to_eigh": times[name] / times["eigh"],
+                     "converged": int(converged.sum()), "fallbacks": result.fallbacks,
+                     "residual_max": float(np.max(np.asarray(result.residual))),
+                     "reconstruction_max": float(grades["reconstruction"].max()),
+                     "eigenvalue_error_max": float(grades["eigenvalues"].max()),
+                     "converged_wrong": int(wrong.sum())})
+    return rows
+
+
+def markdown(rows: list[dict], machine: str) -> str:
+    lines = [f"# Eigenbasis refresh vs batched float32 eigh ({machine})", "",
+             f"rtol = {matroot.eigenbasis.DEFAULT_RTOL} (the default); errors relative to "
+             "‖A‖_F against the float64 oracle; times are medians of alternating rounds.", "",
+             "| backend | stack | method | time (s) | × eigh | converged | eigh fallbacks "
+             "| residual max | reconstruction max | eigenvalue error max | converged but "
+             "wrong |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['backend']} | {r['batch']} × {r['n']}² | {r['method']} | "
+            f"{r['seconds']:.3f} | {r['ratio_to_eigh']:.2f} | {r['converged']}/{r['batch']} | "
+            f"{r['fallbacks']} | {r['residual_max']:.2e} | {r['reconstruction_max']:.2e} | "
+            f"{r['eigenvalue_error_max']:.2e} | {r['converged_wrong']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--large", action="store_true", help="also 16 × 1024² (minutes)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backends", default="torch,numpy")
+    args = parser.parse_args()
+    shapes = [(8, 384)] + ([(16, 1024)] if args.large else [])
+    rows = []
+    for batch, n in shapes:
+        for backend in args.backends.split(","):
+            rows.extend(measure(backend, batch, n, args.rounds))
+            print(markdown(rows[-(2 + len(SETTINGS)):], platform.processor() or "CPU"))
+    machine = f"{platform.machine()} CPU, {platform.system()}"
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "eigenbasis.json").write_text(json.dumps({"machine": machine, "rows": rows},
+                                                        indent=1))
+    (RESULTS / "eigenbasis.md").write_text(markdown(rows, machine))
+
+
+if __name__ == "__main__":
+    main()
