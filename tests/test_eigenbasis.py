@@ -242,3 +242,18 @@ def test_torch_compile_matches_eager():
     compiled = torch.compile(lambda a, q: matroot.refresh_eigenbasis(a, q, iterations=1))(a, q)
     assert compiled.converged.tolist() == [True, True, False]
     assert torch.isnan(compiled.eigenvalues[2]).all()
+
+
+def test_eigenbasis_cases_refuse_bad_arguments():
+    from matroot.testing import eigenbasis_cases
+
+    with pytest.raises(ValueError, match="unknown families or starts"):
+        eigenbasis_cases(families=["nope"])
+    with pytest.raises(ValueError, match="unknown families or starts"):
+        eigenbasis_cases(starts=["upside_down"])
+    with pytest.raises(ValueError, match="n=0"):
+        eigenbasis_cases(n=0)
+    with pytest.raises(TypeError, match="refresh must be a function"):
+        check_eigenbasis_refresh("block", rtol=1e-2)
+    with pytest.raises(ValueError, match="unknown properties"):
+        check_eigenbasis_refresh(matroot.refresh_eigenbasis, rtol=1e-2, skip=["speed"])

@@ -59,7 +59,7 @@ def _block_step(a, shift, q, z, d, k: int):
     y = _xp.lapack_in_order(xp.linalg.qr, z_top)[0]
     w = shift * y + a @ y
     h = mt(y) @ w
-    theta, v = _xp.lapack_in_order(xp.linalg.eigh, (h + mt(h)) / 2)
+    v = _xp.lapack_in_order(xp.linalg.eigh, (h + mt(h)) / 2)[1]
     top, z_new_top = y @ v, w @ v
     x = mt(q) @ top
     u, c, vh = _xp.lapack_in_order(xp.linalg.svd, x[:, :k, :])
@@ -106,7 +106,7 @@ def block_rotation(a, basis, *, iterations: int, rtol: float, block: int, traced
         steps = xp.where(done, steps, steps + 1)
         return q, z, d, residual, done | (residual + allowance <= rtol), steps
 
-    q, z, d, residual, done, steps = _xp.bounded_loop(
+    q, _, d, residual, _, steps = _xp.bounded_loop(
         step, state, max_iter=iterations, running=lambda s: ~xp.all(s[4]), check_every=1,
         traced=traced)
     # The steps keep Q orthonormal only as far as the start was: bound what it is now.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -77,19 +77,21 @@ def _check_count(value, name: str, upper: int, why: str) -> int:
     value = refuse_traced(value, name)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 1 <= value <= upper:
-        raise ValueError(f"{name}={value} must be from 1 to {upper} ({why})")
-    return int(value)
+    count = int(value)
+    if not 1 <= count <= upper:
+        raise ValueError(f"{name}={count} must be from 1 to {upper} ({why})")
+    return count
 
 
 def _check_rtol(value) -> float:
     value = refuse_traced(value, "rtol")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"rtol must be a real number, got {type(value).__name__}")
-    if not 0 < value < 1:  # comparisons: NaN fails them
+    number = float(value)
+    if not 0 < number < 1:  # comparisons: NaN fails them
         raise ValueError(f"rtol={value} must be in (0, 1): a relative residual of 1 or more "
                          "says nothing about the basis")
-    return float(value)
+    return number
 
 
 def _check_basis(xp, a, basis):
@@ -204,7 +206,8 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     traced = _xp.is_traced(stack) or _xp.is_traced(start)
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(EigenbasisResult)
-    static = dict(iterations=iterations, rtol=rtol, method=method, block=block)
+    static: dict[str, Any] = dict(iterations=iterations, rtol=rtol, method=method,
+                                  block=block)
     with _xp.solve_context(xp, stack):
         if _xp.is_jax_namespace(xp) and not traced:
             parts = _xp.jax_compiled(_iterate, stack, dict(start=start), **static)

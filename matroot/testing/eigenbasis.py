@@ -15,7 +15,7 @@ Examples
 ...     w, q = np.linalg.eigh(a)
 ...     ones = np.ones(a.shape[:-2], dtype=bool)
 ...     return EigenbasisResult(q, w, 0 * w[..., 0], ones, 0 * ones, ~ones)
->>> check_eigenbasis_refresh(eigh_refresh, rtol=1e-2, max_examples=5)
+>>> check_eigenbasis_refresh(eigh_refresh, rtol=1e-2, max_examples=5, skip=["nan_isolation"])
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from .oracle import host_float64, random_orthogonal
+from .oracle import host_float64
 from .spectra import FAMILIES, family_stack
 from .strategies import safe_exponent_range
 from .tolerances import dtype_name
@@ -149,7 +149,7 @@ def eigenbasis_cases(*, n: int | tuple[int, int] = (1, 12),
     -------
     SearchStrategy[EigenbasisCase]
     """
-    low, high = (n, n) if np.isscalar(n) else tuple(n)
+    low, high = (int(n), int(n)) if isinstance(n, int) else (int(n[0]), int(n[1]))
     if not 1 <= low <= high:
         raise ValueError(f"n={n!r}: give a size >= 1 or a (low, high) range")
     chosen = tuple(BASIS_FAMILIES if families is None else families)
