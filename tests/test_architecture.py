@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("matroot.stack_solve",),
     ("matroot.roots",),
     ("matroot.polar_factor", "matroot.polar_accuracy", "matroot.polar_coefficients",
-     "matroot.polar_solvers", "matroot.polar_gradient"),
+     "matroot.polar_solvers", "matroot.polar_gradient", "matroot.eigenbasis"),
     ("matroot",),
     ("matroot.optim",),
     ("matroot.testing",),
