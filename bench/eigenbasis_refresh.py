@@ -40,7 +40,7 @@ SETTINGS = (
 )
 
 
-def soap_factors(batch: int, n: int, *, seed: int = 0, steps: int = 30, beta: float = 0.95):
+def soap_factors(batch: int, n: int, *, seed: int = 0, steps: int = 20, beta: float = 0.95):
     """(previous basis, new factor) as float64 stacks, as the module docstring says."""
     rng = np.random.default_rng(seed)
     ranks = [max(1, n // 32), max(1, n // 8), max(1, n // 2), n]
@@ -78,7 +78,15 @@ def _median_times(calls: dict, rounds: int) -> tuple[dict, dict]:
             {name: statistics.median(v) for name, v in cpu.items()})
 
 
-def measure(backend: str, batch: int, n: int, rounds: int) -> list[dict]:
+def _grades(new64, vectors, values) -> dict:
+    """eigenbasis_errors one matrix at a time (a 16 × 1024² float64 stack's temporaries
+    exhausted a shared machine's memory)."""
+    vectors, values = np.asarray(vectors), np.asarray(values)
+    each = [eigenbasis_errors(new64[i], vectors[i], values[i]) for i in range(len(new64))]
+    return {key: np.array([float(e[key]) for e in each]) for key in each[0]}
+
+
+def measure(backend: str, batch: int, n: int, rounds: int, settings=SETTINGS) -> list[dict]:
     basis64, new64 = soap_factors(batch, n)
     if backend == "torch":
         import torch
@@ -90,15 +98,13 @@ def measure(backend: str, batch: int, n: int, rounds: int) -> list[dict]:
         a, q = new64.astype(np.float32), basis64.astype(np.float32)
         eigh = np.linalg.eigh
     calls = {"eigh": lambda: eigh(a)}
-    for label, options in SETTINGS:
+    for label, options in settings:
         options = {k: (n // 4 if v == "n/4" else v) for k, v in options.items()}
         calls[label] = lambda o=options: matroot.refresh_eigenbasis(a, q, **o)
     rtols = {label: options.get("rtol", matroot.eigenbasis.DEFAULT_RTOL)
-             for label, options in SETTINGS}
+             for label, options in settings}
     times, cpu = _median_times(calls, rounds)
-    previous = eigenbasis_errors(new64, basis64, np.einsum("bij,bjk,bki->bi",
-                                                           basis64.transpose(0, 2, 1), new64,
-                                                           basis64))
+    previous = _grades(new64, basis64, np.sum(basis64 * (new64 @ basis64), axis=-2))
     rows = [{"backend": backend, "batch": batch, "n": n, "method": "previous basis",
              "seconds": 0.0, "ratio_to_eigh": 0.0, "cpu_ratio_to_eigh": 0.0,
              "converged": 0, "fallbacks": 0,
@@ -107,7 +113,7 @@ def measure(backend: str, batch: int, n: int, rounds: int) -> list[dict]:
              "eigenvalue_error_max": float(previous["eigenvalues"].max()),
              "converged_wrong": 0}]
     w, v = eigh(a)
-    grades = eigenbasis_errors(new64, v, w)
+    grades = _grades(new64, v, w)
     rows.append({"backend": backend, "batch": batch, "n": n, "method": "eigh float32",
                  "seconds": times["eigh"], "ratio_to_eigh": 1.0, "cpu_ratio_to_eigh": 1.0,
                  "converged": batch,
@@ -119,7 +125,7 @@ def measure(backend: str, batch: int, n: int, rounds: int) -> list[dict]:
         if name == "eigh":
             continue
         result = calls[name]()
-        grades = eigenbasis_errors(new64, result.eigenvectors, result.eigenvalues)
+        grades = _grades(new64, result.eigenvectors, result.eigenvalues)
         converged = np.asarray(result.converged, dtype=bool)
         wrong = converged & ((grades["reconstruction"] > rtols[name])
                              | (grades["eigenvalues"] > rtols[name])
@@ -165,8 +171,10 @@ def main() -> None:
     rows = []
     for batch, n in shapes:
         for backend in args.backends.split(","):
-            rows.extend(measure(backend, batch, n, args.rounds))
-            print(markdown(rows[-(2 + len(SETTINGS)):], platform.processor() or "CPU"))
+            settings = SETTINGS if n < 1024 else SETTINGS[:2] + SETTINGS[-1:]
+            rows.extend(measure(backend, batch, n, args.rounds, settings))
+            print(markdown(rows[-(2 + len(settings)):], platform.processor() or "CPU"),
+                  flush=True)
     machine = f"{platform.machine()} CPU, {platform.system()}, load {os.getloadavg()[0]:.1f}"
     RESULTS.mkdir(exist_ok=True)
     name = "eigenbasis_large" if args.only_large else "eigenbasis"
