@@ -6,6 +6,7 @@ PyTorch arrays, with any solver of the registry (:mod:`matroot.solvers.registry`
 eigh, Newton–Schulz, coupled Newton, minimax polynomial iterations or Chebyshev.
 """
 
+from .eigenbasis import EigenbasisResult, refresh_eigenbasis
 from .polar_factor.api import PolarResult, polar, polar_info
 from .roots.api import (
     ConvergenceWarning,
@@ -33,6 +34,8 @@ __all__ = [
     "polar",
     "polar_info",
     "PolarResult",
+    "refresh_eigenbasis",
+    "EigenbasisResult",
     "InvRootResult",
     "ConvergenceWarning",
     "default_tol",

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("matroot.solvers",),
     ("matroot.solvers.polar",),
     ("matroot.roots",),
-    ("matroot.polar_factor",),
+    ("matroot.polar_factor", "matroot.eigenbasis"),
     ("matroot",),
     ("matroot.optim.shampoo_core",),
     ("matroot.optim.muon",),

@@ -52,6 +52,10 @@ __all__ = [
     "accuracy_tolerance",
     "assert_inv_root_close",
     "check_inv_root_solver",
+    "check_eigenbasis_refresh",
+    "EigenbasisCase",
+    "eigenbasis_cases",
+    "eigenbasis_errors",
     "host_float64",
     "oracle_inv_root",
     "random_orthogonal",
@@ -63,7 +67,9 @@ __all__ = [
 #: Names that need hypothesis, and the module that defines each.
 _NEEDS_HYPOTHESIS = {"spd_stacks": "strategies", "check_inv_root_solver": "conformance",
                      "PROPERTIES": "conformance", "rectangular_stacks": "polar",
-                     "check_polar_solver": "polar"}
+                     "check_polar_solver": "polar", "eigenbasis_cases": "eigenbasis",
+                     "eigenbasis_errors": "eigenbasis", "EigenbasisCase": "eigenbasis",
+                     "check_eigenbasis_refresh": "eigenbasis"}
 
 
 def __getattr__(name: str) -> Any:

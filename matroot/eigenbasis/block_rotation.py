@@ -1,0 +1,119 @@
+"""Block refresh: the dominant columns by subspace iteration and Rayleigh–Ritz, the rest
+turned by the direct rotation that keeps them orthogonal to those — thin products only.
+
+One step from an orthonormal basis ``Q`` with ``Z = (A + σI)·Q`` in hand (``k`` the block):
+
+1. sort the columns by Rayleigh quotient, largest first; ``Q = [Q_t, Q_r]`` with ``k``
+   top columns;
+2. ``Y = qr(Z_t)`` (one step of subspace iteration for the top block, an n×k QR),
+   then Rayleigh–Ritz: ``W = (A + σI)·Y``, ``eigh(YᵀW) = (θ, V)``, ``T = Y·V``;
+3. the rest: in the coordinates ``X = QᵀT = [X_t; X_r]``, the direct rotation (the
+   smallest rotation taking ``span(Q_t)`` to ``span(T)``) maps ``Q_r`` to
+   ``Q_r − (Q_r·F·diag(1/(1 + c)) + Q_t·U)·Fᵀ``, where ``X_t = U·diag(c)·Vᵀ``
+   (SVD of a k×k matrix, ``c`` the cosines of the principal angles) and
+   ``F = X_r·V``. Exactly orthonormal and orthogonal to ``T`` for an orthonormal
+   ``Q``, and stable at any angle (no division by a sine);
+4. ``(A + σI)`` times the new rest is the same update of ``Z_r``: the residual of the
+   new basis is exact without another n×n product.
+
+Cost: the first product ``(A + σI)·Q`` and about ``6·k/n`` of one per step (k = n/8:
+1.75 products per refresh against ~7 for eigh on the CPUs measured). What it does not
+turn: couplings within the rest; a factor whose mass lies beyond its top ``k``
+directions needs a larger ``block`` (or orthogonal iteration, ``method="orthogonal"``).
+The basis must be orthonormal: the columns are normalised, and ``‖QᵀQ − I‖_F`` of the
+result is bounded by probes (:func:`~.certificate.orthogonality_bound`) and counted
+against ``rtol``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import _xp
+from .certificate import (orthogonality_bound, rayleigh_quotients, relative_residual,
+                          rounding_allowance)
+from .orthogonal_iteration import SHIFT
+
+__all__ = ["default_block", "block_rotation"]
+
+
+def default_block(n: int) -> int:
+    """The block size used when none is given: ``ceil(n/8)``.
+
+    Examples
+    --------
+    >>> default_block(1024), default_block(5)
+    (128, 1)
+    """
+    return max(1, math.ceil(n / 8))
+
+
+def _block_step(a, shift, q, z, d, k: int):
+    """One block step from ``Z = (A + σI)·Q``; returns the new basis, product, quotients."""
+    xp = _xp.array_namespace(a)
+    mt = xp.matrix_transpose
+    order = xp.argsort(d, axis=-1, descending=True)
+    q = xp.take_along_axis(q, order[:, None, :], axis=-1)
+    z = xp.take_along_axis(z, order[:, None, :], axis=-1)
+    q_top, q_rest, z_top, z_rest = q[..., :k], q[..., k:], z[..., :k], z[..., k:]
+    y = _xp.lapack_in_order(xp.linalg.qr, z_top)[0]
+    w = shift * y + a @ y
+    h = mt(y) @ w
+    v = _xp.lapack_in_order(xp.linalg.eigh, (h + mt(h)) / 2)[1]
+    top, z_new_top = y @ v, w @ v
+    x = mt(q) @ top
+    u, c, vh = _xp.lapack_in_order(xp.linalg.svd, x[:, :k, :])
+    f = x[:, k:, :] @ mt(vh)
+    damping = (1 / (1 + c))[:, None, :]
+    rest = q_rest - ((q_rest @ f) * damping + q_top @ u) @ mt(f)
+    z_rest = z_rest - ((z_rest @ f) * damping + z_top @ u) @ mt(f)
+    q = xp.concat([top, rest], axis=-1)
+    z = xp.concat([z_new_top, z_rest], axis=-1)
+    return q, z, rayleigh_quotients(q, z)
+
+
+def block_rotation(a, basis, *, iterations: int, rtol: float, block: int, traced: bool):
+    """Refresh ``basis`` towards the eigenvectors of the symmetric stack ``a`` by block steps.
+
+    Parameters and returns as :func:`~.orthogonal_iteration.orthogonal_iteration`, with
+    ``block`` the number of dominant columns refreshed by subspace iteration (1…n).
+    """
+    xp = _xp.array_namespace(a)
+    n = a.shape[-1]
+    norm = _xp.frobenius_norm(a)
+    positive = norm > 0
+    safe_norm = xp.where(positive, norm, xp.ones_like(norm))
+    shift = xp.where(positive, SHIFT * norm, xp.ones_like(norm))[:, None, None]
+    allowance = rounding_allowance(n, float(xp.finfo(a.dtype).eps) / 2)
+    lengths = xp.sqrt(xp.sum(basis * basis, axis=-2))
+    basis = basis / xp.where(lengths > 0, lengths, xp.ones_like(lengths))[:, None, :]
+    z = shift * basis + _xp.batched_matmul(a, basis)
+    b = a.shape[0]
+    device = _xp.device_of(a)
+    state = (basis, z, rayleigh_quotients(basis, z),
+             xp.full((b,), math.inf, dtype=a.dtype, device=device),
+             xp.zeros((b,), dtype=xp.bool, device=device),
+             xp.zeros((b,), dtype=xp.int32, device=device))
+
+    def step(state, k):
+        q, z, d, residual, done, steps = state
+        new_q, new_z, new_d = _block_step(a, shift, q, z, d, block)
+        new_residual = relative_residual(new_q, new_z, new_d, safe_norm)
+        q = _xp.batched_where(done, q, new_q)
+        z = _xp.batched_where(done, z, new_z)
+        d = xp.where(done[:, None], d, new_d)
+        residual = xp.where(done, residual, new_residual)
+        steps = xp.where(done, steps, steps + 1)
+        return q, z, d, residual, done | (residual + allowance <= rtol), steps
+
+    q, _, d, residual, _, steps = _xp.bounded_loop(
+        step, state, max_iter=iterations, running=lambda s: ~xp.all(s[4]), check_every=1,
+        traced=traced)
+    # The steps keep Q orthonormal only as far as the start was: bound what it is now.
+    defect = orthogonality_bound(q)
+    residual = residual + defect
+    converged = residual + allowance <= rtol
+    order = xp.argsort(d, axis=-1)
+    q = xp.take_along_axis(q, order[:, None, :], axis=-1)
+    d = xp.take_along_axis(d, order, axis=-1) - shift[:, :, 0]
+    return q, d, residual, converged, steps
