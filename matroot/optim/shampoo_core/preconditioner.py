@@ -20,6 +20,7 @@ rank owns:
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import array_api_extra as xpx
@@ -27,6 +28,7 @@ import array_api_extra as xpx
 from ... import _xp
 from ...roots.api import InvRootResult, inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
+from . import lists
 from .packing import diagonals, pack, unpack
 from .factor_bounds import (
     advanced_bounds,
@@ -48,6 +50,7 @@ __all__ = [
     "init_stacks",
     "gather_blocks",
     "scatter_blocks",
+    "write_blocks",
     "assign",
     "update_factors",
     "refresh_inverse_roots",
@@ -173,6 +176,57 @@ def scatter_blocks(group: BlockGroup, blocks, outputs, *, in_place: bool = True)
     for j, b in enumerate(group.blocks):
         outputs[b.param] = assign(outputs[b.param], b.index, blocks[j, ...],
                                   in_place=in_place)
+    return outputs
+
+
+def write_blocks(xp, plan: BlockPlan, runs, results, like) -> list:
+    """Per parameter, its view-shaped array made of its blocks in ``results`` (one
+    ``(k, *run.shape)`` array per run); None for parameters in no run.
+
+    A parameter that is one block gets a view of its run's result (no copy); the
+    others are assembled, on PyTorch in one buffer per dtype by one foreach copy, so
+    the number of operations does not grow with the number of parameters.
+    ``like[i]`` is a view-shaped array of parameter ``i`` (the zeros' dtype and device
+    elsewhere).
+    """
+    outputs: list = [None] * len(plan.params)
+    count: dict = {}
+    for run in runs:
+        for b in run.blocks:
+            count[b.param] = count.get(b.param, 0) + 1
+    pieces = []
+    for run, result in zip(runs, results):
+        for j, b in enumerate(run.blocks):
+            if count[b.param] == 1:
+                outputs[b.param] = result[j, ...]
+            else:
+                pieces.append((b, result[j, ...]))
+    if not pieces:
+        return outputs
+    if not lists.is_foreach(xp):
+        for run, result in zip(runs, results):
+            if any(count[b.param] > 1 for b in run.blocks):
+                for b in run.blocks:
+                    if outputs[b.param] is None:
+                        outputs[b.param] = xp.zeros(plan.params[b.param].view,
+                                                    dtype=result.dtype,
+                                                    device=_xp.device_of(result))
+                outputs = scatter_blocks(run, result, outputs)
+        return outputs
+    by_dtype: dict = {}
+    for b, block in pieces:
+        if b.param not in by_dtype.setdefault(block.dtype, {}):
+            by_dtype[block.dtype][b.param] = like[b.param]
+    for dtype, members in by_dtype.items():
+        sizes = [math.prod(plan.params[i].view) for i in members]
+        flat = xp.empty((sum(sizes),), dtype=dtype,
+                        device=_xp.device_of(next(iter(members.values()))))
+        start = 0
+        for i, size in zip(members, sizes):
+            outputs[i] = xp.reshape(flat[start:start + size], plan.params[i].view)
+            start += size
+    lists.copy_(xp, [outputs[b.param][b.index] for b, _ in pieces],
+                [block for _, block in pieces])
     return outputs
 
 

@@ -39,7 +39,8 @@ from ..shampoo_core import core
 from ..shampoo_core.config import PER_PARAMETER, check_keywords
 from ..distributed.core import (BlockSharding, agree_on_gradients, agree_on_parameters,
                           resolve_process_group)
-from ..distributed.dtensor import add_to_local, is_dtensor, local_view, whole
+from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
+from ..shampoo_core import lists
 from .state import ShampooStateDict, _Family, host_number, update_dtypes
 
 __all__ = ["Shampoo"]
@@ -66,6 +67,11 @@ _DEFAULTS = core.ShampooConfig()
 #: ``block_size``, ``stacked``) and how their factors and roots are stored.
 _PLAN_FIELDS = tuple(k for k in PER_PARAMETER if k not in ("lr", "weight_decay")) + (
     "block_size", "stacked", "symmetric_packing", "root_storage_dtype")
+
+
+#: How a step's non-finite gradients are screened (:meth:`Shampoo._prepare_step`): on the
+#: device (no host read), found finite on the host, or found and the step skipped.
+_ON_DEVICE, _FINITE, _SKIPPED = "device", "finite", "skipped"
 
 
 def _plan_settings(config: core.ShampooConfig) -> tuple:
@@ -198,8 +204,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 raise ValueError(
                     f"a parameter of shape {tuple(p.shape)} left the parameter groups after "
                     "Shampoo gave it factor stacks, which it shares with other parameters "
-                    "and cannot drop: keep it in its group (requires_grad=False stops its "
-                    "updates) or make a new optimizer for the changed model")
+                    "and cannot drop: keep it in its group (a parameter without a .grad is "
+                    "not updated) or make a new optimizer for the changed model")
         return group_of
 
     def _family_config(self, family, group_of) -> core.ShampooConfig:
@@ -233,7 +239,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     def _form_families(self):
         """Give every trainable parameter without a family one, grouping by shared settings.
 
-        Frozen parameters (``requires_grad=False``) get none; their state arrays, like
+        Frozen parameters (``requires_grad=False``) without a ``.grad`` get none (one
+        with a ``.grad`` is updated, as torch's optimizers update it); their state arrays, like
         everyone's, are only made by the first step with a gradient (a lazy core state).
         """
         owned = {id(p) for f in self._families for p in f.params}
@@ -241,7 +248,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         for group in self.param_groups:
             shared = self._group_configs(group)[1]
             for p in group["params"]:
-                if id(p) in owned or not p.requires_grad:
+                if id(p) in owned or (not p.requires_grad and p.grad is None):
                     continue
                 for config, device, members, policies in pending:
                     if config == shared and device == p.device:
@@ -282,25 +289,31 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        jobs, grads, check_on_device = self._prepare_step()
+        jobs, grads, screen = self._prepare_step()
         if jobs is None:
             return loss
         if any(job is not None and job.schedule[0] for job in jobs):
-            self._update_outside_graph(jobs, grads, check_on_device)
+            self._update_outside_graph(jobs, grads, screen)
         else:
-            self._update(jobs, grads, check_on_device)
+            self._update(jobs, grads, screen)
         return loss
 
-    def _update(self, jobs, grads, check_on_device: bool) -> None:
+    def _update(self, jobs, grads, screen) -> None:
         """The device side of a step: every family's core update, applied to the parameters.
 
         ``grads`` are whole gradients
-        (:func:`~matroot.optim.distributed.dtensor.whole`), per family.
+        (:func:`~matroot.optim.distributed.dtensor.whole`), per family; ``screen`` says
+        how non-finite gradients are found (:meth:`_prepare_step`).
         """
-        finite = core.all_finite(list(chain.from_iterable(grads))) if check_on_device else None
+        finite = None
+        if screen == _ON_DEVICE:
+            finite = lists.finite_flag(torch, list(chain.from_iterable(grads)))
+        targets, updates_all = [], []
         for family, fam_grads, job in zip(self._families, grads, jobs):
             if job is None:
                 continue
+            if screen == _SKIPPED:
+                finite = torch.zeros((), dtype=torch.bool, device=family.params[0].device)
             self._sync_family_state(family)
             # A DTensor parameter is gathered only where weight decay reads it.
             params = [whole(p.detach()) if decay or not is_dtensor(p) else None
@@ -326,7 +339,9 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 updates, _ = sharding.share_updates(updates, present, family.params[0].device)
             for p, u in zip(family.params, updates):
                 if u is not None:
-                    add_to_local(p, u)
+                    targets.append(p)
+                    updates_all.append(u)
+        add_all_to_local(targets, updates_all)
 
     # A step with a root refresh runs eagerly under torch.compile: the solvers' convergence
     # checks read the host, and a graph break inside the families' loop would leave the
@@ -354,27 +369,30 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         -------
         jobs : list of _Job or None, or None
             Per family (None where no parameter has a gradient); None when there
-            is nothing to update (no gradients, or a step skipped for NaN/Inf).
+            is nothing to update.
         grads : list of lists of tensors or None
             Per family, its parameters' whole gradients.
-        check_on_device : bool
+        screen : str
+            ``"device"``: the update finds non-finite gradients itself (no host
+            read); ``"finite"``: found finite here; ``"skipped"``: non-finite
+            gradients found here in "skip" groups, the step runs skipped.
         """
         for p in self._all_params():
             if p.grad is not None and p.grad.is_sparse:
                 raise TypeError("Shampoo does not support sparse gradients")
         self._form_families()
         group_of = self._group_of()
-        check_on_device = self._process_group is None and all(
+        on_device = self._process_group is None and all(
             group_of[id(p)]["nonfinite_grads"] == "skip"
             for family in self._families for p in family.params)
         grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
                  for family in self._families]
         bad: list = []
-        if not check_on_device and self._process_group is not None:
+        if not on_device and self._process_group is not None:
             bad = self._nonfinite_params([[None if g is None else local_view(g) for g in fam]
                                           for fam in grads])
         grads = [[whole(g) for g in fam] for fam in grads]
-        if not check_on_device and self._process_group is None:
+        if not on_device and self._process_group is None:
             bad = self._nonfinite_params(grads)
         if bad:
             params = self._all_params()
@@ -382,10 +400,11 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 raise core.NonFiniteGradientError(
                     f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
                     "Inf; pass nonfinite_grads='skip' to skip such steps instead")
-            for family in self._families:
-                family.state = family.state._replace(
-                    skipped_steps=family.state.skipped_steps + 1)
-            return None, grads, check_on_device
+        # One rule for a skipped step, wherever it is found: it runs as a step whose
+        # flag says "skip" (state and parameters untouched, skipped_steps counted), and
+        # it counts in the root schedule of every family with a gradient, as a step
+        # skipped on the device must (its schedule is fixed before the flag is known).
+        screen = _ON_DEVICE if on_device else (_SKIPPED if bad else _FINITE)
         jobs: list[_Job | None] = []
         for family, fam_grads in zip(self._families, grads):
             if all(g is None for g in fam_grads):
@@ -396,10 +415,11 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 family.config = config
             groups = [group_of[id(p)] for p in family.params]
             family.schedule_step += 1
+            family.note_present([g is not None for g in fam_grads])
             jobs.append(_Job(family.config, [host_number(g["lr"]) for g in groups],
                              [host_number(g["weight_decay"]) for g in groups],
                              family.config.schedule_at(family.schedule_step)))
-        return (jobs if any(jobs) else None), grads, check_on_device
+        return (jobs if any(jobs) else None), grads, screen
 
     def _nonfinite_params(self, grads) -> list:
         """state_dict numbers of parameters with NaN/Inf gradients (on any rank when sharded)."""
@@ -410,6 +430,11 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         if self._process_group is not None:
             flags = agree_on_gradients(flat, self._process_group, members[0].device)
         else:
+            present = [g for g in flat if g is not None]
+            # One host read: a screen of every gradient at once, then the exact
+            # per-parameter flags only when it finds something.
+            if not present or bool(lists.finite_flag(torch, present)):
+                return []
             flags = core.nonfinite_flags(flat)
         index = {id(p): i for i, p in enumerate(self._all_params())}
         return sorted(index[id(p)] for p, bad in zip(members, flags) if bad)

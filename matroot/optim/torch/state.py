@@ -140,6 +140,16 @@ class _Family:
         self.schedule_step = int(state.step) if schedule_step is None else int(schedule_step)
         self.config: core.ShampooConfig | None = None
         self.planned_settings: list = []
+        #: Every member has had a gradient at exactly the same steps (known on the host),
+        #: so their step counts are equal: they share one ``step`` tensor, and the bias
+        #: corrections of the whole family come from it.
+        self.uniform_steps = True
+
+    def note_present(self, present) -> None:
+        """A step in which the members in ``present`` have a gradient: counts that
+        advance for some members and not others are no longer shared."""
+        if not all(present):
+            self.uniform_steps = False
 
 
 class ShampooStateDict:
@@ -174,9 +184,15 @@ class ShampooStateDict:
                 per_param[piece.param][key], piece, sharding.plan.params[piece.param])
                 for piece in sharding.pieces] for key in MOMENT_KEYS}
         device = family.params[0].device
-        family.state = family.state._replace(
-            param_steps=tuple(torch.zeros((), dtype=STEP_DTYPE, device=device)
-                              if t is None else t for t in steps), **arrays)
+        if family.uniform_steps:
+            shared = next((t for t in steps if t is not None), None)
+            if shared is None:
+                shared = torch.zeros((), dtype=STEP_DTYPE, device=device)
+            param_steps = (shared,) * len(steps)
+        else:
+            param_steps = tuple(torch.zeros((), dtype=STEP_DTYPE, device=device)
+                                if t is None else t for t in steps)
+        family.state = family.state._replace(param_steps=param_steps, **arrays)
 
     def _publish_family_state(self, family):
         """Per-parameter entries of ``self.state`` from the family's core state (sharded:
@@ -372,6 +388,10 @@ class ShampooStateDict:
                          schedule_step=record.get("schedule_step", record["step"]))
         # The groups hold the saved hyperparameters now (torch's loader put them back).
         family.planned_settings = self._planned_settings(members, self._group_of())
+        # Loading is no step: one host read of the saved counts says whether they agree.
+        saved = [self.state.get(p, {}).get("step") for p in members]
+        family.uniform_steps = all(t is None for t in saved) or (
+            all(t is not None for t in saved) and len({float(t) for t in saved}) == 1)
         self._sync_family_state(family)
         return family
 
