@@ -40,6 +40,7 @@ __all__ = [
     "unknown_bounds",
     "rounding_margin",
     "advanced_bounds",
+    "advance_bounds_in_place",
     "carried_lambda_max",
     "bounds_after_refresh",
 ]
@@ -113,6 +114,23 @@ def advanced_bounds(old, statistic, factor_diagonals, beta2: float, margin: floa
     # The sum above rounds too: a few units of its own, upwards.
     upper = upper * (1.0 + 4 * unit_roundoff(xp, old.dtype))
     return xp.stack([upper, floor], axis=-1)
+
+
+def advance_bounds_in_place(bounds, statistic, factor_diagonals, beta2: float,
+                            margin: float) -> None:
+    """:func:`advanced_bounds` written into ``bounds`` (a ``(k, 2)`` view into a bound
+    stack), in four operations on the bounds: the same bound, its three terms summed
+    in another order (within the final widening's slack)."""
+    xp = _xp.array_namespace(bounds)
+    rounding = margin * xp.sum(factor_diagonals, axis=-1)
+    if beta2 != 1.0:
+        bounds *= beta2
+        rounding += (1.0 - beta2) * _traces(statistic)
+    else:
+        rounding += _traces(statistic)
+    upper = bounds[:, UPPER]
+    upper += rounding
+    upper *= 1.0 + 4 * unit_roundoff(xp, bounds.dtype)
 
 
 def carried_lambda_max(bounds, eps: float):

@@ -282,10 +282,17 @@ def graft(directions, adam_directions):
     array, shape (k, ...)
     """
     xp = _xp.array_namespace(directions)
-    norms = block_norms(directions)
+    # Summed in float64 where the library can (one reduction each, no rescaling pass);
+    # the scale is rounded to the blocks' dtype once.
+    norms = lists.frobenius_norms(xp, directions, wide=True)
+    adam_norms = None if norms is None else lists.frobenius_norms(xp, adam_directions, wide=True)
+    if norms is None:
+        norms, adam_norms = block_norms(directions), block_norms(adam_directions)
     usable = norms > 0          # False for NaN; +inf is caught by the last select
-    safe = xp.where(usable, norms, xp.ones_like(norms))
-    scale = xp.where(usable, block_norms(adam_directions) / safe, xp.zeros_like(norms))
+    scale = xp.where(usable, adam_norms / xp.where(usable, norms, lists.constant(xp, 1.0, norms)),
+                     lists.constant(xp, 0.0, norms))
     expand = (slice(None),) + (None,) * (directions.ndim - 1)
-    grafted = directions * scale[expand]
-    return xp.where(xp.isfinite(norms)[expand], grafted, adam_directions)
+    grafted = directions * xp.astype(scale, directions.dtype, copy=False)[expand]
+    # ``norms < inf`` is isfinite for a non-negative norm (NaN compares False), in one
+    # operation where torch's isfinite takes four.
+    return xp.where((norms < xp.inf)[expand], grafted, adam_directions)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from ... import _xp
 
 __all__ = ["is_foreach", "add", "sub", "mul", "div", "neg", "sqrt", "pow_from", "add_", "mul_",
-           "div_", "sub_", "copy_", "frobenius_norms", "finite_flag", "zero_unless"]
+           "div_", "sub_", "copy_", "frobenius_norms", "constant", "finite_flag", "zero_unless"]
 
 
 def is_foreach(xp) -> bool:
@@ -160,16 +160,34 @@ def copy_(xp, targets: Sequence, sources: Sequence) -> None:
         t[...] = s
 
 
-def frobenius_norms(xp, blocks):
+def frobenius_norms(xp, blocks, *, wide: bool = False):
     """The Frobenius norm of each entry of a ``(k, ...)`` stack in one reduction on
     PyTorch, where the squares of 32- and 16-bit blocks are summed in float64 (no
-    overflow, no underflow to zero); None where the caller must take the safe
-    two-pass route (:func:`matroot.optim.shampoo_core.grafting.block_norms`)."""
+    overflow, no underflow to zero); in the blocks' dtype, or float64 with ``wide``.
+    None where the caller must take the safe two-pass route
+    (:func:`matroot.optim.shampoo_core.grafting.block_norms`)."""
     if not is_foreach(xp) or blocks.dtype == xp.float64:
         return None
     axes = tuple(range(1, blocks.ndim))
     import torch
-    return torch.linalg.vector_norm(blocks, dim=axes, dtype=torch.float64).to(blocks.dtype)
+    norms = torch.linalg.vector_norm(blocks, dim=axes, dtype=torch.float64)
+    return norms if wide else norms.to(blocks.dtype)
+
+
+_CONSTANTS: dict = {}
+
+
+def constant(xp, value: float, like):
+    """``value`` as a 0-d array of ``like``'s dtype and device, for selects: on PyTorch
+    made once per value, dtype and device (a Python number there costs an operation
+    per use), elsewhere ``value`` times ``ones_like``."""
+    if not is_foreach(xp):
+        return value * xp.ones_like(like)
+    key = (value, like.dtype, like.device)
+    if key not in _CONSTANTS:
+        import torch
+        _CONSTANTS[key] = torch.full((), value, dtype=like.dtype, device=like.device)
+    return _CONSTANTS[key]
 
 
 def finite_flag(xp, arrays: Sequence):
@@ -182,8 +200,11 @@ def finite_flag(xp, arrays: Sequence):
     if is_foreach(xp):
         import torch
         maxima = torch._foreach_norm(arrays, float("inf"))
-        return torch.isfinite(torch.stack([m.to(torch.float32) for m in maxima])).all() \
-            if len({m.dtype for m in maxima}) > 1 else torch.isfinite(torch.stack(maxima)).all()
+        if len({m.dtype for m in maxima}) > 1:
+            maxima = [m.to(torch.float32) for m in maxima]
+        # A maximum of absolute values is finite exactly when it is below inf (NaN
+        # compares False): one comparison where isfinite takes four operations.
+        return (torch.stack(maxima) < math.inf).all()
     return xp.all(xp.stack([xp.all(xp.isfinite(a)) for a in arrays]))
 
 

@@ -20,17 +20,15 @@ rank owns:
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
-
-import array_api_extra as xpx
 
 from ... import _xp
 from ...roots.api import InvRootResult, inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
-from . import lists
 from .packing import diagonals, pack, unpack
+from .stack_io import assign, gather_blocks, scatter_blocks, write_blocks
 from .factor_bounds import (
+    advance_bounds_in_place,
     advanced_bounds,
     bounds_after_refresh,
     carried_lambda_max,
@@ -135,101 +133,6 @@ def init_stacks(plan: BlockPlan, xp, device, *, lazy: bool = False,
     return stacks
 
 
-def gather_blocks(group: BlockGroup, views, xp):
-    """Stack the blocks of ``group`` into one ``(k, *group.shape)`` array.
-
-    Parameters
-    ----------
-    group : BlockGroup
-    views : sequence of arrays
-        Per-parameter arrays in their view shape (matrix or vector), indexed by
-        parameter number.
-    xp : namespace
-    """
-    return xp.stack([views[b.param][b.index] for b in group.blocks])
-
-
-def assign(array, index, value, *, in_place: bool, step_taken=None):
-    """``array[index] = value``, in ``array`` itself when ``in_place`` (NumPy, CuPy,
-    PyTorch), else on a copy, and always functionally on JAX. Returns the result.
-
-    ``step_taken``, a 0-d boolean array, writes ``value`` only where it holds (the old
-    entries stay otherwise): a step skipped on the device, without a host read.
-    The one seam between the functional core and its in-place fast paths.
-    """
-    if step_taken is not None:
-        xp = _xp.array_namespace(array)
-        value = xp.where(step_taken, value, array[index])
-    if in_place and _xp.is_torch_namespace(_xp.array_namespace(array)):
-        # Plain __setitem__: array-api-extra's checks break torch.compile's graph.
-        array[index] = value
-        return array
-    return xpx.at(array, index).set(value, copy=None if in_place else True)
-
-
-def scatter_blocks(group: BlockGroup, blocks, outputs, *, in_place: bool = True) -> list:
-    """Write ``blocks[j]`` into ``outputs[group.blocks[j].param]`` at its block's place.
-
-    Returns the list of outputs (new arrays where they could not be written in place).
-    """
-    outputs = list(outputs)
-    for j, b in enumerate(group.blocks):
-        outputs[b.param] = assign(outputs[b.param], b.index, blocks[j, ...],
-                                  in_place=in_place)
-    return outputs
-
-
-def write_blocks(xp, plan: BlockPlan, runs, results, like) -> list:
-    """Per parameter, its view-shaped array made of its blocks in ``results`` (one
-    ``(k, *run.shape)`` array per run); None for parameters in no run.
-
-    A parameter that is one block gets a view of its run's result (no copy); the
-    others are assembled, on PyTorch in one buffer per dtype by one foreach copy, so
-    the number of operations does not grow with the number of parameters.
-    ``like[i]`` is a view-shaped array of parameter ``i`` (the zeros' dtype and device
-    elsewhere).
-    """
-    outputs: list = [None] * len(plan.params)
-    count: dict = {}
-    for run in runs:
-        for b in run.blocks:
-            count[b.param] = count.get(b.param, 0) + 1
-    pieces = []
-    for run, result in zip(runs, results):
-        for j, b in enumerate(run.blocks):
-            if count[b.param] == 1:
-                outputs[b.param] = result[j, ...]
-            else:
-                pieces.append((b, result[j, ...]))
-    if not pieces:
-        return outputs
-    if not lists.is_foreach(xp):
-        for run, result in zip(runs, results):
-            if any(count[b.param] > 1 for b in run.blocks):
-                for b in run.blocks:
-                    if outputs[b.param] is None:
-                        outputs[b.param] = xp.zeros(plan.params[b.param].view,
-                                                    dtype=result.dtype,
-                                                    device=_xp.device_of(result))
-                outputs = scatter_blocks(run, result, outputs)
-        return outputs
-    by_dtype: dict = {}
-    for b, block in pieces:
-        if b.param not in by_dtype.setdefault(block.dtype, {}):
-            by_dtype[block.dtype][b.param] = like[b.param]
-    for dtype, members in by_dtype.items():
-        sizes = [math.prod(plan.params[i].view) for i in members]
-        flat = xp.empty((sum(sizes),), dtype=dtype,
-                        device=_xp.device_of(next(iter(members.values()))))
-        start = 0
-        for i, size in zip(members, sizes):
-            outputs[i] = xp.reshape(flat[start:start + size], plan.params[i].view)
-            start += size
-    lists.copy_(xp, [outputs[b.param][b.index] for b, _ in pieces],
-                [block for _, block in pieces])
-    return outputs
-
-
 def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
                 in_place: bool, step_taken):
     """One side's factors and bounds after folding in ``statistic`` (a product over
@@ -242,15 +145,39 @@ def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
     k, n = statistic.shape[0], statistic.shape[-1]
     slots = (slice(first, first + k), ...)
     entries = pack(statistic) if stack.ndim == 2 else statistic
+    margin = rounding_margin(xp, statistic.dtype, inner, n)
+    if in_place and step_taken is None and _xp.backend_name(xp) != "jax":
+        # The slots' views overwritten with in-place operators: the same arithmetic
+        # as below, without the new arrays and the copies back.
+        updated = stack[slots]
+        if beta2 != 1.0:
+            updated *= beta2
+            entries = (1.0 - beta2) * entries
+        updated += entries
+        advance_bounds_in_place(bounds[slots], statistic, diagonals(updated, n), beta2,
+                                margin)
+        return stack, bounds
     if beta2 == 1.0:
         updated = stack[slots] + entries
     else:
         updated = beta2 * stack[slots] + (1.0 - beta2) * entries
     stack = assign(stack, slots, updated, in_place=in_place, step_taken=step_taken)
-    margin = rounding_margin(xp, statistic.dtype, inner, n)
     new_bounds = advanced_bounds(bounds[slots], statistic, diagonals(updated, n), beta2,
                                  margin)
     return stack, assign(bounds, slots, new_bounds, in_place=in_place, step_taken=step_taken)
+
+
+def _merged(xp, sides):
+    """The sides of a square group whose factors sit in consecutive slots of one stack
+    (its left factors, then its right ones), as one statistic: one accumulation for
+    both."""
+    if len(sides) == 2:
+        ((s0, f0), st0, i0), ((s1, f1), st1, i1) = sides
+        if s0 == s1 and f1 == f0 + st0.shape[0] and i0 == i1 and st0.shape == st1.shape:
+            return [((s0, f0), xp.concat([st0, st1], axis=0), i0)]
+    return sides
+
+
 def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float, *,
                    in_place: bool = True, step_taken=None) -> FactorUpdate:
     """Fold one step's gradients into the group's factors and their λmax bounds.
@@ -292,7 +219,7 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
             sides.append((group.left, grad_blocks @ transposed, grad_blocks.shape[-1]))
         if group.right is not None:
             sides.append((group.right, transposed @ grad_blocks, grad_blocks.shape[-2]))
-    for (stack, first), statistic, inner in sides:
+    for (stack, first), statistic, inner in _merged(xp, sides):
         factors[stack], bounds[stack] = _accumulate(factors[stack], bounds[stack], first,
                                                     statistic, inner, beta2, in_place, step_taken)
     return FactorUpdate(factors, bounds)
