@@ -51,10 +51,14 @@ def _in_dtype_of(array, operand):
     return _xp.array_namespace(operand).astype(operand, array.dtype)
 
 
-def _torch_operand(other):
-    """``other`` as a foreach kernel takes it: numbers as a list of floats."""
+def _torch_operand(name, other, count):
+    """``other`` as a foreach kernel takes it: numbers as a list of floats; a 0-d tensor
+    added or subtracted as a list of it (the single-tensor overloads of add and sub
+    read it on the host, a sync, to scale it by ``alpha``)."""
     if isinstance(other, (list, tuple)) and other and isinstance(other[0], numbers.Number):
         return [float(o) for o in other]
+    if name in ("add", "sub") and getattr(other, "ndim", None) == 0:
+        return [other] * count
     return list(other) if isinstance(other, tuple) else other
 
 
@@ -65,7 +69,8 @@ def _binary(name, symbol):
             return []
         if is_foreach(xp):
             import torch
-            return list(getattr(torch, f"_foreach_{name}")(arrays, _torch_operand(other)))
+            return list(getattr(torch, f"_foreach_{name}")(arrays,
+                                                           _torch_operand(name, other, len(arrays))))
         return [symbol(a, b) for a, b in _pairs(arrays, other)]
 
     op.__name__ = name
@@ -80,7 +85,7 @@ def _inplace(name, symbol):
             return []
         if is_foreach(xp):
             import torch
-            getattr(torch, f"_foreach_{name}_")(arrays, _torch_operand(other))
+            getattr(torch, f"_foreach_{name}_")(arrays, _torch_operand(name, other, len(arrays)))
             return arrays
         # NumPy and CuPy write into the arrays; JAX's operators return new ones.
         return [symbol(a, b) for a, b in _pairs(arrays, other)]
@@ -186,7 +191,10 @@ def constant(xp, value: float, like):
     key = (value, like.dtype, like.device)
     if key not in _CONSTANTS:
         import torch
-        _CONSTANTS[key] = torch.full((), value, dtype=like.dtype, device=like.device)
+        made = torch.full((), value, dtype=like.dtype, device=like.device)
+        if _xp.is_traced(like):     # a traced value must not outlive its trace
+            return made
+        _CONSTANTS[key] = made
     return _CONSTANTS[key]
 
 

@@ -23,6 +23,7 @@ from ... import _xp
 from .blocking import BlockPlan, subgroup
 from .config import ShampooConfig
 from . import lists
+from .factor_bounds import SkipFactors
 from .grafting import effective_gradients, graft, grafting_directions
 from .grafting import final_updates as final_updates_of
 from .preconditioner import (
@@ -199,6 +200,7 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
              for g, layout in zip(effective, plan.params)]
     present = [g is not None for g in effective]
     runs = [run for group in plan.groups for run in _present_runs(group, present)]
+    skip = None if ctx.step_taken is None else SkipFactors(ctx.step_taken)
     for run in runs:
         device = _xp.device_of(effective[run.blocks[0].param])
         for stack, _ in run.factor_slots:
@@ -213,7 +215,7 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
                                               packed=config.symmetric_packing)
         factors, bounds = update_factors(run, gather_blocks(run, views, xp), factors, bounds,
                                          config.betas[1], in_place=ctx.in_place,
-                                         step_taken=ctx.step_taken)
+                                         step_taken=skip)
     return FactorStacks(factors, roots, failures, bounds), runs
 
 

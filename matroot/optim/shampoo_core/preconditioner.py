@@ -28,6 +28,7 @@ from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
 from .stack_io import assign, gather_blocks, scatter_blocks, write_blocks
 from .factor_bounds import (
+    SkipFactors,
     advance_bounds_in_place,
     advanced_bounds,
     bounds_after_refresh,
@@ -146,17 +147,22 @@ def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
     slots = (slice(first, first + k), ...)
     entries = pack(statistic) if stack.ndim == 2 else statistic
     margin = rounding_margin(xp, statistic.dtype, inner, n)
-    if in_place and step_taken is None and _xp.backend_name(xp) != "jax":
+    if in_place and _xp.backend_name(xp) != "jax":
         # The slots' views overwritten with in-place operators: the same arithmetic
-        # as below, without the new arrays and the copies back.
+        # as below, without the new arrays and the copies back. A step skipped on the
+        # device brings zero gradients (phases.accumulate_moments), so its statistic
+        # adds zero; the factors' decay and the bounds' change are multiplied out.
         updated = stack[slots]
+        skip = None if step_taken is None else step_taken.of(xp, updated.dtype, beta2)
         if beta2 != 1.0:
-            updated *= beta2
+            updated *= beta2 if skip is None else skip[1]
             entries = (1.0 - beta2) * entries
         updated += entries
         advance_bounds_in_place(bounds[slots], statistic, diagonals(updated, n), beta2,
-                                margin)
+                                margin, skip=skip)
         return stack, bounds
+    if step_taken is not None:
+        step_taken = step_taken.step_taken
     if beta2 == 1.0:
         updated = stack[slots] + entries
     else:
@@ -198,8 +204,10 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     in_place : bool
         Overwrite the group's slots of ``factors`` and ``bounds`` (not possible on
         JAX) or leave them untouched.
-    step_taken : 0-d boolean array, optional
-        Where False the factors keep their values (see :func:`assign`).
+    step_taken : 0-d boolean array or SkipFactors, optional
+        Where False the factors keep their values (see :func:`assign`); in place, the
+        gradients must then be finite (zeros). One :class:`SkipFactors` passed to every
+        group of a step makes its coefficients once.
 
     Returns
     -------
@@ -208,6 +216,8 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     """
     xp = _xp.array_namespace(grad_blocks)
     factors, bounds = list(factors), list(bounds)
+    if step_taken is not None and not isinstance(step_taken, SkipFactors):
+        step_taken = SkipFactors(step_taken)
     if grad_blocks.ndim == 2:
         sides = [(group.factor_slots[0], grad_blocks[:, :, None] * grad_blocks[:, None, :], 1)]
     else:
