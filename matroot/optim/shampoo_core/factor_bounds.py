@@ -175,7 +175,8 @@ def carried_lambda_max(bounds, eps: float):
     """
     xp = _xp.array_namespace(bounds)
     upper, floor = bounds[:, UPPER], bounds[:, FLOOR]
-    tight = xp.all(xp.isfinite(upper) & (upper <= CARRY_SLACK * floor))
+    # ``upper < inf`` is isfinite for a non-negative bound (NaN compares False).
+    tight = xp.all((upper < xp.inf) & (upper <= CARRY_SLACK * floor))
     return tight, (upper + eps) * (1.0 + 2 * unit_roundoff(xp, bounds.dtype))
 
 
@@ -203,12 +204,15 @@ def bounds_after_refresh(bounds, result, ok, *, eps: float, margin_traces, carri
     """
     xp = _xp.array_namespace(bounds)
     found = result.lambda_max
-    usable = xp.isfinite(found)
-    above_ridge = xp.maximum(found - eps, xp.zeros_like(found))
     inf = xp.full_like(found, float("inf"))
+    if isinstance(carried, bool) and carried:
+        return xp.stack([xp.where(ok, bounds[:, UPPER], inf), bounds[:, FLOOR]], axis=-1)
+    # λmax is non-negative: below +inf is finite (NaN compares False).
+    usable = found < inf
+    above_ridge = xp.maximum(found - eps, xp.zeros_like(found))
     fresh = xp.stack([xp.where(usable, above_ridge + margin_traces, inf),
                       xp.where(usable, above_ridge, xp.zeros_like(found))], axis=-1)
-    kept = xp.stack([xp.where(ok, bounds[:, UPPER], inf), bounds[:, FLOOR]], axis=-1)
     if isinstance(carried, bool):
-        return kept if carried else fresh
+        return fresh
+    kept = xp.stack([xp.where(ok, bounds[:, UPPER], inf), bounds[:, FLOOR]], axis=-1)
     return xp.where(carried, kept, fresh)

@@ -273,6 +273,9 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
         factors = unpack(factors, stack_shape.size)
 
     def solve(upper=None):
+        # The one place the optimizer calls the solver (every refresh, kept roots or
+        # not, torch and optax shells alike): the device-verdict mode of issue 35 (no
+        # host read, ``converged`` judged on the device) is a keyword of this call.
         return inv_root_info(factors, stack_shape.root, method=method, eps=eps, check_finite=False,
                              lambda_max_upper=upper, **options.keywords())
 
