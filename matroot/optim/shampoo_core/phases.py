@@ -73,9 +73,16 @@ class Schedule(NamedTuple):
             return if_true if flag else if_false
         return xp.where(flag, if_true, if_false)
 
-    def counted(self, xp, counter, flag):
-        """``counter`` plus one where ``flag`` holds."""
-        return counter + (int(flag) if self.on_host else xp.astype(flag, xp.int32))
+    def counted(self, xp, counter, flag, *, in_place: bool = False):
+        """``counter`` plus one where ``flag`` holds (into an array ``counter`` itself
+        when ``in_place``; untouched where the host says no)."""
+        if self.on_host and not flag:
+            return counter
+        step = 1 if self.on_host else xp.astype(flag, xp.int32)
+        if in_place and not isinstance(counter, int):
+            counter += step
+            return counter
+        return counter + step
 
 
 class StepContext(NamedTuple):
@@ -103,6 +110,10 @@ class Moments(NamedTuple):
     effective: list
     m_hat: list
     adam: list
+
+
+def _overwrites(ctx: StepContext) -> bool:
+    return ctx.in_place and _xp.backend_name(ctx.xp) != "jax"
 
 
 def compute_dtype_name(xp, dtype) -> str:
@@ -235,7 +246,8 @@ def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:
         return stacks, refreshes
     if not ctx.config.keeps_roots:
         return (stacks._replace(roots=[None] * len(ctx.plan.stacks)),
-                ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh))
+                ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh,
+                                      in_place=_overwrites(ctx)))
 
     def refresh(roots, failures, bounds):
         roots, failures, bounds = list(roots), list(failures), list(bounds)
@@ -249,7 +261,8 @@ def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:
         ctx.schedule.refresh, refresh, lambda r, f, b: (list(r), list(f), list(b)),
         stacks.roots, stacks.failures, stacks.bounds)
     return (FactorStacks(stacks.factors, roots, failures, bounds),
-            ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh))
+            ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh,
+                                      in_place=_overwrites(ctx)))
 
 
 def _sides(run):
