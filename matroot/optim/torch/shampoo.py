@@ -41,6 +41,7 @@ from ..distributed.core import (BlockSharding, agree_on_gradients, agree_on_para
                           resolve_process_group)
 from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
 from ..shampoo_core import lists
+from .graph_replay import StepGraphs
 from .state import ShampooStateDict, _Family, host_number, update_dtypes
 
 __all__ = ["Shampoo"]
@@ -112,6 +113,10 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     graft_only : callable, optional
         ``graft_only(param) -> bool``: True keeps that parameter on the grafting
         update with no factors (per parameter; per group, set ``precondition=False``).
+    graph_replay : "auto", True or False
+        Capture the step between root refreshes as a CUDA graph once per signature
+        and replay it ("auto": on unsharded CUDA parameters; eager elsewhere, and
+        after a failed capture; :mod:`matroot.optim.torch.graph_replay`).
     **hyperparameters
         Any :class:`matroot.optim.ShampooConfig` field (``lr``, ``betas``,
         ``weight_decay``, ``block_size``, ...), its defaults and validation.
@@ -146,6 +151,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *,
                  distributed: str | dist.ProcessGroup | None = "auto",
                  graft_only: Callable[[torch.Tensor], bool] | None = None,
+                 graph_replay: str | bool = "auto",
                  **hyperparameters: Any) -> None:
         check_keywords(hyperparameters)
         config = core.ShampooConfig(**{k: host_number(v) for k, v in hyperparameters.items()})
@@ -158,6 +164,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         self._families: list[_Family] = []
         self._process_group = resolve_process_group(distributed)
         self._graft_only = graft_only
+        self._graph_replay = graph_replay
+        StepGraphs(graph_replay)        # validated now
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -294,9 +302,34 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
             return loss
         if any(job is not None and job.schedule[0] for job in jobs):
             self._update_outside_graph(jobs, grads, screen)
-        else:
+        elif torch.compiler.is_compiling() or not self._replays(jobs, grads, screen):
             self._update(jobs, grads, screen)
         return loss
+
+    @property
+    def graphs(self) -> StepGraphs:
+        """The captured steps between refreshes (:mod:`matroot.optim.torch.graph_replay`):
+        ``graphs.replays`` counts the replayed steps, ``graphs.off_because`` says why
+        replay was switched off."""
+        graphs = self.__dict__.get("_graphs")
+        if graphs is None:
+            graphs = self.__dict__["_graphs"] = StepGraphs(
+                self.__dict__.get("_graph_replay", "auto"))
+        return graphs
+
+    def _replays(self, jobs, grads, screen) -> bool:
+        """Run the step as a CUDA graph replay where :class:`StepGraphs` wants it;
+        False where the caller runs it eagerly."""
+        device = self._families[0].params[0].device
+        sharded = self._process_group is not None or any(
+            is_dtensor(p) for family in self._families for p in family.params)
+        if not self.graphs.wanted(device, sharded=sharded):
+            return False
+        signature = (screen, tuple(None if job is None else (
+            id(job.config), job.schedule, tuple(job.lrs), tuple(job.decays)) for job in jobs),
+            tuple(tuple(g is None for g in fam) for fam in grads))
+        self.graphs.run(signature, lambda gs: self._update(jobs, gs, screen), grads, device)
+        return True
 
     def _update(self, jobs, grads, screen) -> None:
         """The device side of a step: every family's core update, applied to the parameters.

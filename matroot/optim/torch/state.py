@@ -310,6 +310,7 @@ class ShampooStateDict:
             self._finish_load(pending["state_dict"])
         elif shampoo is not None:
             self._graft_only = shampoo["graft_only"]
+            self._graph_replay = shampoo.get("graph_replay", "auto")
             self._process_group = resolve_process_group(
                 "auto" if shampoo["sharded"] else None)
             params = self._all_params()
@@ -325,6 +326,7 @@ class ShampooStateDict:
                             "load it into a new optimizer instead")
         return {**super().__getstate__(),
                 "_shampoo": {"families": self._family_records(), "graft_only": self._graft_only,
+                             "graph_replay": self.__dict__.get("_graph_replay", "auto"),
                              "sharded": self._process_group is not None}}
 
     def _finish_load(self, state_dict) -> None:
