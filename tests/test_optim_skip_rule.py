@@ -100,7 +100,7 @@ def test_a_tensor_with_a_grad_but_no_requires_grad_moves_as_adamw_moves_it():
     opt = Shampoo([frozen], lr=1e-2, weight_decay=1e-2, start_preconditioning_step=100,
                   distributed=None)
     ref = torch.optim.AdamW([twin], lr=1e-2, weight_decay=1e-2)
-    for step in range(3):
+    for _ in range(3):
         grad = torch.randn(6, 4, generator=gen)
         frozen.grad, twin.grad = grad.clone(), grad.clone()
         opt.step()

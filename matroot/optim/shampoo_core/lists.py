@@ -69,8 +69,8 @@ def _binary(name, symbol):
             return []
         if is_foreach(xp):
             import torch
-            return list(getattr(torch, f"_foreach_{name}")(arrays,
-                                                           _torch_operand(name, other, len(arrays))))
+            operand = _torch_operand(name, other, len(arrays))
+            return list(getattr(torch, f"_foreach_{name}")(arrays, operand))
         return [symbol(a, b) for a, b in _pairs(arrays, other)]
 
     op.__name__ = name

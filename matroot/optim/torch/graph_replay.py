@@ -71,8 +71,8 @@ class StepGraphs:
     """
 
     def __init__(self, mode="auto", capture: Callable | None = None):
-        if mode not in GRAPH_REPLAY_MODES or isinstance(mode, int) and \
-                not isinstance(mode, bool):
+        if mode not in GRAPH_REPLAY_MODES or (isinstance(mode, int)
+                                              and not isinstance(mode, bool)):
             raise ValueError(f"graph_replay must be 'auto', True or False, got {mode!r}")
         self.mode = mode
         self._capture = capture or cuda_capture
@@ -117,7 +117,7 @@ class StepGraphs:
                        for fam in grads]
             try:
                 replay = self._capture(lambda: step(buffers), device)
-            except Exception as err:    # noqa: BLE001 -- any capture failure falls back
+            except Exception as err:    # any capture failure falls back to eager
                 self._switch_off(f"capture failed: {type(err).__name__}: {err}")
                 step(grads)
                 return

@@ -28,6 +28,7 @@ from ..shampoo_core.checkpoint import FORMAT, plan_from_layout, plan_layout
 from ..distributed.core import BlockSharding, check_shard, resolve_process_group
 from ..shampoo_core.preconditioner import factor_shape
 from ..distributed.rank_part import MOMENT_KEYS, kept_piece, own_part
+from .family import _Family
 
 __all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number", "with_missing_group_keys"]
 
@@ -35,19 +36,12 @@ __all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number", "with_missing_group_
 STEP_DTYPE = torch.float64
 
 
-def _device_counters(state: core.ShampooState, device) -> core.ShampooState:
-    """The family counters of ``state`` as int64 tensors on ``device``."""
-    def counter(value):
-        return torch.as_tensor(int(value), dtype=torch.int64, device=device)
-
-    return state._replace(step=counter(state.step), root_refreshes=counter(state.root_refreshes),
-                          skipped_steps=counter(state.skipped_steps))
-
-
 def _step_tensor(value, device) -> torch.Tensor:
     """A per-parameter step count (an int from an older state dict, or a tensor) as
     a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
-    return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
+    # A copy: the step advances in place, and the loaded state dict's tensor (torch's
+    # loader passes "step" through as it is) may still be another optimizer's.
+    return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(()).clone()
 
 
 def _loaded_entry(key, value, device, dtype):
@@ -121,35 +115,6 @@ def _plan_for_members(record, members):
             "shared them): load it into a model of the saved dtypes "
             f"({sorted({e['dtype'] for e in saved if e['dtype']})}), then convert the model")
     return plan
-
-
-class _Family:
-    """Parameters that share factor stacks, their core state and, when sharded, their split.
-
-    ``schedule_step`` counts the steps that reached the update on the host (steps
-    skipped on the device included) and drives the root schedule; ``config`` is the
-    last config the family stepped with (the same object while it is unchanged);
-    ``planned_settings`` each parameter's group's settings that its blocks were
-    planned (or loaded) with, which may not change.
-    """
-
-    def __init__(self, params, state: core.ShampooState, sharding=None, schedule_step=None):
-        self.params = params
-        self.state = _device_counters(state, params[0].device)
-        self.sharding = sharding
-        self.schedule_step = int(state.step) if schedule_step is None else int(schedule_step)
-        self.config: core.ShampooConfig | None = None
-        self.planned_settings: list = []
-        #: Every member has had a gradient at exactly the same steps (known on the host),
-        #: so their step counts are equal: they share one ``step`` tensor, and the bias
-        #: corrections of the whole family come from it.
-        self.uniform_steps = True
-
-    def note_present(self, present) -> None:
-        """A step in which the members in ``present`` have a gradient: counts that
-        advance for some members and not others are no longer shared."""
-        if not all(present):
-            self.uniform_steps = False
 
 
 class ShampooStateDict:
