@@ -28,7 +28,8 @@ def launch_model(extra_layers: int = 0, seed: int = 0):
     import torch
 
     torch.manual_seed(seed)
-    layers = [torch.nn.Linear(256, 256) for _ in range(16 + extra_layers)]
+    layers: list[torch.nn.Module] = [torch.nn.Linear(256, 256)
+                                     for _ in range(16 + extra_layers)]
     layers += [torch.nn.Linear(512, 256) for _ in range(4)]
     layers += [torch.nn.Linear(100, 37), torch.nn.Linear(37, 10), torch.nn.Conv2d(3, 16, 3)]
     return torch.nn.ModuleList(layers)

@@ -207,7 +207,7 @@ def finite_flag(xp, arrays: Sequence):
         return xp.asarray(True)
     if is_foreach(xp):
         import torch
-        maxima = torch._foreach_norm(arrays, float("inf"))
+        maxima = list(torch._foreach_norm(arrays, float("inf")))
         if len({m.dtype for m in maxima}) > 1:
             maxima = [m.to(torch.float32) for m in maxima]
         # A maximum of absolute values is finite exactly when it is below inf (NaN
