@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["GRAPH_REPLAY_MODES", "MAX_SIGNATURES", "StepGraphs", "cuda_capture"]
+from ..distributed.dtensor import is_dtensor
+
+__all__ = ["GRAPH_REPLAY_MODES", "MAX_SIGNATURES", "StepGraphs", "ReplayedSteps", "cuda_capture"]
 
 #: ``graph_replay`` values: "auto" (CUDA only), True (CUDA only, and a warning where
 #: it cannot run), False (never).
@@ -136,3 +139,39 @@ class StepGraphs:
         self._seen.clear()
         warnings.warn(f"Shampoo's graph replay is off: {reason}; steps run eagerly",
                       RuntimeWarning, stacklevel=4)
+
+
+class ReplayedSteps:
+    """The optimizer's :class:`StepGraphs` and the choice for one step (a mixin of
+    :class:`matroot.optim.Shampoo`)."""
+
+    if TYPE_CHECKING:   # what the optimizer it is mixed into provides
+        _families: list
+        _process_group: Any
+
+        def _update(self, jobs, grads, screen) -> None: ...
+
+    @property
+    def graphs(self) -> StepGraphs:
+        """The captured steps between refreshes (:mod:`matroot.optim.torch.graph_replay`):
+        ``graphs.replays`` counts the replayed steps, ``graphs.off_because`` says why
+        replay was switched off."""
+        graphs = self.__dict__.get("_graphs")
+        if graphs is None:
+            graphs = self.__dict__["_graphs"] = StepGraphs(
+                self.__dict__.get("_graph_replay", "auto"))
+        return graphs
+
+    def _replays(self, jobs, grads, screen) -> bool:
+        """Run the step as a CUDA graph replay where :class:`StepGraphs` wants it;
+        False where the caller runs it eagerly."""
+        device = self._families[0].params[0].device
+        sharded = self._process_group is not None or any(
+            is_dtensor(p) for family in self._families for p in family.params)
+        if not self.graphs.wanted(device, sharded=sharded):
+            return False
+        signature = (screen, tuple(None if job is None else (
+            id(job.config), job.schedule, tuple(job.lrs), tuple(job.decays)) for job in jobs),
+            tuple(tuple(g is None for g in fam) for fam in grads))
+        self.graphs.run(signature, lambda gs: self._update(jobs, gs, screen), grads, device)
+        return True

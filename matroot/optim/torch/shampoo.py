@@ -7,7 +7,8 @@ per-dimension policy) share one set of factor stacks (a *family*), so the whole
 model's equal-size factors are solved by one ``inv_root`` call per size; ``lr``
 and ``weight_decay`` are read per group at every step, so LR schedulers work
 (the per-dimension policy fixes a parameter's blocks at its first step).
-Trainable parameters get a family at the first step (frozen ones none), so a
+Trainable parameters, and any with a ``.grad`` (as torch's optimizers update
+them), get a family at the first step (frozen ones without a gradient none), so a
 group added after training started, or a parameter unfrozen later, gets a
 family of its own (its own step count and stacks).
 
@@ -19,10 +20,17 @@ and travel in ``state_dict()["shampoo_families"]`` with a per-parameter index of
 their slots (:mod:`matroot.optim.shampoo_core.checkpoint`).
 
 Every counter a step advances is a 0-d tensor on the parameters' device (``step``
-float64, as exact in ``1 − βᵗ`` as a Python int; the family counters int64), so
-``torch.compile(opt.step)`` bakes no count into its graph. The root schedule is
-a host-side count per family, read only in :meth:`Shampoo._prepare_step`, which
-runs outside any compiled graph.
+float64, as exact in ``1 − βᵗ`` as a Python int; the family counters int64),
+advanced in place, so ``torch.compile(opt.step)`` bakes no count into its graph and
+a replayed CUDA graph advances them (:mod:`matroot.optim.torch.graph_replay`).
+Parameters of a family that have had a gradient at the same steps share one
+``step`` tensor (known on the host, no read), so the bias corrections of the whole
+family come from it. The root schedule is a host-side count per family, read only
+in :meth:`Shampoo._prepare_step`, which runs outside any compiled graph.
+
+A step's device side works on lists and stacks, not parameter by parameter (the
+per-stack step of docs/optimizer.rst): one foreach call per elementwise term, one
+batched product per block shape, one foreach addition for the write-back.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from ..distributed.core import (BlockSharding, agree_on_parameters,
                           resolve_process_group)
 from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
 from ..shampoo_core import lists
-from .graph_replay import StepGraphs
+from .graph_replay import ReplayedSteps, StepGraphs
 from .prepare import _ON_DEVICE, _SKIPPED, StepPreparation
 from .state import ShampooStateDict, _Family, host_number, update_dtypes
 
@@ -75,7 +83,7 @@ def _plan_settings(config: core.ShampooConfig) -> tuple:
     return tuple(getattr(config, name) for name in _PLAN_FIELDS)
 
 
-class Shampoo(StepPreparation, ShampooStateDict, torch.optim.Optimizer):
+class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Optimizer):
     """Stacked-block Shampoo with grafting, as a ``torch.optim.Optimizer``.
 
     Weights are cut into blocks of at most ``block_size``; the Kronecker factors
@@ -291,31 +299,6 @@ class Shampoo(StepPreparation, ShampooStateDict, torch.optim.Optimizer):
         elif torch.compiler.is_compiling() or not self._replays(jobs, grads, screen):
             self._update(jobs, grads, screen)
         return loss
-
-    @property
-    def graphs(self) -> StepGraphs:
-        """The captured steps between refreshes (:mod:`matroot.optim.torch.graph_replay`):
-        ``graphs.replays`` counts the replayed steps, ``graphs.off_because`` says why
-        replay was switched off."""
-        graphs = self.__dict__.get("_graphs")
-        if graphs is None:
-            graphs = self.__dict__["_graphs"] = StepGraphs(
-                self.__dict__.get("_graph_replay", "auto"))
-        return graphs
-
-    def _replays(self, jobs, grads, screen) -> bool:
-        """Run the step as a CUDA graph replay where :class:`StepGraphs` wants it;
-        False where the caller runs it eagerly."""
-        device = self._families[0].params[0].device
-        sharded = self._process_group is not None or any(
-            is_dtensor(p) for family in self._families for p in family.params)
-        if not self.graphs.wanted(device, sharded=sharded):
-            return False
-        signature = (screen, tuple(None if job is None else (
-            id(job.config), job.schedule, tuple(job.lrs), tuple(job.decays)) for job in jobs),
-            tuple(tuple(g is None for g in fam) for fam in grads))
-        self.graphs.run(signature, lambda gs: self._update(jobs, gs, screen), grads, device)
-        return True
 
     def _update(self, jobs, grads, screen) -> None:
         """The device side of a step: every family's core update, applied to the parameters.
