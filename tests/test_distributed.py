@@ -244,6 +244,28 @@ def _scenario_nonfinite(rank, world):
     return out
 
 
+def _scenario_skip_schedule(rank, world):
+    """Issue 36's rule: a NaN step skipped while sharded counts in the root schedule as
+    it does in one process (refreshes at 3 and 6 with a NaN at step 2 of 8, frequency 3)."""
+    options = dict(OPTIONS, nonfinite_grads="skip", precondition_frequency=3,
+                   start_preconditioning_step=3)
+    sharded, single = _params(), _params()
+    opt = Shampoo(sharded, **options)
+    ref = Shampoo(single, distributed=None, **options)
+    refreshed: dict = {"sharded": [], "single": []}
+    for step in range(1, 9):
+        for name, o, params in (("sharded", opt, sharded), ("single", ref, single)):
+            _set_grads(params, step)
+            if step == 2 and (rank == 0 or name == "single"):
+                params[1].grad[0, 0] = float("nan")
+            before = int(o._families[0].state.root_refreshes) if o._families else 0
+            o.step()
+            if int(o._families[0].state.root_refreshes) > before:
+                refreshed[name].append(step)
+    return {**refreshed, "max_diff": _max_diff(sharded, single), "digest": _digest(sharded),
+            "skipped": opt.diagnostics()["skipped_steps"]}
+
+
 def _scenario_idle_ranks(rank, world):
     """A model of one block and one float64 vector: the block's owner, the vector's owner
     and, at 3 ranks, a rank that owns nothing all step, share updates and agree."""
@@ -368,6 +390,7 @@ def _scenarios(rank, world, tmpdir):
             "two_families": _scenario_two_families(rank, world),
             "failed_roots": _scenario_failed_roots(rank, world),
             "nonfinite": _scenario_nonfinite(rank, world),
+            "skip_schedule": _scenario_skip_schedule(rank, world),
             "roots_not_kept": _scenario_roots_not_kept(rank, world),
             "idle_ranks": _scenario_idle_ranks(rank, world),
             "checkpoint": _scenario_checkpoint(rank, world, tmpdir)}
@@ -509,6 +532,15 @@ def test_nan_on_one_rank_makes_every_rank_raise_or_skip(ranks):
         assert nf["skip"] == "stepped" and nf["skip_unchanged"] and nf["skip_skipped"] == 1
         assert nf["raise_continued_steps"] == 2 and nf["skip_continued_steps"] == 2
         assert nf["mismatch"] == "raised", f"rank {rank}: missing gradient not agreed"
+
+
+def test_a_skipped_step_counts_in_the_schedule_as_in_one_process(ranks):
+    _, results = ranks
+    for rank, r in enumerate(results):
+        r = r["skip_schedule"]
+        assert r["sharded"] == r["single"] == [3, 6], rank
+        assert r["skipped"] == 1 and r["max_diff"] <= ROUNDING_ATOL, rank
+    assert len({r["skip_schedule"]["digest"] for r in results}) == 1
 
 
 def test_checkpoint_restore_consolidate_and_reshard(ranks):

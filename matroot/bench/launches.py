@@ -15,7 +15,9 @@ met the target:
 - DASH's Newton-DB and coupled Newton, each with its power-iteration and its
   Frobenius scaling, at the fewest steps that reach ``rtol`` (:mod:`matroot.bench.dash`;
   skipped when the wheel is not installed);
-- the optimizer rows registered in :data:`STEP_ROWS` (issue 35's optimizer half).
+- one optimizer step, between refreshes and at a refresh, of AdamW(foreach) and
+  matroot's Shampoo on :mod:`matroot.bench.optim_launches`' model (issue 35's
+  optimizer half).
 """
 
 from __future__ import annotations
@@ -29,15 +31,26 @@ from matroot.testing import oracle_inv_root, relative_error
 
 from .dash import DASH_SOLVERS, DASH_STEPS, dash_call, load_dash_solvers
 
-__all__ = ["STEP_ROWS", "format_table", "run"]
+__all__ = ["format_table", "run", "step_rows"]
 
 #: The methods counted, each as the call an accelerator makes with ``rtol``.
 METHODS = ("minimax", "newton_db", "coupled_newton")
 
-#: Optimizer rows: ``name -> rows(quick) -> list of dict`` with the keys of the solve rows
-#: (``contender``, ``ops``, ``syncs``; ``p``, ``error`` and ``met`` may be None). The
-#: optimizer step's benchmark registers its own here.
-STEP_ROWS: dict[str, Callable[[bool], list[dict]]] = {}
+
+
+def step_rows() -> list[dict]:
+    """The optimizer step's counts as rows of the solve table (``p``, ``error`` and
+    ``met`` None): one row per optimizer, model and kind of step."""
+    from .optim_launches import step_rows as counted_steps
+
+    rows = []
+    for r in counted_steps():
+        for kind in ("between", "refresh"):
+            ops, syncs = r[kind]
+            rows.append({"p": None, "contender": f"{r['optimizer']} step, {r['layers']} "
+                         f"layers, {'between refreshes' if kind == 'between' else 'refresh'}",
+                         "ops": ops, "syncs": syncs, "error": None, "met": None})
+    return rows
 
 
 def _stack(n: int, batch: int, kappa: float):
@@ -111,8 +124,7 @@ def run(*, orders=(2, 4), n: int = 384, batch: int = 8, kappa: float = 1e4,
                 rows.append(_row(f"matroot {method}, adaptive loop", p, ops, syncs, res.root,
                                  exact, rtol, bool(res.converged.all())))
         rows += _dash_rows(a, p, exact, rtol)
-    for rows_of in STEP_ROWS.values():
-        rows += rows_of(quick)
+    rows += step_rows()
     return {"n": n, "batch": batch, "kappa": kappa, "rtol": rtol, "dtype": "float32",
             "rows": rows}
 
@@ -136,5 +148,5 @@ def format_table(report: dict) -> str:
         lines.append(f"| {r['p'] if r['p'] is not None else '-'} | {r['contender']} | "
                      f"{r['ops'] if r['ops'] is not None else '-'} | "
                      f"{r['syncs'] if r['syncs'] is not None else '-'} | {ratio} | {error} | "
-                     f"{'yes' if r['met'] else 'no'} |")
+                     f"{'-' if r['met'] is None else 'yes' if r['met'] else 'no'} |")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["is_dtensor", "whole", "local_view", "add_to_local"]
+__all__ = ["is_dtensor", "whole", "local_view", "add_to_local", "add_all_to_local"]
 
 
 def is_dtensor(tensor) -> bool:
@@ -74,3 +74,16 @@ def add_to_local(param: torch.Tensor, update: torch.Tensor) -> None:
         target.add_(update)
     else:
         target.copy_(target.to(update.dtype) + update)
+
+
+def add_all_to_local(params, updates) -> None:
+    """:func:`add_to_local` of each pair; the plain parameters whose dtype is their
+    update's in one foreach addition (one operation whatever their number)."""
+    plain = [(p, u) for p, u in zip(params, updates)
+             if not is_dtensor(p) and p.dtype == u.dtype]
+    if plain:
+        torch._foreach_add_([p.detach() for p, _ in plain], [u for _, u in plain])
+    done = {id(p) for p, _ in plain}
+    for p, u in zip(params, updates):
+        if id(p) not in done:
+            add_to_local(p, u)

@@ -61,6 +61,7 @@ from .phases import (
     refresh_roots,
     root_dtype,
 )
+from .counters import advance, advance_param_steps
 from .gradients import all_finite, check_gradients, nonfinite_flags
 from .preconditioner import FactorStacks, init_stacks
 from .state import ShampooState, copy_state, state_bytes
@@ -192,14 +193,6 @@ def _per_param(value, default, count, name):
     return values
 
 
-def _advance(xp, count, by):
-    """``count + 1``, or ``count + by`` for a 0-d boolean array ``by`` (a device-side
-    step count that stands still where ``by`` is False)."""
-    if by is None:
-        return count + 1
-    return count + xp.astype(by, count.dtype if hasattr(count, "dtype") else xp.int64)
-
-
 def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None,
            weight_decay=None, check_grads: bool = True, on_phase: Callable | None = None,
            in_place: bool = False, schedule: tuple | None = None, finite=None):
@@ -292,13 +285,14 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
             on_phase(name)
 
     step_taken = finite
-    step = _advance(xp, state.step, step_taken)
-    param_steps = tuple(_advance(xp, s, step_taken) if p else s
-                        for s, p in zip(state.param_steps, present))
+    overwrite = in_place and _xp.backend_name(xp) != "jax"
+    step = advance(xp, state.step, step_taken, in_place=overwrite)
+    this_step, param_steps = advance_param_steps(xp, state.param_steps, present, step_taken,
+                                                 in_place=overwrite)
     ctx = StepContext(xp, plan, config, Schedule(*(config.schedule_at(step) if schedule is None
                                                    else schedule)), in_place, step_taken)
     moments = accumulate_moments(ctx, grads, params, decays, state.exp_avg, state.exp_avg_sq,
-                                 param_steps)
+                                 this_step)
     phase("moments")
     stacks, runs = accumulate_factors(ctx, moments.effective, _stacks_of(xp, state))
     phase("factors")
@@ -314,7 +308,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     skipped = state.skipped_steps
     if step_taken is not None:
-        skipped = _advance(xp, skipped, ~step_taken)
+        skipped = advance(xp, skipped, ~step_taken, in_place=overwrite)
     new_state = state._replace(
         step=step, param_steps=param_steps, exp_avg=moments.exp_avg,
         exp_avg_sq=moments.exp_avg_sq, factors=stacks.factors, roots=stacks.roots,

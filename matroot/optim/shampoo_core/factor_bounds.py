@@ -40,6 +40,8 @@ __all__ = [
     "unknown_bounds",
     "rounding_margin",
     "advanced_bounds",
+    "advance_bounds_in_place",
+    "SkipFactors",
     "carried_lambda_max",
     "bounds_after_refresh",
 ]
@@ -115,6 +117,52 @@ def advanced_bounds(old, statistic, factor_diagonals, beta2: float, margin: floa
     return xp.stack([upper, floor], axis=-1)
 
 
+class SkipFactors:
+    """The coefficients that make a factor update leave a step skipped on the device
+    as it was (decay 1, no increment, no widening), made once per step and dtype from
+    the 0-d boolean ``step_taken``."""
+
+    def __init__(self, step_taken):
+        self.step_taken = step_taken
+        self._made: dict = {}
+
+    def of(self, xp, dtype, beta2: float) -> tuple:
+        """``(taken, decay, widen)`` as 0-d arrays of ``dtype``: 1 or 0; ``β₂`` or 1;
+        the bounds' widening or 1."""
+        key = (str(dtype), beta2)
+        if key not in self._made:
+            taken = xp.astype(self.step_taken, dtype)
+            one = xp.ones_like(taken)
+            widen = 1.0 + 4 * unit_roundoff(xp, dtype)
+            self._made[key] = (taken, xp.where(self.step_taken, beta2 * one, one),
+                               xp.where(self.step_taken, widen * one, one))
+        return self._made[key]
+
+
+def advance_bounds_in_place(bounds, statistic, factor_diagonals, beta2: float,
+                            margin: float, *, skip: tuple | None = None) -> None:
+    """:func:`advanced_bounds` written into ``bounds`` (a ``(k, 2)`` view into a bound
+    stack) in a few operations on the bounds: the same bound, its three terms summed
+    in another order (within the final widening's slack). ``skip``, from
+    :meth:`SkipFactors.of`, keeps the bounds of a step skipped on the device."""
+    xp = _xp.array_namespace(bounds)
+    rounding = margin * xp.sum(factor_diagonals, axis=-1)
+    widen = 1.0 + 4 * unit_roundoff(xp, bounds.dtype)
+    decay = beta2
+    if skip is not None:
+        _, decay, widen = skip
+    if beta2 != 1.0:
+        bounds *= decay
+        rounding += (1.0 - beta2) * _traces(statistic)
+    else:
+        rounding += _traces(statistic)
+    if skip is not None:
+        rounding *= skip[0]
+    upper = bounds[:, UPPER]
+    upper += rounding
+    upper *= widen
+
+
 def carried_lambda_max(bounds, eps: float):
     """Whether a stack's carried bounds are tight enough to use, and the bounds on
     ``λmax(factor + eps·I)`` to pass as ``lambda_max_upper``.
@@ -127,7 +175,8 @@ def carried_lambda_max(bounds, eps: float):
     """
     xp = _xp.array_namespace(bounds)
     upper, floor = bounds[:, UPPER], bounds[:, FLOOR]
-    tight = xp.all(xp.isfinite(upper) & (upper <= CARRY_SLACK * floor))
+    # ``upper < inf`` is isfinite for a non-negative bound (NaN compares False).
+    tight = xp.all((upper < xp.inf) & (upper <= CARRY_SLACK * floor))
     return tight, (upper + eps) * (1.0 + 2 * unit_roundoff(xp, bounds.dtype))
 
 
@@ -155,12 +204,15 @@ def bounds_after_refresh(bounds, result, ok, *, eps: float, margin_traces, carri
     """
     xp = _xp.array_namespace(bounds)
     found = result.lambda_max
-    usable = xp.isfinite(found)
-    above_ridge = xp.maximum(found - eps, xp.zeros_like(found))
     inf = xp.full_like(found, float("inf"))
+    if isinstance(carried, bool) and carried:
+        return xp.stack([xp.where(ok, bounds[:, UPPER], inf), bounds[:, FLOOR]], axis=-1)
+    # λmax is non-negative: below +inf is finite (NaN compares False).
+    usable = found < inf
+    above_ridge = xp.maximum(found - eps, xp.zeros_like(found))
     fresh = xp.stack([xp.where(usable, above_ridge + margin_traces, inf),
                       xp.where(usable, above_ridge, xp.zeros_like(found))], axis=-1)
-    kept = xp.stack([xp.where(ok, bounds[:, UPPER], inf), bounds[:, FLOOR]], axis=-1)
     if isinstance(carried, bool):
-        return kept if carried else fresh
+        return fresh
+    kept = xp.stack([xp.where(ok, bounds[:, UPPER], inf), bounds[:, FLOOR]], axis=-1)
     return xp.where(carried, kept, fresh)

@@ -18,23 +18,63 @@ definitions (``t`` is the parameter's step, ``m``/``v`` its moments):
 from __future__ import annotations
 
 import contextlib
+import numbers
 
 import numpy as np
 
 from ... import _xp
+from . import lists
 from .config import ShampooConfig
-from .preconditioner import assign
 
-__all__ = ["effective_gradient", "grafting_direction", "final_update", "block_norms", "graft"]
+__all__ = ["effective_gradient", "effective_gradients", "grafting_direction",
+           "grafting_directions", "final_update", "final_updates", "block_norms", "graft"]
 
 
 def effective_gradient(xp, grad, param, weight_decay: float, config: ShampooConfig):
     """The gradient the moments and factors see: sign for ``maximize``, L2 term added."""
+    return effective_gradients(xp, [grad], [param], [weight_decay], config)[0]
+
+
+def effective_gradients(xp, grads, params, decays, config: ShampooConfig) -> list:
+    """:func:`effective_gradient` of every entry, one list operation per term."""
+    grads = list(grads)
     if config.maximize:
-        grad = -grad
-    if config.weight_decay_type == "l2" and weight_decay:
-        grad = grad + weight_decay * xp.astype(param, grad.dtype, copy=False)
-    return grad
+        grads = lists.neg(xp, grads)
+    if config.weight_decay_type == "l2":
+        decayed = [i for i, d in enumerate(decays) if d]
+        terms = lists.mul(xp, [xp.astype(params[i], grads[i].dtype, copy=False)
+                               for i in decayed], [decays[i] for i in decayed])
+        for i, g in zip(decayed, lists.add(xp, [grads[i] for i in decayed], terms)):
+            grads[i] = g
+    return grads
+
+
+def _steps(xp, steps):
+    """One step count shared by every entry (the same object or an equal int), or the
+    list of them."""
+    steps = list(steps)
+    first = steps[0]
+    if all(s is first for s in steps) or (
+            isinstance(first, int) and all(isinstance(s, int) and s == first for s in steps)):
+        return first
+    return steps
+
+
+def _corrections(xp, beta: float, steps):
+    """``1 − βᵗ`` for one step count or a list of them (ints or 0-d arrays)."""
+    if not isinstance(steps, list):
+        return 1.0 - beta ** steps
+    if all(isinstance(t, numbers.Integral) for t in steps):
+        return [1.0 - beta ** t for t in steps]
+    return lists.add_(xp, lists.neg(xp, lists.pow_from(xp, beta, steps)), 1.0)
+
+
+def _root_of(xp, corrections):
+    if isinstance(corrections, list):
+        if corrections and not isinstance(corrections[0], numbers.Real):
+            return lists.sqrt(xp, corrections)
+        return [c ** 0.5 for c in corrections]
+    return corrections ** 0.5
 
 
 def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfig, *,
@@ -55,60 +95,134 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     in_place : bool
         Overwrite the moments (NumPy, CuPy, PyTorch) rather than return new arrays.
     step_taken : 0-d boolean array, optional
-        Where False the moments keep their values (a step skipped on the device).
+        Where False the moments keep their values (a step skipped on the device);
+        ``grad`` must then be finite (:func:`matroot.optim.shampoo_core.lists.zero_unless`).
 
     Returns
     -------
     exp_avg, exp_avg_sq, m_hat, direction : arrays (``exp_avg_sq`` None for sgd)
     """
+    out = grafting_directions(xp, [grad], [exp_avg], [exp_avg_sq], [step], config,
+                              in_place=in_place, step_taken=step_taken)
+    return tuple(column[0] for column in out)
+
+
+def grafting_directions(xp, grads, exp_avgs, exp_avg_sqs, steps, config: ShampooConfig, *,
+                        in_place: bool = True, step_taken=None) -> tuple:
+    """:func:`grafting_direction` of every entry: one list operation per term, so the
+    cost in operations does not grow with the number of entries.
+
+    ``steps`` holds each entry's 1-based step; entries that share one step count (the
+    same 0-d array object, or equal ints) get their bias corrections from one array.
+    With ``step_taken`` the coefficients carry the selection: ``1 − β₁`` becomes
+    ``(1 − β₁)·taken`` and ``β₂`` becomes ``1`` where the step is skipped, so the
+    moments keep their exact values with no select per entry (the gradients must then
+    be finite: the caller zeroes them where the step is skipped).
+
+    Returns
+    -------
+    exp_avgs, exp_avg_sqs, m_hats, directions : lists (``exp_avg_sqs`` entries None for sgd)
+    """
+    grads, exp_avgs = list(grads), list(exp_avgs)
+    exp_avg_sqs = list(exp_avg_sqs)
+    if not grads:
+        return [], [], [], []
     beta1 = config.betas[0]
     # Overwriting the moments with in-place operators makes one temporary where the
     # expressions make three and a copy (fresh allocations dominate these passes on a
     # CPU); the arithmetic, and so the rounding, is the same in both forms.
-    overwrite = in_place and step_taken is None and _xp.backend_name(xp) != "jax"
+    overwrite = in_place and _xp.backend_name(xp) != "jax"
+    rate1 = 1.0 - beta1
+    taken = None
+    if step_taken is not None:
+        taken = xp.astype(step_taken, grads[0].dtype)
+        rate1 = rate1 * taken
+    change = lists.sub(xp, grads, exp_avgs)
     if overwrite:
-        change = grad - exp_avg
-        change *= 1.0 - beta1
-        exp_avg += change
+        change = lists.mul_(xp, change, rate1)
+        exp_avgs = lists.add_(xp, exp_avgs, change)
     else:
-        exp_avg = assign(exp_avg, ..., exp_avg + (1.0 - beta1) * (grad - exp_avg),
-                         in_place=in_place, step_taken=step_taken)
-    corr1 = 1.0 - beta1 ** step if config.bias_correction else 1.0
-    first = beta1 * exp_avg + (1.0 - beta1) * grad if config.nesterov else exp_avg
-    m_hat = first / corr1
+        exp_avgs = lists.add(xp, exp_avgs, lists.mul(xp, change, rate1))
+    steps = _steps(xp, steps)
+    corr1 = _corrections(xp, beta1, steps) if config.bias_correction else 1.0
+    first = lists.add(xp, lists.mul(xp, exp_avgs, beta1), lists.mul(xp, grads, rate1)) \
+        if config.nesterov else exp_avgs
+    m_hats = lists.div(xp, first, corr1)
     beta2 = config.second_moment_beta
     if beta2 is None:
-        return exp_avg, exp_avg_sq, m_hat, m_hat
-    square = grad * grad
+        return exp_avgs, exp_avg_sqs, m_hats, m_hats
+    squares = lists.mul(xp, grads, grads)
+    # β₂ = 1 (adagrad) adds the squares unscaled; a skipped step scales them by 0
+    # and the old sum by 1.
+    decay = rate2 = None
+    if beta2 != 1.0:
+        decay, rate2 = beta2, 1.0 - beta2
+    if taken is not None:
+        rate2 = taken if rate2 is None else rate2 * taken
+        if decay is not None:
+            decay = xp.where(step_taken, decay * xp.ones_like(taken), xp.ones_like(taken))
     if overwrite:
-        if beta2 != 1.0:
-            exp_avg_sq *= beta2
-            square *= 1.0 - beta2
-        exp_avg_sq += square
+        if decay is not None:
+            exp_avg_sqs = lists.mul_(xp, exp_avg_sqs, decay)
+        if rate2 is not None:
+            squares = lists.mul_(xp, squares, rate2)
+        exp_avg_sqs = lists.add_(xp, exp_avg_sqs, squares)
     else:
-        advanced = exp_avg_sq + square if beta2 == 1.0 else \
-            beta2 * exp_avg_sq + (1.0 - beta2) * square
-        exp_avg_sq = assign(exp_avg_sq, ..., advanced, in_place=in_place, step_taken=step_taken)
+        kept = exp_avg_sqs if decay is None else lists.mul(xp, exp_avg_sqs, decay)
+        exp_avg_sqs = lists.add(xp, kept, squares if rate2 is None
+                                else lists.mul(xp, squares, rate2))
     corrected = config.grafting == "adam" and config.bias_correction and beta2 < 1.0
-    corr2 = 1.0 - beta2 ** step if corrected else 1.0
-    denominator = xp.sqrt(exp_avg_sq)
-    denominator /= corr2 ** 0.5
-    denominator += config.eps
-    return exp_avg, exp_avg_sq, m_hat, m_hat / denominator
+    corr2 = _corrections(xp, beta2, steps) if corrected else 1.0
+    denominators = lists.sqrt(xp, exp_avg_sqs)
+    if corrected:
+        denominators = lists.div_(xp, denominators, _root_of(xp, corr2))
+    denominators = lists.add_(xp, denominators, config.eps)
+    return exp_avgs, exp_avg_sqs, m_hats, lists.div(xp, m_hats, denominators)
 
 
 def final_update(xp, direction, momentum_buffer, param, lr: float, weight_decay: float,
                  config: ShampooConfig, *, in_place: bool = True, step_taken=None):
     """``(−lr·(u + wd·param), momentum_buffer)``; the buffer (None without momentum)
-    is advanced, in place when ``in_place``, only where ``step_taken`` holds when given."""
-    if momentum_buffer is not None:
-        momentum_buffer = assign(momentum_buffer, ..., config.momentum * momentum_buffer
-                                 + direction, in_place=in_place, step_taken=step_taken)
-        direction = momentum_buffer
-    update = -lr * direction
-    if config.weight_decay_type == "decoupled" and weight_decay:
-        update = update - (lr * weight_decay) * xp.astype(param, direction.dtype, copy=False)
-    return update, momentum_buffer
+    is advanced, in place when ``in_place``, only where ``step_taken`` holds when given
+    (then the update is zero: the step is skipped)."""
+    updates, buffers = final_updates(xp, [direction], [momentum_buffer], [param], [lr],
+                                     [weight_decay], config, in_place=in_place,
+                                     step_taken=step_taken)
+    return updates[0], buffers[0]
+
+
+def final_updates(xp, directions, momentum_buffers, params, lrs, decays,
+                  config: ShampooConfig, *, in_place: bool = True, step_taken=None) -> tuple:
+    """:func:`final_update` of every entry, one list operation per term.
+
+    ``directions`` must be finite where ``step_taken`` is given (a skipped step's
+    update is the direction times zero).
+    """
+    directions, buffers = list(directions), list(momentum_buffers)
+    if not directions:
+        return [], buffers
+    taken = None if step_taken is None else xp.astype(step_taken, directions[0].dtype)
+    if buffers[0] is not None:
+        mu = config.momentum if taken is None else \
+            xp.where(step_taken, config.momentum * xp.ones_like(taken), xp.ones_like(taken))
+        step_part = directions if taken is None else lists.mul(xp, directions, taken)
+        if in_place and _xp.backend_name(xp) != "jax":
+            buffers = lists.mul_(xp, buffers, mu)
+            buffers = lists.add_(xp, buffers, step_part)
+        else:
+            buffers = lists.add(xp, lists.mul(xp, buffers, mu), step_part)
+        directions = buffers
+    updates = lists.mul(xp, directions, [-lr for lr in lrs])
+    if config.weight_decay_type == "decoupled":
+        decayed = [i for i, d in enumerate(decays) if d]
+        terms = lists.mul(xp, [xp.astype(params[i], directions[i].dtype, copy=False)
+                               for i in decayed], [lrs[i] * decays[i] for i in decayed])
+        subtracted = lists.sub(xp, [updates[i] for i in decayed], terms)
+        for i, u in zip(decayed, subtracted):
+            updates[i] = u
+    if taken is not None:
+        updates = lists.mul(xp, updates, taken)
+    return updates, buffers
 
 
 #: A block norm at least this large, and finite, lost nothing to the squares' underflow
@@ -134,6 +248,9 @@ def block_norms(blocks):
     array([5.e+30, 5.e-30], dtype=float32)
     """
     xp = _xp.array_namespace(blocks)
+    wide = lists.frobenius_norms(xp, blocks)
+    if wide is not None:
+        return wide
     axes = tuple(range(1, blocks.ndim))
     # The plain pass may overflow or underflow by design (NumPy would warn): such
     # blocks are taken again below.
@@ -165,12 +282,17 @@ def graft(directions, adam_directions):
     array, shape (k, ...)
     """
     xp = _xp.array_namespace(directions)
-    norms = block_norms(directions)
-    finite = xp.isfinite(norms)
-    usable = finite & (norms > 0)
-    scale = xp.where(usable, block_norms(adam_directions) / xp.where(usable, norms,
-                                                                    xp.ones_like(norms)),
-                     xp.zeros_like(norms))
+    # Summed in float64 where the library can (one reduction each, no rescaling pass);
+    # the scale is rounded to the blocks' dtype once.
+    norms = lists.frobenius_norms(xp, directions, wide=True)
+    adam_norms = None if norms is None else lists.frobenius_norms(xp, adam_directions, wide=True)
+    if norms is None:
+        norms, adam_norms = block_norms(directions), block_norms(adam_directions)
+    usable = norms > 0          # False for NaN; +inf is caught by the last select
+    scale = xp.where(usable, adam_norms / xp.where(usable, norms, lists.constant(xp, 1.0, norms)),
+                     lists.constant(xp, 0.0, norms))
     expand = (slice(None),) + (None,) * (directions.ndim - 1)
-    grafted = directions * scale[expand]
-    return xp.where(finite[expand], grafted, adam_directions)
+    grafted = directions * xp.astype(scale, directions.dtype, copy=False)[expand]
+    # ``norms < inf`` is isfinite for a non-negative norm (NaN compares False), in one
+    # operation where torch's isfinite takes four.
+    return xp.where((norms < xp.inf)[expand], grafted, adam_directions)

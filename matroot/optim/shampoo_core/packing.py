@@ -46,6 +46,15 @@ def _on_device(xp, index: np.ndarray, device):
     return xp.asarray(index, device=device)
 
 
+def _take_columns(xp, matrices, index):
+    """``xp.take(matrices, index, axis=1)`` for non-negative indices: on PyTorch one
+    ``index_select`` (array-api-compat's ``take`` adds three operations that wrap
+    negative indices)."""
+    if _xp.is_torch_namespace(xp):
+        return matrices.index_select(1, index)
+    return xp.take(matrices, index, axis=1)
+
+
 def pack(matrices):
     """The upper triangles of a ``(k, n, n)`` stack as ``(k, n(n+1)/2)``.
 
@@ -58,7 +67,7 @@ def pack(matrices):
     xp = _xp.array_namespace(matrices)
     k, n = matrices.shape[0], matrices.shape[-1]
     index = _packing_index(xp, n, _xp.device_of(matrices), unpack=False)
-    return xp.take(xp.reshape(matrices, (k, n * n)), index, axis=1)
+    return _take_columns(xp, xp.reshape(matrices, (k, n * n)), index)
 
 
 def unpack(packed, n: int):
@@ -73,7 +82,7 @@ def unpack(packed, n: int):
     """
     xp = _xp.array_namespace(packed)
     index = _packing_index(xp, n, _xp.device_of(packed), unpack=True)
-    return xp.reshape(xp.take(packed, index, axis=1), (packed.shape[0], n, n))
+    return xp.reshape(_take_columns(xp, packed, index), (packed.shape[0], n, n))
 
 
 def diagonals(matrices, n: int):
@@ -94,4 +103,4 @@ def diagonals(matrices, n: int):
         # Row i of the packed upper triangle starts after i rows of n, n−1, … entries.
         _INDEX_CACHE[key] = _on_device(xp, rows * n - rows * (rows - 1) // 2,
                                        _xp.device_of(matrices))
-    return xp.take(matrices, _INDEX_CACHE[key], axis=1)
+    return _take_columns(xp, matrices, _INDEX_CACHE[key])

@@ -20,9 +20,12 @@ import functools
 from typing import Any, NamedTuple
 
 from ... import _xp
-from .blocking import ELEMENTWISE, BlockPlan, subgroup
+from .blocking import BlockPlan, subgroup
 from .config import ShampooConfig
-from .grafting import effective_gradient, final_update, graft, grafting_direction
+from . import lists
+from .factor_bounds import SkipFactors
+from .grafting import effective_gradients, graft, grafting_directions
+from .grafting import final_updates as final_updates_of
 from .preconditioner import (
     FactorStacks,
     empty_stack,
@@ -30,8 +33,8 @@ from .preconditioner import (
     identity_roots,
     precondition_blocks,
     refresh_inverse_roots,
-    scatter_blocks,
     update_factors,
+    write_blocks,
 )
 
 __all__ = ["Schedule", "StepContext", "Moments", "accumulate_moments", "accumulate_factors",
@@ -70,9 +73,16 @@ class Schedule(NamedTuple):
             return if_true if flag else if_false
         return xp.where(flag, if_true, if_false)
 
-    def counted(self, xp, counter, flag):
-        """``counter`` plus one where ``flag`` holds."""
-        return counter + (int(flag) if self.on_host else xp.astype(flag, xp.int32))
+    def counted(self, xp, counter, flag, *, in_place: bool = False):
+        """``counter`` plus one where ``flag`` holds (into an array ``counter`` itself
+        when ``in_place``; untouched where the host says no)."""
+        if self.on_host and not flag:
+            return counter
+        step = 1 if self.on_host else xp.astype(flag, xp.int32)
+        if in_place and not isinstance(counter, int):
+            counter += step
+            return counter
+        return counter + step
 
 
 class StepContext(NamedTuple):
@@ -100,6 +110,10 @@ class Moments(NamedTuple):
     effective: list
     m_hat: list
     adam: list
+
+
+def _overwrites(ctx: StepContext) -> bool:
+    return ctx.in_place and _xp.backend_name(ctx.xp) != "jax"
 
 
 def compute_dtype_name(xp, dtype) -> str:
@@ -140,23 +154,37 @@ def root_dtype(xp, config: ShampooConfig, stack_shape):
 def accumulate_moments(ctx: StepContext, grads, params, decays, exp_avg, exp_avg_sq,
                        param_steps) -> Moments:
     """Phase 1, elementwise: the moments and grafting directions of every parameter
-    with a gradient (on a sharded rank, of every piece it owns)."""
+    with a gradient (on a sharded rank, of every piece it owns), one list operation
+    per term (:mod:`matroot.optim.shampoo_core.lists`). ``param_steps`` are the steps
+    the bias corrections use (this step's, taken or not)."""
     xp, config = ctx.xp, ctx.config
     count = len(grads)
     exp_avg, exp_avg_sq = list(exp_avg), list(exp_avg_sq)
     effective, m_hat, adam = [None] * count, [None] * count, [None] * count
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        g = xp.astype(g, compute_dtype(xp, g), copy=False)
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return Moments(exp_avg, exp_avg_sq, effective, m_hat, adam)
+    gs = [xp.astype(grads[i], compute_dtype(xp, grads[i]), copy=False) for i in present]
+    if ctx.step_taken is not None:
+        # A skipped step's gradients may hold NaN: zeros keep every product finite,
+        # and the coefficients (times the flag) keep the moments as they were.
+        gs = lists.zero_unless(xp, ctx.step_taken, gs)
+    for i, g in zip(present, gs):
         if exp_avg[i] is None:
             exp_avg[i] = xp.zeros_like(g)
             if config.second_moment_beta is not None:
                 exp_avg_sq[i] = xp.zeros_like(g)
-        effective[i] = effective_gradient(xp, g, params[i], decays[i], config)
-        exp_avg[i], exp_avg_sq[i], m_hat[i], adam[i] = grafting_direction(
-            xp, effective[i], exp_avg[i], exp_avg_sq[i], param_steps[i], config,
-            in_place=ctx.in_place, step_taken=ctx.step_taken)
+    eff = effective_gradients(xp, gs, [params[i] for i in present],
+                              [decays[i] for i in present], config)
+    columns = grafting_directions(xp, eff, [exp_avg[i] for i in present],
+                                  [exp_avg_sq[i] for i in present],
+                                  [param_steps[i] for i in present], config,
+                                  in_place=ctx.in_place, step_taken=ctx.step_taken)
+    for target, column in zip((exp_avg, exp_avg_sq, m_hat, adam), columns):
+        for i, value in zip(present, column):
+            target[i] = value
+    for i, value in zip(present, eff):
+        effective[i] = value
     return Moments(exp_avg, exp_avg_sq, effective, m_hat, adam)
 
 
@@ -183,6 +211,7 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
              for g, layout in zip(effective, plan.params)]
     present = [g is not None for g in effective]
     runs = [run for group in plan.groups for run in _present_runs(group, present)]
+    skip = None if ctx.step_taken is None else SkipFactors(ctx.step_taken)
     for run in runs:
         device = _xp.device_of(effective[run.blocks[0].param])
         for stack, _ in run.factor_slots:
@@ -197,7 +226,7 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
                                               packed=config.symmetric_packing)
         factors, bounds = update_factors(run, gather_blocks(run, views, xp), factors, bounds,
                                          config.betas[1], in_place=ctx.in_place,
-                                         step_taken=ctx.step_taken)
+                                         step_taken=skip)
     return FactorStacks(factors, roots, failures, bounds), runs
 
 
@@ -217,7 +246,8 @@ def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:
         return stacks, refreshes
     if not ctx.config.keeps_roots:
         return (stacks._replace(roots=[None] * len(ctx.plan.stacks)),
-                ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh))
+                ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh,
+                                      in_place=_overwrites(ctx)))
 
     def refresh(roots, failures, bounds):
         roots, failures, bounds = list(roots), list(failures), list(bounds)
@@ -231,7 +261,8 @@ def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:
         ctx.schedule.refresh, refresh, lambda r, f, b: (list(r), list(f), list(b)),
         stacks.roots, stacks.failures, stacks.bounds)
     return (FactorStacks(stacks.factors, roots, failures, bounds),
-            ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh))
+            ctx.schedule.counted(ctx.xp, refreshes, ctx.schedule.refresh,
+                                      in_place=_overwrites(ctx)))
 
 
 def _sides(run):
@@ -270,7 +301,12 @@ class _JustInTimeRoots:
 def precondition(ctx: StepContext, runs, moments: Moments, stacks: FactorStacks) -> tuple:
     """Phase 4: per parameter, the grafted Shampoo direction once preconditioning has
     started, the grafting direction otherwise. Returns the directions and the stacks
-    (failure counts and bounds change where roots are solved just in time)."""
+    (failure counts and bounds change where roots are solved just in time).
+
+    Each run of blocks is gathered, preconditioned and grafted as one stack; the
+    directions of a parameter that is one block are views of its run's result, those
+    of parameters cut into several blocks are written in one copy
+    (:func:`~matroot.optim.shampoo_core.preconditioner.write_blocks`)."""
     xp, plan, schedule = ctx.xp, ctx.plan, ctx.schedule
     directions = list(moments.adam)
     if schedule.on_host and not (schedule.started and runs):
@@ -279,9 +315,6 @@ def precondition(ctx: StepContext, runs, moments: Moments, stacks: FactorStacks)
                for m, layout in zip(moments.m_hat, plan.params)]
     a_views = [None if a is None else xp.reshape(a, layout.view)
                for a, layout in zip(moments.adam, plan.params)]
-    out_views = [None if (a is None or layout.kind == ELEMENTWISE)
-                 else xp.zeros(layout.view, dtype=a.dtype, device=_xp.device_of(a))
-                 for a, layout in zip(moments.adam, plan.params)]
     just_in_time = None
     if not ctx.config.keeps_roots:
         # The runs that need the largest stack go first, then the next largest: each
@@ -289,11 +322,12 @@ def precondition(ctx: StepContext, runs, moments: Moments, stacks: FactorStacks)
         runs = sorted(runs, key=lambda run: -max(
             (plan.stacks[s].size for s, _ in _sides(run)), default=0))
         just_in_time = _JustInTimeRoots(ctx, stacks, runs)
+    grafted = []
     for j, run in enumerate(runs):
         roots = stacks.roots if just_in_time is None else just_in_time.for_run(j, run)
         shampoo_dir = precondition_blocks(run, gather_blocks(run, m_views, xp), roots)
-        out_views = scatter_blocks(run, graft(shampoo_dir, gather_blocks(run, a_views, xp)),
-                                   out_views)
+        grafted.append(graft(shampoo_dir, gather_blocks(run, a_views, xp)))
+    out_views = write_blocks(xp, plan, runs, grafted, a_views)
     for i, (out, layout) in enumerate(zip(out_views, plan.params)):
         if out is not None:
             directions[i] = schedule.select(xp, schedule.started,
@@ -306,19 +340,20 @@ def precondition(ctx: StepContext, runs, moments: Moments, stacks: FactorStacks)
 def final_updates(ctx: StepContext, grads, directions, momentum, params, lrs,
                   decays) -> tuple:
     """Phase 5: ``−lr·(direction + weight_decay·param)`` (momentum on the direction
-    first), zeros for a step skipped on the device. Returns the updates and the
-    momentum buffers."""
-    xp, config, step_taken = ctx.xp, ctx.config, ctx.step_taken
+    first), zeros for a step skipped on the device, one list operation per term.
+    Returns the updates and the momentum buffers."""
+    xp, config = ctx.xp, ctx.config
     updates = [None] * len(grads)
     momentum = list(momentum)
-    for i, d in enumerate(directions):
-        if d is None:
-            continue
-        if config.momentum and momentum[i] is None:
-            momentum[i] = xp.zeros_like(d)
-        updates[i], momentum[i] = final_update(xp, d, momentum[i], params[i], lrs[i],
-                                               decays[i], config, in_place=ctx.in_place,
-                                               step_taken=step_taken)
-        if step_taken is not None:
-            updates[i] = xp.where(step_taken, updates[i], xp.zeros_like(updates[i]))
+    present = [i for i, d in enumerate(directions) if d is not None]
+    if config.momentum:
+        for i in present:
+            if momentum[i] is None:
+                momentum[i] = xp.zeros_like(directions[i])
+    new, buffers = final_updates_of(
+        xp, [directions[i] for i in present], [momentum[i] for i in present],
+        [params[i] for i in present], [lrs[i] for i in present], [decays[i] for i in present],
+        config, in_place=ctx.in_place, step_taken=ctx.step_taken)
+    for i, u, b in zip(present, new, buffers):
+        updates[i], momentum[i] = u, b
     return updates, momentum

@@ -7,7 +7,8 @@ per-dimension policy) share one set of factor stacks (a *family*), so the whole
 model's equal-size factors are solved by one ``inv_root`` call per size; ``lr``
 and ``weight_decay`` are read per group at every step, so LR schedulers work
 (the per-dimension policy fixes a parameter's blocks at its first step).
-Trainable parameters get a family at the first step (frozen ones none), so a
+Trainable parameters, and any with a ``.grad`` (as torch's optimizers update
+them), get a family at the first step (frozen ones without a gradient none), so a
 group added after training started, or a parameter unfrozen later, gets a
 family of its own (its own step count and stacks).
 
@@ -19,10 +20,17 @@ and travel in ``state_dict()["shampoo_families"]`` with a per-parameter index of
 their slots (:mod:`matroot.optim.shampoo_core.checkpoint`).
 
 Every counter a step advances is a 0-d tensor on the parameters' device (``step``
-float64, as exact in ``1 − βᵗ`` as a Python int; the family counters int64), so
-``torch.compile(opt.step)`` bakes no count into its graph. The root schedule is
-a host-side count per family, read only in :meth:`Shampoo._prepare_step`, which
-runs outside any compiled graph.
+float64, as exact in ``1 − βᵗ`` as a Python int; the family counters int64),
+advanced in place, so ``torch.compile(opt.step)`` bakes no count into its graph and
+a replayed CUDA graph advances them (:mod:`matroot.optim.torch.graph_replay`).
+Parameters of a family that have had a gradient at the same steps share one
+``step`` tensor (known on the host, no read), so the bias corrections of the whole
+family come from it. The root schedule is a host-side count per family, read only
+in :meth:`Shampoo._prepare_step`, which runs outside any compiled graph.
+
+A step's device side works on lists and stacks, not parameter by parameter (the
+per-stack step of docs/optimizer.rst): one foreach call per elementwise term, one
+batched product per block shape, one foreach addition for the write-back.
 """
 
 from __future__ import annotations
@@ -30,16 +38,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..shampoo_core import core
 from ..shampoo_core.config import PER_PARAMETER, check_keywords
-from ..distributed.core import (BlockSharding, agree_on_gradients, agree_on_parameters,
+from ..distributed.core import (BlockSharding, agree_on_parameters,
                           resolve_process_group)
-from ..distributed.dtensor import add_to_local, is_dtensor, local_view, whole
+from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
+from ..shampoo_core import lists
+from .graph_replay import ReplayedSteps, StepGraphs
+from .prepare import _ON_DEVICE, _SKIPPED, StepPreparation
 from .state import ShampooStateDict, _Family, host_number, update_dtypes
 
 __all__ = ["Shampoo"]
@@ -72,17 +83,7 @@ def _plan_settings(config: core.ShampooConfig) -> tuple:
     return tuple(getattr(config, name) for name in _PLAN_FIELDS)
 
 
-class _Job(NamedTuple):
-    """What one family's step needs from the host: config, per-parameter ``lr`` and
-    ``weight_decay``, and ``(refresh, started)``."""
-
-    config: core.ShampooConfig
-    lrs: list
-    decays: list
-    schedule: tuple
-
-
-class Shampoo(ShampooStateDict, torch.optim.Optimizer):
+class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Optimizer):
     """Stacked-block Shampoo with grafting, as a ``torch.optim.Optimizer``.
 
     Weights are cut into blocks of at most ``block_size``; the Kronecker factors
@@ -106,6 +107,10 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     graft_only : callable, optional
         ``graft_only(param) -> bool``: True keeps that parameter on the grafting
         update with no factors (per parameter; per group, set ``precondition=False``).
+    graph_replay : "auto", True or False
+        Capture the step between root refreshes as a CUDA graph once per signature
+        and replay it ("auto": on unsharded CUDA parameters; eager elsewhere, and
+        after a failed capture; :mod:`matroot.optim.torch.graph_replay`).
     **hyperparameters
         Any :class:`matroot.optim.ShampooConfig` field (``lr``, ``betas``,
         ``weight_decay``, ``block_size``, ...), its defaults and validation.
@@ -140,6 +145,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *,
                  distributed: str | dist.ProcessGroup | None = "auto",
                  graft_only: Callable[[torch.Tensor], bool] | None = None,
+                 graph_replay: str | bool = "auto",
                  **hyperparameters: Any) -> None:
         check_keywords(hyperparameters)
         config = core.ShampooConfig(**{k: host_number(v) for k, v in hyperparameters.items()})
@@ -152,6 +158,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         self._families: list[_Family] = []
         self._process_group = resolve_process_group(distributed)
         self._graft_only = graft_only
+        self._graph_replay = graph_replay
+        StepGraphs(graph_replay)        # validated now
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -198,8 +206,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 raise ValueError(
                     f"a parameter of shape {tuple(p.shape)} left the parameter groups after "
                     "Shampoo gave it factor stacks, which it shares with other parameters "
-                    "and cannot drop: keep it in its group (requires_grad=False stops its "
-                    "updates) or make a new optimizer for the changed model")
+                    "and cannot drop: keep it in its group (a parameter without a .grad is "
+                    "not updated) or make a new optimizer for the changed model")
         return group_of
 
     def _family_config(self, family, group_of) -> core.ShampooConfig:
@@ -233,7 +241,8 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
     def _form_families(self):
         """Give every trainable parameter without a family one, grouping by shared settings.
 
-        Frozen parameters (``requires_grad=False``) get none; their state arrays, like
+        Frozen parameters (``requires_grad=False``) without a ``.grad`` get none (one
+        with a ``.grad`` is updated, as torch's optimizers update it); their state arrays, like
         everyone's, are only made by the first step with a gradient (a lazy core state).
         """
         owned = {id(p) for f in self._families for p in f.params}
@@ -241,7 +250,7 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         for group in self.param_groups:
             shared = self._group_configs(group)[1]
             for p in group["params"]:
-                if id(p) in owned or not p.requires_grad:
+                if id(p) in owned or (not p.requires_grad and p.grad is None):
                     continue
                 for config, device, members, policies in pending:
                     if config == shared and device == p.device:
@@ -282,25 +291,31 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        jobs, grads, check_on_device = self._prepare_step()
+        jobs, grads, screen = self._prepare_step()
         if jobs is None:
             return loss
         if any(job is not None and job.schedule[0] for job in jobs):
-            self._update_outside_graph(jobs, grads, check_on_device)
-        else:
-            self._update(jobs, grads, check_on_device)
+            self._update_outside_graph(jobs, grads, screen)
+        elif torch.compiler.is_compiling() or not self._replays(jobs, grads, screen):
+            self._update(jobs, grads, screen)
         return loss
 
-    def _update(self, jobs, grads, check_on_device: bool) -> None:
+    def _update(self, jobs, grads, screen) -> None:
         """The device side of a step: every family's core update, applied to the parameters.
 
         ``grads`` are whole gradients
-        (:func:`~matroot.optim.distributed.dtensor.whole`), per family.
+        (:func:`~matroot.optim.distributed.dtensor.whole`), per family; ``screen`` says
+        how non-finite gradients are found (:meth:`_prepare_step`).
         """
-        finite = core.all_finite(list(chain.from_iterable(grads))) if check_on_device else None
+        finite = None
+        if screen == _ON_DEVICE:
+            finite = lists.finite_flag(torch, list(chain.from_iterable(grads)))
+        targets, updates_all = [], []
         for family, fam_grads, job in zip(self._families, grads, jobs):
             if job is None:
                 continue
+            if screen == _SKIPPED:
+                finite = torch.zeros((), dtype=torch.bool, device=family.params[0].device)
             self._sync_family_state(family)
             # A DTensor parameter is gathered only where weight decay reads it.
             params = [whole(p.detach()) if decay or not is_dtensor(p) else None
@@ -326,93 +341,14 @@ class Shampoo(ShampooStateDict, torch.optim.Optimizer):
                 updates, _ = sharding.share_updates(updates, present, family.params[0].device)
             for p, u in zip(family.params, updates):
                 if u is not None:
-                    add_to_local(p, u)
+                    targets.append(p)
+                    updates_all.append(u)
+        add_all_to_local(targets, updates_all)
 
     # A step with a root refresh runs eagerly under torch.compile: the solvers' convergence
     # checks read the host, and a graph break inside the families' loop would leave the
     # whole loop uncompiled. Steps without one stay in one graph.
     _update_outside_graph = torch.compiler.disable(_update)
-
-    @torch.compiler.disable
-    def _prepare_step(self):
-        """The host side of a step, run eagerly even inside ``torch.compile``.
-
-        Checks the gradients' kinds, forms families, reads the groups'
-        hyperparameters and advances each family's host-side schedule, so the
-        compiled part of the step sees the same Python values at every step
-        (no recompiles). Where a group says ``nonfinite_grads="raise"`` or the
-        blocks are sharded, the gradients are checked here (one host read);
-        otherwise the check is left to the device.
-
-        Gradients of DTensor parameters are checked on their local parts when
-        the blocks are sharded (the check is a collective, so a gradient missing
-        on some ranks raises before any rank waits in a gather), then gathered
-        whole (:func:`~matroot.optim.distributed.dtensor.whole`), so every rank updates
-        from the same values.
-
-        Returns
-        -------
-        jobs : list of _Job or None, or None
-            Per family (None where no parameter has a gradient); None when there
-            is nothing to update (no gradients, or a step skipped for NaN/Inf).
-        grads : list of lists of tensors or None
-            Per family, its parameters' whole gradients.
-        check_on_device : bool
-        """
-        for p in self._all_params():
-            if p.grad is not None and p.grad.is_sparse:
-                raise TypeError("Shampoo does not support sparse gradients")
-        self._form_families()
-        group_of = self._group_of()
-        check_on_device = self._process_group is None and all(
-            group_of[id(p)]["nonfinite_grads"] == "skip"
-            for family in self._families for p in family.params)
-        grads = [[None if p.grad is None else p.grad.detach() for p in family.params]
-                 for family in self._families]
-        bad: list = []
-        if not check_on_device and self._process_group is not None:
-            bad = self._nonfinite_params([[None if g is None else local_view(g) for g in fam]
-                                          for fam in grads])
-        grads = [[whole(g) for g in fam] for fam in grads]
-        if not check_on_device and self._process_group is None:
-            bad = self._nonfinite_params(grads)
-        if bad:
-            params = self._all_params()
-            if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
-                raise core.NonFiniteGradientError(
-                    f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
-                    "Inf; pass nonfinite_grads='skip' to skip such steps instead")
-            for family in self._families:
-                family.state = family.state._replace(
-                    skipped_steps=family.state.skipped_steps + 1)
-            return None, grads, check_on_device
-        jobs: list[_Job | None] = []
-        for family, fam_grads in zip(self._families, grads):
-            if all(g is None for g in fam_grads):
-                jobs.append(None)
-                continue
-            config = self._family_config(family, group_of)
-            if config != family.config:
-                family.config = config
-            groups = [group_of[id(p)] for p in family.params]
-            family.schedule_step += 1
-            jobs.append(_Job(family.config, [host_number(g["lr"]) for g in groups],
-                             [host_number(g["weight_decay"]) for g in groups],
-                             family.config.schedule_at(family.schedule_step)))
-        return (jobs if any(jobs) else None), grads, check_on_device
-
-    def _nonfinite_params(self, grads) -> list:
-        """state_dict numbers of parameters with NaN/Inf gradients (on any rank when sharded)."""
-        members = [p for f in self._families for p in f.params]
-        flat = list(chain.from_iterable(grads))
-        if not members:
-            return []
-        if self._process_group is not None:
-            flags = agree_on_gradients(flat, self._process_group, members[0].device)
-        else:
-            flags = core.nonfinite_flags(flat)
-        index = {id(p): i for i, p in enumerate(self._all_params())}
-        return sorted(index[id(p)] for p, bad in zip(members, flags) if bad)
 
     def diagnostics(self) -> dict:
         """Counters and memory of the optimizer state, summed over families.

@@ -28,6 +28,7 @@ from ..shampoo_core.checkpoint import FORMAT, plan_from_layout, plan_layout
 from ..distributed.core import BlockSharding, check_shard, resolve_process_group
 from ..shampoo_core.preconditioner import factor_shape
 from ..distributed.rank_part import MOMENT_KEYS, kept_piece, own_part
+from .family import _Family
 
 __all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number", "with_missing_group_keys"]
 
@@ -35,19 +36,12 @@ __all__ = ["STEP_DTYPE", "ShampooStateDict", "host_number", "with_missing_group_
 STEP_DTYPE = torch.float64
 
 
-def _device_counters(state: core.ShampooState, device) -> core.ShampooState:
-    """The family counters of ``state`` as int64 tensors on ``device``."""
-    def counter(value):
-        return torch.as_tensor(int(value), dtype=torch.int64, device=device)
-
-    return state._replace(step=counter(state.step), root_refreshes=counter(state.root_refreshes),
-                          skipped_steps=counter(state.skipped_steps))
-
-
 def _step_tensor(value, device) -> torch.Tensor:
     """A per-parameter step count (an int from an older state dict, or a tensor) as
     a 0-d :data:`STEP_DTYPE` tensor on ``device``."""
-    return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(())
+    # A copy: the step advances in place, and the loaded state dict's tensor (torch's
+    # loader passes "step" through as it is) may still be another optimizer's.
+    return torch.as_tensor(value, dtype=STEP_DTYPE, device=device).reshape(()).clone()
 
 
 def _loaded_entry(key, value, device, dtype):
@@ -123,25 +117,6 @@ def _plan_for_members(record, members):
     return plan
 
 
-class _Family:
-    """Parameters that share factor stacks, their core state and, when sharded, their split.
-
-    ``schedule_step`` counts the steps that reached the update on the host (steps
-    skipped on the device included) and drives the root schedule; ``config`` is the
-    last config the family stepped with (the same object while it is unchanged);
-    ``planned_settings`` each parameter's group's settings that its blocks were
-    planned (or loaded) with, which may not change.
-    """
-
-    def __init__(self, params, state: core.ShampooState, sharding=None, schedule_step=None):
-        self.params = params
-        self.state = _device_counters(state, params[0].device)
-        self.sharding = sharding
-        self.schedule_step = int(state.step) if schedule_step is None else int(schedule_step)
-        self.config: core.ShampooConfig | None = None
-        self.planned_settings: list = []
-
-
 class ShampooStateDict:
     """State dict, load and pickle support of :class:`matroot.optim.Shampoo` (a mixin:
     it reads the optimizer's families, parameter groups and process group)."""
@@ -174,9 +149,15 @@ class ShampooStateDict:
                 per_param[piece.param][key], piece, sharding.plan.params[piece.param])
                 for piece in sharding.pieces] for key in MOMENT_KEYS}
         device = family.params[0].device
-        family.state = family.state._replace(
-            param_steps=tuple(torch.zeros((), dtype=STEP_DTYPE, device=device)
-                              if t is None else t for t in steps), **arrays)
+        if family.uniform_steps:
+            shared = next((t for t in steps if t is not None), None)
+            if shared is None:
+                shared = torch.zeros((), dtype=STEP_DTYPE, device=device)
+            param_steps = (shared,) * len(steps)
+        else:
+            param_steps = tuple(torch.zeros((), dtype=STEP_DTYPE, device=device)
+                                if t is None else t for t in steps)
+        family.state = family.state._replace(param_steps=param_steps, **arrays)
 
     def _publish_family_state(self, family):
         """Per-parameter entries of ``self.state`` from the family's core state (sharded:
@@ -294,6 +275,7 @@ class ShampooStateDict:
             self._finish_load(pending["state_dict"])
         elif shampoo is not None:
             self._graft_only = shampoo["graft_only"]
+            self._graph_replay = shampoo.get("graph_replay", "auto")
             self._process_group = resolve_process_group(
                 "auto" if shampoo["sharded"] else None)
             params = self._all_params()
@@ -309,6 +291,7 @@ class ShampooStateDict:
                             "load it into a new optimizer instead")
         return {**super().__getstate__(),
                 "_shampoo": {"families": self._family_records(), "graft_only": self._graft_only,
+                             "graph_replay": self.__dict__.get("_graph_replay", "auto"),
                              "sharded": self._process_group is not None}}
 
     def _finish_load(self, state_dict) -> None:
@@ -372,6 +355,10 @@ class ShampooStateDict:
                          schedule_step=record.get("schedule_step", record["step"]))
         # The groups hold the saved hyperparameters now (torch's loader put them back).
         family.planned_settings = self._planned_settings(members, self._group_of())
+        # Loading is no step: one host read of the saved counts says whether they agree.
+        saved = [self.state.get(p, {}).get("step") for p in members]
+        family.uniform_steps = all(t is None for t in saved) or (
+            all(t is not None for t in saved) and len({float(t) for t in saved}) == 1)
         self._sync_family_state(family)
         return family
 

@@ -1,0 +1,177 @@
+"""Graph replay of the Shampoo step between root refreshes, on CUDA.
+
+Between refreshes a step's shapes, dtypes and Python-side choices are the same from
+step to step: the same kernels run on the same state memory (the state is
+overwritten in place, the counters too). So the step is captured once per
+*signature* into a ``torch.cuda.CUDAGraph`` and replayed: one launch of the whole
+graph instead of one per operation. The signature is everything the host decides
+that a captured graph bakes in (each family's schedule, ``lr``, ``weight_decay``,
+which parameters have a gradient, how non-finite gradients are screened); the
+gradients, whose tensors torch makes anew at each backward, are copied into the
+graph's own buffers before each replay (one foreach copy).
+
+When it runs, and the fallback (eager, the same arithmetic):
+
+* ``graph_replay="auto"`` (the default) replays on CUDA only; on the CPU and under
+  ``torch.compile`` (whose own graphs cover the step) the step runs eagerly.
+* The first step of each signature runs eagerly (it makes the lazy state and the
+  constants the graph then reads); the second is captured and replayed.
+* A capture that fails (an operation CUDA graphs cannot hold) switches replay off
+  for the optimizer with one warning, and that step runs eagerly; so do more than
+  :data:`MAX_SIGNATURES` captured signatures or twice as many seen (an ``lr`` that
+  changes at every step, as a scheduler's does, would capture a graph per step).
+* Refresh steps run eagerly: the solvers read the host (until the device-verdict
+  mode of the solve); sharded and DTensor parameters run eagerly (collectives).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..distributed.dtensor import is_dtensor
+
+__all__ = ["GRAPH_REPLAY_MODES", "MAX_SIGNATURES", "StepGraphs", "ReplayedSteps", "cuda_capture"]
+
+#: ``graph_replay`` values: "auto" (CUDA only), True (CUDA only, and a warning where
+#: it cannot run), False (never).
+GRAPH_REPLAY_MODES = ("auto", True, False)
+#: Signatures captured before replay is switched off (each graph holds its own memory).
+MAX_SIGNATURES = 4
+
+
+def cuda_capture(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``step`` captured into a CUDA graph on ``device``; returns its replay."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return graph.replay
+
+
+class StepGraphs:
+    """The captured steps of one optimizer, by signature, and the choice to use them.
+
+    Parameters
+    ----------
+    mode : "auto", True or False
+        See :data:`GRAPH_REPLAY_MODES`.
+    capture : callable, optional
+        ``capture(step, device) -> replay``; default :func:`cuda_capture` (a test
+        passes another to exercise the bookkeeping without a GPU).
+
+    Attributes
+    ----------
+    replays : int
+        Steps that ran as a replay.
+    off_because : str or None
+        Why replay was switched off (a failed capture, too many signatures).
+    """
+
+    def __init__(self, mode="auto", capture: Callable | None = None):
+        if mode not in GRAPH_REPLAY_MODES or (isinstance(mode, int)
+                                              and not isinstance(mode, bool)):
+            raise ValueError(f"graph_replay must be 'auto', True or False, got {mode!r}")
+        self.mode = mode
+        self._capture = capture or cuda_capture
+        self._graphs: dict = {}
+        self._seen: set = set()
+        self._warned = False
+        self.replays = 0
+        self.off_because: str | None = None
+
+    def wanted(self, device: torch.device, *, sharded: bool) -> bool:
+        """Whether a step on ``device`` should go through :meth:`run`."""
+        if self.mode is False or self.off_because is not None:
+            return False
+        if torch.compiler.is_compiling():
+            return False
+        usable = device.type == "cuda" and not sharded
+        if not usable and self.mode is True and not self._warned:
+            self._warned = True
+            warnings.warn(f"graph_replay=True needs unsharded CUDA parameters (got {device}"
+                          f"{', sharded' if sharded else ''}): the steps run eagerly",
+                          RuntimeWarning, stacklevel=3)
+        return usable
+
+    def run(self, signature, step: Callable[[list], None], grads: list, device) -> None:
+        """One step: ``step(grads)`` eagerly the first time ``signature`` is seen, then
+        captured (into buffers of its own for the gradients) and replayed."""
+        entry = self._graphs.get(signature)
+        if entry is None:
+            if signature not in self._seen:
+                if len(self._seen) >= 2 * MAX_SIGNATURES:
+                    self._switch_off(f"more than {2 * MAX_SIGNATURES} step signatures (an "
+                                     "lr or weight_decay that changes every step?)")
+                else:
+                    self._seen.add(signature)
+                step(grads)
+                return
+            if len(self._graphs) >= MAX_SIGNATURES:
+                self._switch_off(f"more than {MAX_SIGNATURES} captured step signatures")
+                step(grads)
+                return
+            buffers = [[None if g is None else g.detach().clone() for g in fam]
+                       for fam in grads]
+            try:
+                replay = self._capture(lambda: step(buffers), device)
+            except Exception as err:    # any capture failure falls back to eager
+                self._switch_off(f"capture failed: {type(err).__name__}: {err}")
+                step(grads)
+                return
+            entry = self._graphs[signature] = (replay, buffers)
+        replay, buffers = entry
+        sources = [g for fam in grads for g in fam if g is not None]
+        targets = [b for fam in buffers for b in fam if b is not None]
+        if sources:
+            torch._foreach_copy_(targets, sources)
+        replay()
+        self.replays += 1
+
+    def _switch_off(self, reason: str) -> None:
+        self.off_because = reason
+        self._graphs.clear()
+        self._seen.clear()
+        warnings.warn(f"Shampoo's graph replay is off: {reason}; steps run eagerly",
+                      RuntimeWarning, stacklevel=4)
+
+
+class ReplayedSteps:
+    """The optimizer's :class:`StepGraphs` and the choice for one step (a mixin of
+    :class:`matroot.optim.Shampoo`)."""
+
+    if TYPE_CHECKING:   # what the optimizer it is mixed into provides
+        _families: list
+        _process_group: Any
+
+        def _update(self, jobs, grads, screen) -> None: ...
+
+    @property
+    def graphs(self) -> StepGraphs:
+        """The captured steps between refreshes (:mod:`matroot.optim.torch.graph_replay`):
+        ``graphs.replays`` counts the replayed steps, ``graphs.off_because`` says why
+        replay was switched off."""
+        graphs = self.__dict__.get("_graphs")
+        if graphs is None:
+            graphs = self.__dict__["_graphs"] = StepGraphs(
+                self.__dict__.get("_graph_replay", "auto"))
+        return graphs
+
+    def _replays(self, jobs, grads, screen) -> bool:
+        """Run the step as a CUDA graph replay where :class:`StepGraphs` wants it;
+        False where the caller runs it eagerly."""
+        device = self._families[0].params[0].device
+        sharded = self._process_group is not None or any(
+            is_dtensor(p) for family in self._families for p in family.params)
+        if not self.graphs.wanted(device, sharded=sharded):
+            return False
+        signature = (screen, tuple(None if job is None else (
+            id(job.config), job.schedule, tuple(job.lrs), tuple(job.decays)) for job in jobs),
+            tuple(tuple(g is None for g in fam) for fam in grads))
+        self.graphs.run(signature, lambda gs: self._update(jobs, gs, screen), grads, device)
+        return True
