@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ... import _xp
-from ...solvers.polar.coefficients import MUON_LOWER, MUON_POLAR_STEPS
+from ...solvers.polar.coefficients import MUON_LOWER
+from ...solvers.polar.registry import get_polar_method, polar_method_names
 from ...polar_factor.api import polar_info
 from ..shampoo_core.config import check_keywords
 
@@ -89,8 +90,10 @@ class MuonConfig:
         ``[ℓ, 1]`` that 4 steps bring into ``[0.8, 1.2]`` (Polar Express uses
         1e-3 with 5 steps).
     polar_steps : int or None
-        Polynomial steps: 4 (12 products, against the quintic's 15); None runs
-        the schedule to the precision's default ``rtol``.
+        Polynomial steps. None (the default): the method's own count for Muon
+        (``PolarMethod.muon_steps``): 4 for ``polar_express`` (12 products), 5 for
+        ``quintic`` (15, as torch.optim.Muon's ``ns_steps``). A count at least
+        the schedule's length runs Polar Express to the precision's ``rtol``.
     matmul_dtype : {None, "float16", "bfloat16"}
         Operand dtype of the polar iteration's products.
     betas, eps : tuple of float, float
@@ -102,7 +105,7 @@ class MuonConfig:
     shape_scale: str = "original"
     polar_method: str = "polar_express"
     polar_lower: float = MUON_LOWER
-    polar_steps: int | None = MUON_POLAR_STEPS
+    polar_steps: int | None = None
     matmul_dtype: str | None = None
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -115,6 +118,17 @@ class MuonConfig:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+        if self.polar_method not in polar_method_names():
+            get_polar_method(self.polar_method)  # a ValueError naming the choices
+
+    @property
+    def steps(self) -> int | None:
+        """The polynomial steps each polar factor runs (``polar_steps`` resolved)."""
+        if self.polar_steps is not None:
+            return self.polar_steps
+        # "auto" is polar_express (matroot.polar_info's rule).
+        method = "polar_express" if self.polar_method == "auto" else self.polar_method
+        return get_polar_method(method).muon_steps
 
 
 #: Other Muons' option names (torch.optim.Muon, optax.contrib.muon, MuonWithAuxAdam)
@@ -211,7 +225,7 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig) -> dict[int, Any
                   for i in members]
         stack = stacks[0] if len(stacks) == 1 else xp.concat(stacks, axis=0)
         factor = polar_info(stack, method=config.polar_method, lower=config.polar_lower,
-                            max_iter=config.polar_steps, matmul_dtype=config.matmul_dtype,
+                            max_iter=config.steps, matmul_dtype=config.matmul_dtype,
                             check_finite=False).root
         factor = factor * shape_scale(m, n, config.shape_scale)
         start = 0

@@ -90,7 +90,11 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
                         f"{name or 'a parameter'} of shape {tuple(tensor.shape)}: put it "
                         "in a group with use_muon=False, or leave use_muon out to split "
                         "by the rule")
-            groups.append({"params": members, **options})
+            # A half's lr and weight_decay default to the constructor's for that half:
+            # adamw_lr for an AdamW group (torch's defaults would give it Muon's lr).
+            half = (dict(lr=lr, weight_decay=weight_decay) if options["use_muon"]
+                    else dict(lr=adamw_lr, weight_decay=adamw_weight_decay))
+            groups.append({"params": members, **half, **options})
             continue
         split: dict[bool, list] = {True: [], False: []}
         adamw_names = []
@@ -135,7 +139,9 @@ class Muon(torch.optim.Optimizer):
         then sends embeddings and heads to AdamW) or group dicts, which may set
         ``use_muon``, ``lr``, ``weight_decay``, ``momentum`` (Muon groups) and
         ``betas`` (AdamW groups). A group with ``use_muon`` (as MuonWithAuxAdam's
-        groups) is one half and its ``lr`` and ``weight_decay`` are that half's. A
+        groups) is one half and its ``lr`` and ``weight_decay`` are that half's
+        (unset: the constructor's ``lr``/``weight_decay`` for a Muon group,
+        ``adamw_lr``/``adamw_weight_decay`` for an AdamW one). A
         group without it is split by the rule and reads its keys as the constructor
         reads its keywords: ``lr`` and ``weight_decay`` for its Muon part,
         ``adamw_lr`` and ``adamw_weight_decay`` for its AdamW part (unset: the
