@@ -135,21 +135,41 @@ def train(kind: str, data: Data, *, lr: float, adamw_lr: float = 3e-3, steps: in
 CONTENDERS = {"matroot": (0.02, 0.05), "torch": (0.02, 0.05), "adamw": (3e-3, 1e-2)}
 
 
+def use_float32_iterates() -> None:
+    """torch.optim.Muon's iteration with float32 iterates instead of bfloat16 (on a
+    CPU without bfloat16 arithmetic its own takes ~2 s a step here)."""
+    import sys
+    import torch.optim._muon as torch_muon
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    from torch_muon_reference import newton_schulz_float32
+    torch_muon._zeropower_via_newtonschulz = newton_schulz_float32
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
+    parser.add_argument("--torch-bfloat16", action="store_true",
+                        help="torch.optim.Muon's own bfloat16 iterates (slow on CPUs)")
+    parser.add_argument("--only", nargs="*", default=list(CONTENDERS))
+    parser.add_argument("--options", type=json.loads, default={},
+                        help="matroot Muon options, as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if not args.torch_bfloat16:
+        use_float32_iterates()
     data = Data(args.quick)
     steps = 20 if args.quick else 300
     runs = []
     for kind, lrs in CONTENDERS.items():
+        if kind not in args.only:
+            continue
         for lr in lrs:
             for seed in range(args.seeds):
-                extra = {"adamw_lr": lr} if kind == "adamw" else {}
+                extra = ({"adamw_lr": lr} if kind == "adamw"
+                         else args.options if kind == "matroot" else {})
                 run = train(kind, data, lr=lr, steps=steps, seed=seed, **extra)
                 runs.append(run)
                 print(f"{kind:8s} lr={lr:<6g} seed={seed} final={run['final']:.4f} "

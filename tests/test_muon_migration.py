@@ -113,3 +113,40 @@ def test_the_quintic_recipe_runs_torchs_five_steps():
     assert MuonConfig(polar_method="quintic", polar_steps=3).steps == 3
     with pytest.raises(ValueError, match="not a polar method"):
         MuonConfig(polar_method="newton")
+
+
+def test_unnamed_matrices_sent_to_muon_draw_one_warning():
+    """``Muon(model.parameters())`` put the embedding and the head into Muon without a
+    word; now it warns, naming named_parameters() and use_muon, and names stay quiet."""
+    model = _model()
+    with pytest.warns(UserWarning, match=r"4 parameter\(s\).*named_parameters\(\).*use_muon"):
+        Muon(model.parameters())
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Muon(model.named_parameters())
+        hidden, others = _split(model)
+        Muon([{"params": hidden, "use_muon": True}, {"params": others, "use_muon": False}])
+
+
+def test_a_matrix_with_one_column_is_a_vector_for_the_rule():
+    """A (256, 1) output leaf named ``w3`` went to Muon, whose polar factor of it is
+    only the normalised gradient; torch's Linear(256, 1) weight is (1, 256)."""
+    from matroot.optim.muon.core import default_use_muon
+    assert not default_use_muon("w3", (256, 1))
+    assert not default_use_muon("out.weight", (1, 256))
+    assert not default_use_muon("experts", (4, 256, 1))
+    assert default_use_muon("w2", (256, 2))
+
+
+def test_optax_leaves_by_path_and_unnamed_ones_warn():
+    pytest.importorskip("optax")
+    import jax.numpy as jnp
+
+    from matroot.optim.optax import muon
+    from matroot.optim.optax.muon_transform import _muon_leaves
+    params = {"w1": jnp.ones((8, 16)), "w2": jnp.ones((16, 16)), "w3": jnp.ones((16, 1)),
+              "embed": jnp.ones((10, 8)), "b": jnp.ones(16)}
+    assert _muon_leaves(params, None) == [False, False, True, True, False]  # sorted keys
+    with pytest.warns(UserWarning, match=r"2 parameter\(s\).*use_muon"):
+        muon(0.02).init([jnp.ones((8, 16)), jnp.ones((16, 16)), jnp.ones(16)])

@@ -13,10 +13,11 @@ factor. The direction for a matrix ``W`` (m×n) with gradient ``G`` is
 
 The shells apply ``W ← W·(1 − lr·weight_decay) − lr·D`` (decoupled decay).
 
-**Which parameters get Muon** (the shells decide, by this documented rule):
-parameters with two or more dimensions, except embeddings and output heads,
-which (like all 1-D parameters: biases, norms) take AdamW, whose direction here
-is ``m̂/(√v̂ + eps)`` with bias-corrected moments. A 3-D parameter
+**Which parameters get Muon** (the shells decide, by this documented rule,
+:func:`default_use_muon`): matrices, except embeddings and output heads (known by
+name) and matrices with one row or column, which (like all 1-D parameters: biases,
+norms) take AdamW, whose direction here is ``m̂/(√v̂ + eps)`` with bias-corrected
+moments. A matrix without a name goes to Muon with a warning. A 3-D parameter
 ``(e, m, n)`` (MoE experts, per-head matrices) is a stack of e matrices; one
 with four or more dimensions (a convolution) is viewed as
 ``(shape[0], prod(shape[1:]))``, as Keller Jordan's Muon does.
@@ -25,6 +26,7 @@ with four or more dimensions (a convolution) is viewed as
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -36,7 +38,8 @@ from ...polar_factor.api import polar_info
 from ..shampoo_core.config import check_keywords
 
 __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
-           "matrix_stack_shape", "shape_scale", "default_use_muon", "check_muon_keywords"]
+           "matrix_stack_shape", "shape_scale", "default_use_muon", "check_muon_keywords",
+           "is_unnamed", "unnamed_matrices_warning"]
 
 #: The shape-scale conventions, by name.
 SHAPE_SCALES = ("original", "match_rms_adamw")
@@ -47,27 +50,67 @@ HEAD_NAMES = ("head", "lm_head", "classifier")
 EMBEDDING_NAMES = ("wte", "wpe")
 
 
-def default_use_muon(name: str | None, shape: Sequence[int]) -> bool:
-    """The documented rule: Muon for ≥ 2-D parameters except embeddings and heads.
+def _name_parts(name: str | None) -> list[str]:
+    """A dotted parameter name's or pytree path's parts (``/`` counts as ``.``)."""
+    return [] if name is None else name.replace("/", ".").split(".")
 
-    A name part (split at ``.`` or ``/``) that contains ``embed`` in any case
+
+def is_unnamed(name: str | None) -> bool:
+    """Whether ``name`` says nothing the rule can read: None (``model.parameters()``)
+    or only positions (the path ``"2"`` of a leaf in a list of arrays).
+
+    Examples
+    --------
+    >>> from matroot.optim.muon.core import is_unnamed
+    >>> is_unnamed(None), is_unnamed("1.0"), is_unnamed("layers.0.weight"), is_unnamed("w3")
+    (True, True, False, False)
+    """
+    return all(part.isdigit() or not part for part in _name_parts(name))
+
+
+def default_use_muon(name: str | None, shape: Sequence[int]) -> bool:
+    """The documented rule: Muon for matrices except embeddings and heads.
+
+    A parameter with fewer than two dimensions, or whose matrices (as
+    :func:`matrix_stack_shape` views them) have one row or one column, is a
+    vector: its polar factor would be its normalised gradient, so it takes AdamW
+    (a ``Linear(256, 1)`` output layer, JAX's ``(256, 1)`` kernel). A name part
+    (split at ``.`` or ``/``) that contains ``embed`` in any case
     (``embed_tokens``, ``tok_embeddings``, flax's ``Embed_0``) or equals one of
     :data:`EMBEDDING_NAMES` marks an embedding, one that equals one of
-    :data:`HEAD_NAMES` a head; without a name only the dimension counts.
+    :data:`HEAD_NAMES` a head; without a name only the shape counts (the shells
+    warn: :func:`unnamed_matrices_warning`).
 
     Examples
     --------
     >>> from matroot.optim.muon.core import default_use_muon
     >>> [default_use_muon(n, s) for n, s in [("layers.0.weight", (8, 8)),
     ...  ("embed_tokens.weight", (100, 8)), ("transformer.wte.weight", (100, 8)),
-    ...  ("lm_head.weight", (100, 8)), ("norm.weight", (8,))]]
-    [True, False, False, False, False]
+    ...  ("lm_head.weight", (100, 8)), ("norm.weight", (8,)), ("w3", (256, 1))]]
+    [True, False, False, False, False, False]
     """
-    if len(shape) < 2:
+    if len(shape) < 2 or min(matrix_stack_shape(shape)[1:]) == 1:
         return False
-    parts = [] if name is None else name.replace("/", ".").split(".")
     return not any("embed" in part.lower() or part in EMBEDDING_NAMES or part in HEAD_NAMES
-                   for part in parts)
+                   for part in _name_parts(name))
+
+
+def unnamed_matrices_warning(shapes: Sequence[Sequence[int]], where: str,
+                             fix: str) -> None:
+    """Warn (``UserWarning``) that the rule sent matrices it could not name to Muon.
+
+    Without names the rule cannot tell an embedding or an output head from a
+    hidden matrix, and Muon on those trains worse (issue 37: 4 parameters of a
+    model given by ``model.parameters()`` went to Muon, its embedding and head
+    among them). ``fix`` says how to name them in the shell at hand.
+    """
+    if not shapes:
+        return
+    listed = ", ".join(str(tuple(s)) for s in shapes[:4]) + (", ..." if len(shapes) > 4 else "")
+    warnings.warn(
+        f"{where} gives {len(shapes)} parameter(s) of two or more dimensions without a "
+        f"name to Muon (shapes {listed}): an embedding or output head among them would "
+        f"train worse under Muon than under AdamW. {fix}", UserWarning, stacklevel=4)
 
 
 @dataclass(frozen=True)

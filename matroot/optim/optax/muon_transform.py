@@ -18,7 +18,7 @@ import optax
 
 from ... import _xp
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
-                   muon_directions)
+                         is_unnamed, muon_directions, unnamed_matrices_warning)
 from .keywords import host_values, with_keywords
 from .leaves import check_leaves_fit
 
@@ -34,9 +34,12 @@ class MuonOptaxState(NamedTuple):
     exp_avg_sq: list
 
 
-def _muon_leaves(tree, use_muon) -> list[bool]:
+def _muon_leaves(tree, use_muon, warn: bool = False) -> list[bool]:
     """Per leaf: Muon or AdamW, by ``use_muon`` (a pytree of bools or a callable of
-    ``(path_string, leaf)``) or the default rule.
+    ``(path_string, leaf)``) or the default rule on the leaf's key path joined by
+    ``.`` (``{"params": {"Dense_0": {"kernel": ...}}}`` is ``params.Dense_0.kernel``).
+    With ``warn``, the rule's matrices whose path holds no name (only positions, as
+    in a list of arrays) draw a warning.
 
     A pytree of bools is matched to ``tree`` by structure, as ``optax.masked``
     matches its mask: it may be a prefix of ``tree`` (one bool for a subtree), and
@@ -52,10 +55,17 @@ def _muon_leaves(tree, use_muon) -> list[bool]:
             raise ValueError("use_muon must be a pytree of bools with the parameters' "
                              f"structure (or a prefix of it): {error}") from None
         return jax.tree_util.tree_leaves(flags)
-    paths = jax.tree_util.tree_flatten_with_path(tree)[0]
-    rule = use_muon or (lambda name, leaf: default_use_muon(name, leaf.shape))
-    return [bool(rule(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
-            for path, leaf in paths]
+    named = [(jax.tree_util.keystr(path, simple=True, separator="."), leaf)
+             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    if use_muon is not None:
+        return [bool(use_muon(name, leaf)) for name, leaf in named]
+    flags = [default_use_muon(name, leaf.shape) for name, leaf in named]
+    if warn:
+        unnamed_matrices_warning(
+            [leaf.shape for (name, leaf), flag in zip(named, flags) if flag and is_unnamed(name)],
+            "muon", "Give the parameters as a dict whose keys name them ('embed', "
+            "'head', ...), or pass use_muon (a pytree of bools or a callable).")
+    return flags
 
 
 def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
@@ -69,7 +79,9 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         or a prefix of it (matched as ``optax.masked`` matches its mask, so the
         same tree works inside ``optax.masked``), or a callable of
         ``(path_string, leaf)``; by default ≥ 2-D leaves whose path names no
-        embedding or head.
+        embedding or head and are not vectors (one row or column), by the leaf's
+        key path joined with ``.`` (:func:`~matroot.optim.muon.core.default_use_muon`);
+        leaves in a list or tuple have no name and draw a warning.
     adamw_lr_ratio : float
         The AdamW leaves' learning rate as a multiple of the Muon one.
     **config
@@ -84,7 +96,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
-        muon = _muon_leaves(params, use_muon)
+        muon = _muon_leaves(params, use_muon, warn=True)
         return MuonOptaxState(jnp.zeros((), jnp.int32), [jnp.zeros_like(x) for x in leaves],
                               [None if m else jnp.zeros_like(x) for x, m in zip(leaves, muon)])
 

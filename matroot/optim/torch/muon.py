@@ -6,7 +6,8 @@ momentum (``OneCycleLR``, ``CyclicLR``) and per-group settings work; everything
 else (:class:`~matroot.optim.muon.core.MuonConfig`) is optimizer-wide, since the Muon
 matrices of all groups share one polar call per shape. Parameters given without
 ``use_muon`` are split by :func:`~matroot.optim.muon.core.default_use_muon` (pass
-``model.named_parameters()`` so embeddings and heads are recognised), with the
+``model.named_parameters()`` so embeddings and heads are recognised: unnamed
+matrices sent to Muon draw a ``UserWarning``), with the
 group keys of :class:`Muon`'s ``params``. Per-parameter state
 (``momentum_buffer``, ``exp_avg_sq`` for AdamW, ``step`` a Python int) lives in
 ``optimizer.state[p]``, so ``state_dict()`` and LR schedulers work as for torch's
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
-                   muon_directions)
+                         is_unnamed, muon_directions, unnamed_matrices_warning)
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
@@ -64,7 +65,7 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
         raise ValueError("Muon got an empty parameter list")
     if not isinstance(entries[0], dict):
         entries = [{"params": entries}]
-    groups = []
+    groups, unnamed = [], []
     for entry in entries:
         options = {k: v for k, v in entry.items() if k != "params"}
         members = _members(entry["params"])
@@ -102,6 +103,8 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
             name, tensor = p if isinstance(p, tuple) else (None, p)
             muon = default_use_muon(name, tensor.shape)
             split[muon].append(tensor)
+            if muon and is_unnamed(name):
+                unnamed.append(tuple(tensor.shape))
             if not muon:
                 adamw_names.append(f"{name or 'a parameter'} of shape {tuple(tensor.shape)}")
         _check_unambiguous(options, adamw_options, adamw_names)
@@ -112,6 +115,9 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
                 own = {} if muon else adamw_options
                 groups.append({"params": tensors, **defaults, **options, **own,
                                "use_muon": muon})
+    unnamed_matrices_warning(
+        unnamed, "Muon", "Pass model.named_parameters() so that the rule recognises "
+        "embeddings and heads by name, or groups with use_muon=True/False.")
     return groups
 
 
@@ -164,7 +170,7 @@ class Muon(torch.optim.Optimizer):
     >>> import torch
     >>> from matroot.optim import Muon
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    >>> opt = Muon(model.parameters(), lr=0.02, adamw_lr=1e-3)
+    >>> opt = Muon(model.named_parameters(), lr=0.02, adamw_lr=1e-3)
     >>> [g["use_muon"] for g in opt.param_groups]
     [True, False]
     >>> loss = model(torch.ones(3, 4)).square().sum()
