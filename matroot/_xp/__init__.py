@@ -17,6 +17,8 @@ importing only those listed before it:
   per-matrix Cholesky success, finiteness);
 - :mod:`~matroot._xp.matmul`: :class:`Matmul`, batched products under a precision
   policy, counted, and integer matrix powers by binary powering;
+- :mod:`~matroot._xp.foreach`: one elementwise operation over a list of arrays in
+  one dispatch (torch's ``_foreach_*``), a loop elsewhere;
 - :mod:`~matroot._xp.autodiff`: results attached to their input through a backward
   formula (``jax.custom_jvp``; torch autograd through
   :mod:`~matroot._xp.torch_autodiff`, imported on first use); torch.func transforms
@@ -46,6 +48,7 @@ from .linalg import (
     spd_solve,
     symmetric_part,
 )
+from .foreach import each
 from .matmul import Matmul, matrix_power, power_matmuls
 from .namespace import (
     array_namespace,

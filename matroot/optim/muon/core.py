@@ -305,24 +305,33 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
     all_betas = [config.betas] * len(grads) if betas is None else list(betas)
     buffers, second, steps = list(state.momentum), list(state.exp_avg_sq), list(state.steps)
     directions: list = [None] * len(grads)
-    muon_inputs = {}
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        xp = _xp.array_namespace(g)
+    live = [i for i, g in enumerate(grads) if g is not None]
+    for i in live:
         steps[i] += 1
-        if use_muon[i]:
-            mu = mus[i]
-            buffers[i] = mu * buffers[i] + (1 - mu) * g
-            muon_inputs[i] = (1 - mu) * g + mu * buffers[i] if config.nesterov else buffers[i]
-            continue
-        beta1, beta2 = all_betas[i]
-        buffers[i] = beta1 * buffers[i] + (1 - beta1) * g
-        second[i] = beta2 * second[i] + (1 - beta2) * (g * g)
-        first_hat = buffers[i] / (1 - beta1 ** steps[i])
-        second_hat = second[i] / (1 - beta2 ** steps[i])
-        directions[i] = first_hat / (xp.sqrt(second_hat) + config.eps)
-    directions_muon = _orthogonalized(muon_inputs, config) if muon_inputs else {}
-    for i, d in directions_muon.items():
-        directions[i] = d
+    # Each moment update is one operation over all parameters of a half
+    # (_xp.each: torch's foreach kernels), not one per parameter.
+    muon = [i for i in live if use_muon[i]]
+    if muon:
+        g = [grads[i] for i in muon]
+        mu = [mus[i] for i in muon]
+        new = _xp.each("lerp", [buffers[i] for i in muon], g, [1 - m for m in mu])
+        inputs = _xp.each("lerp", g, new, mu) if config.nesterov else new
+        factors = _orthogonalized(dict(zip(muon, inputs)), config)
+        for i, b in zip(muon, new):
+            buffers[i], directions[i] = b, factors[i]
+    adamw = [i for i in live if not use_muon[i]]
+    if adamw:
+        g = [grads[i] for i in adamw]
+        beta1 = [all_betas[i][0] for i in adamw]
+        beta2 = [all_betas[i][1] for i in adamw]
+        first = _xp.each("lerp", [buffers[i] for i in adamw], g, [1 - b for b in beta1])
+        squares = _xp.each("lerp", [second[i] for i in adamw], _xp.each("mul", g, g),
+                           [1 - b for b in beta2])
+        first_hat = _xp.each("div", first, [1 - b ** steps[i] for b, i in zip(beta1, adamw)])
+        second_hat = _xp.each("div", squares,
+                              [1 - b ** steps[i] for b, i in zip(beta2, adamw)])
+        denominators = _xp.each("add", _xp.each("sqrt", second_hat), config.eps)
+        for i, m, v, d in zip(adamw, first, squares,
+                              _xp.each("div", first_hat, denominators)):
+            buffers[i], second[i], directions[i] = m, v, d
     return directions, MuonState(buffers, second, steps)

@@ -216,14 +216,24 @@ class Muon(torch.optim.Optimizer):
                                [s.get("exp_avg_sq") for s in states], steps)
         directions, new = muon_directions([p.grad for p in members], core_state, use_muon,
                                           self.config, momentum=momenta, betas=betas)
-        for p, state, direction, i in zip(members, states, directions, range(len(members))):
-            state["step"] = new.steps[i]
-            state["momentum_buffer"].copy_(new.momentum[i])
-            if new.exp_avg_sq[i] is not None:
-                state["exp_avg_sq"].copy_(new.exp_avg_sq[i])
-            # As a tensor expression (not mul_'s or add_'s scalar arguments, which
+        for state, steps_now in zip(states, new.steps):
+            state["step"] = steps_now
+        torch._foreach_copy_([s["momentum_buffer"] for s in states], new.momentum)
+        seconds = [(s["exp_avg_sq"], v) for s, v in zip(states, new.exp_avg_sq)
+                   if v is not None]
+        if seconds:
+            torch._foreach_copy_(*map(list, zip(*seconds)))
+        directions = [d.to(p.dtype) for d, p in zip(directions, members)]
+        if torch.compiler.is_compiling():
+            # As tensor expressions (not foreach's or add_'s scalar arguments, which
             # torch.compile specializes on) so that a new lr does not recompile.
-            p.add_(direction.to(p.dtype) * -lrs[i] - p * (lrs[i] * decays[i]))
+            for p, direction, lr, decay in zip(members, directions, lrs, decays):
+                p.add_(direction * -lr - p * (lr * decay))
+            return loss
+        # One operation per list for the whole model, not four per parameter.
+        if any(lr * decay for lr, decay in zip(lrs, decays)):
+            torch._foreach_mul_(members, [1 - lr * decay for lr, decay in zip(lrs, decays)])
+        torch._foreach_add_(members, torch._foreach_mul(directions, [-lr for lr in lrs]))
         return loss
 
     @torch.compiler.disable
