@@ -207,7 +207,7 @@ def write_report(runs: list[dict], args) -> None:
     fig.tight_layout()
     fig.savefig(args.out / "muon_char.png", dpi=110)
     header = ("| optimizer | lr (Muon side; AdamW: all) | final eval loss (mean) | range over "
-              f"seeds | step ms | step / AdamW's |\n|---|---|---|---|---|---|\n")
+              "seeds | step ms | step / AdamW's |\n|---|---|---|---|---|---|\n")
     (args.out / "muon_char.md").write_text(
         header + "\n".join(rows) + f"\n\n- {args.seeds} seeds, torch "
         f"{torch.__version__}, {args.threads} thread(s); AdamW half at lr 3e-3\n")

@@ -86,6 +86,7 @@ from .tracing import (
 from .transfer import from_numpy, to_numpy
 
 __all__ = [
+    "each",
     "array_namespace",
     "device_of",
     "is_torch_namespace",

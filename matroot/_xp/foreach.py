@@ -9,14 +9,14 @@ operation per parameter; with these it costs one per operation.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .namespace import array_namespace, is_torch_namespace
 
 __all__ = ["each"]
 
-_PLAIN = {
+_PLAIN: dict[str, Callable[..., Any]] = {
     "add": operator.add,
     "sub": operator.sub,
     "mul": operator.mul,
@@ -53,18 +53,19 @@ def each(op: str, first: Sequence[Any], *rest: Any) -> list:
     --------
     >>> import numpy as np
     >>> from matroot._xp.foreach import each
-    >>> [a.tolist() for a in each("lerp", [np.zeros(2), np.ones(1)], [np.ones(2), np.zeros(1)], 0.25)]
+    >>> out = each("lerp", [np.zeros(2), np.ones(1)], [np.ones(2), np.zeros(1)], 0.25)
+    >>> [a.tolist() for a in out]
     [[0.25, 0.25], [0.75]]
     """
     first = list(first)
     if not first:
         return []
-    rest = [list(a) if isinstance(a, (list, tuple)) else a for a in rest]
-    if _torch_lists(first, rest):
+    args = [list(a) if isinstance(a, (list, tuple)) else a for a in rest]
+    if _torch_lists(first, args):
         import torch
-        return list(getattr(torch, f"_foreach_{op}")(first, *rest))
+        return list(getattr(torch, f"_foreach_{op}")(first, *args))
     if op == "sqrt":
         return [array_namespace(a).sqrt(a) for a in first]
-    plain = _PLAIN[op]
-    return [plain(a, *(arg[i] if isinstance(arg, list) else arg for arg in rest))
+    plain: Callable[..., Any] = _PLAIN[op]
+    return [plain(a, *(arg[i] if isinstance(arg, list) else arg for arg in args))
             for i, a in enumerate(first)]

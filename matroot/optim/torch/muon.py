@@ -222,7 +222,7 @@ class Muon(torch.optim.Optimizer):
         seconds = [(s["exp_avg_sq"], v) for s, v in zip(states, new.exp_avg_sq)
                    if v is not None]
         if seconds:
-            torch._foreach_copy_(*map(list, zip(*seconds)))
+            torch._foreach_copy_([s for s, _ in seconds], [v for _, v in seconds])
         directions = [d.to(p.dtype) for d, p in zip(directions, members)]
         if torch.compiler.is_compiling():
             # As tensor expressions (not foreach's or add_'s scalar arguments, which
