@@ -188,10 +188,12 @@ def write_report(runs: list[dict], args) -> None:
     import matplotlib.pyplot as plt
 
     rows, fig = [], plt.figure(figsize=(6.4, 4.0))
-    adamw_step = np.mean([r["step_ms"] for r in runs if r["kind"] == "adamw"])
+    adamw_step = np.mean([r["step_ms"] for r in runs if r["kind"] == "adamw"] or [np.nan])
     for kind, lrs in CONTENDERS.items():
         for lr in lrs:
             mine = [r for r in runs if r["kind"] == kind and r["lr"] == lr]
+            if not mine:
+                continue
             curves = np.array([[loss for _, loss in r["curve"]] for r in mine])
             steps = [s for s, _ in mine[0]["curve"]]
             step_ms = float(np.mean([r["step_ms"] for r in mine]))
@@ -210,7 +212,9 @@ def write_report(runs: list[dict], args) -> None:
               "seeds | step ms | step / AdamW's |\n|---|---|---|---|---|---|\n")
     (args.out / "muon_char.md").write_text(
         header + "\n".join(rows) + f"\n\n- {args.seeds} seeds, torch "
-        f"{torch.__version__}, {args.threads} thread(s); AdamW half at lr 3e-3\n")
+        f"{torch.__version__}, {args.threads} thread(s); AdamW half at lr 3e-3; "
+        f"torch.optim.Muon with {'bfloat16' if args.torch_bfloat16 else 'float32'} "
+        "iterates\n")
 
 
 if __name__ == "__main__":
