@@ -213,22 +213,38 @@ class MuonState(NamedTuple):
     steps: list
 
 
-def matrix_stack_shape(shape: Sequence[int]) -> tuple[int, int, int]:
+def matrix_stack_shape(shape: Sequence[int], split: int = 1) -> tuple[int, int, int]:
     """The ``(count, m, n)`` stack a Muon parameter of ``shape`` is orthogonalized as.
+
+    A 2-D parameter is one matrix, a 3-D one ``(e, m, n)`` a stack of e (MoE experts),
+    one with four or more dimensions (a convolution ``(out, in, kh, kw)``) the matrix
+    ``(out, in·kh·kw)``: every output channel's filter is one row, as Keller Jordan's
+    Muon views it, and the update is orthogonal across output channels. ``split``
+    cuts every matrix into that many equal blocks of rows (output features),
+    orthogonalized separately: 3 for a fused QKV projection ``(3·d, d)``, ``3·heads``
+    for one factor per head, g for a convolution's g output-channel groups.
 
     Examples
     --------
     >>> from matroot.optim.muon.core import matrix_stack_shape
     >>> matrix_stack_shape((8, 4)), matrix_stack_shape((3, 8, 4)), matrix_stack_shape((16, 2, 3, 3))
     ((1, 8, 4), (3, 8, 4), (1, 16, 18))
+    >>> matrix_stack_shape((96, 32), split=3), matrix_stack_shape((96, 32), split=12)
+    ((3, 32, 32), (12, 8, 32))
     """
     if len(shape) < 2:
         raise ValueError(f"a Muon parameter needs two or more dimensions, got shape {shape}")
     if len(shape) == 2:
-        return (1, shape[0], shape[1])
-    if len(shape) == 3:
-        return (shape[0], shape[1], shape[2])
-    return (1, shape[0], math.prod(shape[1:]))
+        count, m, n = 1, shape[0], shape[1]
+    elif len(shape) == 3:
+        count, m, n = shape[0], shape[1], shape[2]
+    else:
+        count, m, n = 1, shape[0], math.prod(shape[1:])
+    if split < 1 or m % split:
+        raise ValueError(f"split={split} does not cut the {m} rows of a parameter of shape "
+                         f"{tuple(shape)} into equal blocks: pass a divisor of {m} (3 for a "
+                         "fused QKV, 3 × heads for one factor per head)")
+    return (count * split, m // split, n)
 
 
 def shape_scale(m: int, n: int, convention: str) -> float:
@@ -253,19 +269,20 @@ def muon_init(params: Sequence[Any], use_muon: Sequence[bool]) -> MuonState:
     return MuonState(zeros, second, [0] * len(params))
 
 
-def _orthogonalized(inputs: dict[int, Any], config: MuonConfig) -> dict[int, Any]:
+def _orthogonalized(inputs: dict[int, Any], config: MuonConfig,
+                    splits: dict[int, int]) -> dict[int, Any]:
     """``scale·polar(U)`` for every Muon input, one polar call per matrix shape."""
     groups: dict[tuple, list[int]] = {}
+    shapes = {i: matrix_stack_shape(u.shape, splits.get(i, 1)) for i, u in inputs.items()}
     for i, u in inputs.items():
-        groups.setdefault((*matrix_stack_shape(u.shape)[1:], u.dtype), []).append(i)
+        groups.setdefault((*shapes[i][1:], u.dtype), []).append(i)
     out = {}
     for (m, n, _), members in groups.items():
         xp = _xp.array_namespace(inputs[members[0]])
         if m * n == 0:      # an empty matrix (a zero-width layer) has an empty factor
             out.update({i: xp.zeros_like(inputs[i]) for i in members})
             continue
-        stacks = [xp.reshape(inputs[i], matrix_stack_shape(inputs[i].shape))
-                  for i in members]
+        stacks = [xp.reshape(inputs[i], shapes[i]) for i in members]
         stack = stacks[0] if len(stacks) == 1 else xp.concat(stacks, axis=0)
         factor = polar_info(stack, method=config.polar_method, lower=config.polar_lower,
                             max_iter=config.steps, matmul_dtype=config.matmul_dtype,
@@ -280,15 +297,17 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig) -> dict[int, Any
 
 def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[bool],
                     config: MuonConfig, *, momentum: Sequence[float] | None = None,
-                    betas: Sequence[tuple[float, float]] | None = None
-                    ) -> tuple[list, MuonState]:
+                    betas: Sequence[tuple[float, float]] | None = None,
+                    split: Sequence[int] | None = None) -> tuple[list, MuonState]:
     """The unit-learning-rate directions ``D`` and the new state, for every parameter.
 
     ``grads[i]`` None leaves parameter i and its state as they are (its
     direction is None). Pure: nothing is modified in place. ``momentum`` (μ of
     the Muon parameters) and ``betas`` (of the AdamW ones), one entry per
     parameter, replace ``config``'s: the torch shell's per-group values, which
-    schedulers such as ``OneCycleLR`` change.
+    schedulers such as ``OneCycleLR`` change. ``split`` (one entry per parameter,
+    1 by default) cuts a Muon parameter's matrices into blocks of rows
+    (:func:`matrix_stack_shape`).
 
     Examples
     --------
@@ -316,7 +335,8 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
         mu = [mus[i] for i in muon]
         new = _xp.each("lerp", [buffers[i] for i in muon], g, [1 - m for m in mu])
         inputs = _xp.each("lerp", g, new, mu) if config.nesterov else new
-        factors = _orthogonalized(dict(zip(muon, inputs)), config)
+        splits = {} if split is None else {i: split[i] for i in muon}
+        factors = _orthogonalized(dict(zip(muon, inputs)), config, splits)
         for i, b in zip(muon, new):
             buffers[i], directions[i] = b, factors[i]
     adamw = [i for i in live if not use_muon[i]]

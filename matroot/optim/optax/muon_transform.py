@@ -69,6 +69,7 @@ def _muon_leaves(tree, use_muon, warn: bool = False) -> list[bool]:
 
 
 def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
+                  split: Callable[[str, Any], int] | None = None,
                   **config: Any) -> optax.GradientTransformation:
     """The Muon/AdamW direction ``+D`` of every leaf, without learning rate or decay.
 
@@ -84,6 +85,11 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         leaves in a list or tuple have no name and draw a warning.
     adamw_lr_ratio : float
         The AdamW leaves' learning rate as a multiple of the Muon one.
+    split : callable, optional
+        ``split(path_string, leaf)`` → how many equal blocks of rows each matrix of
+        a Muon leaf is orthogonalized as (3 for a fused QKV kernel stored
+        ``(3·d, d)``; :func:`~matroot.optim.muon.core.matrix_stack_shape`); 1 when
+        omitted.
     **config
         :class:`~matroot.optim.muon.core.MuonConfig` fields.
     """
@@ -106,10 +112,13 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
         state = jax.tree_util.tree_map(jnp.asarray, state)
         muon = _muon_leaves(updates, use_muon)
+        splits = None if split is None else [
+            int(split(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(updates)[0]]
         core = MuonState(state.momentum, state.exp_avg_sq, [state.count] * len(leaves))
         directions, new = muon_directions(
             leaves, core, muon, settings,
-            momentum=None if momentum is None else [momentum] * len(leaves))
+            momentum=None if momentum is None else [momentum] * len(leaves), split=splits)
         directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
         return (treedef.unflatten(directions),
                 MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq))
@@ -119,6 +128,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
 def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
          weight_decay_mask: Any = None, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
+         split: Callable[[str, Any], int] | None = None,
          **config: Any) -> optax.GradientTransformation:
     """Stacked Muon for optax: ``scale_by_muon``, decoupled weight decay, learning rate.
 
@@ -134,7 +144,7 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
         ``optax.contrib.muon``'s ``weight_decay_mask``): a pytree of bools like the
         parameters, or a function of the parameters returning one; e.g. leave out
         biases and norms, as the torch shell's AdamW part does by default.
-    use_muon, adamw_lr_ratio, **config
+    use_muon, adamw_lr_ratio, split, **config
         As :func:`scale_by_muon`.
 
     Returns
@@ -163,8 +173,9 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
     decay = [] if no_decay else [optax.add_decayed_weights(weight_decay,
                                                            mask=weight_decay_mask)]
+    settings = host_values("muon", config, traced_ok=("momentum",))
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
-                                     **host_values("muon", config, traced_ok=("momentum",))),
+                                     split=split, **settings),
                        *decay, optax.scale_by_learning_rate(learning_rate))
 
 

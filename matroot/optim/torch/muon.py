@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
-                         is_unnamed, muon_directions, unnamed_matrices_warning)
+                         is_unnamed, matrix_stack_shape, muon_directions,
+                         unnamed_matrices_warning)
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
@@ -144,7 +145,11 @@ class Muon(torch.optim.Optimizer):
         Tensors, ``(name, tensor)`` pairs (``model.named_parameters()``: the rule
         then sends embeddings and heads to AdamW) or group dicts, which may set
         ``use_muon``, ``lr``, ``weight_decay``, ``momentum`` (Muon groups) and
-        ``betas`` (AdamW groups). A group with ``use_muon`` (as MuonWithAuxAdam's
+        ``betas`` (AdamW groups) and ``split`` (Muon groups: cut every matrix
+        into that many equal blocks of rows, orthogonalized separately: 3 for a
+        fused QKV weight, ``3·heads`` per head;
+        :func:`~matroot.optim.muon.core.matrix_stack_shape`). A group with
+        ``use_muon`` (as MuonWithAuxAdam's
         groups) is one half and its ``lr`` and ``weight_decay`` are that half's
         (unset: the constructor's ``lr``/``weight_decay`` for a Muon group,
         ``adamw_lr``/``adamw_weight_decay`` for an AdamW one). A
@@ -197,6 +202,8 @@ class Muon(torch.optim.Optimizer):
             added = self.param_groups[-1]
             MuonConfig(momentum=added["momentum"], betas=tuple(added["betas"]))  # validates
             for p in added["params"]:
+                if added["use_muon"]:   # a split that does not divide raises now
+                    matrix_stack_shape(p.shape, int(added.get("split", 1)))
                 if not p.is_floating_point():
                     raise TypeError(f"Muon optimizes real floating parameters, got dtype "
                                     f"{p.dtype}")
@@ -211,11 +218,12 @@ class Muon(torch.optim.Optimizer):
         prepared = self._prepare_step()
         if prepared is None:
             return loss
-        members, states, steps, use_muon, lrs, decays, momenta, betas = prepared
+        members, states, steps, use_muon, lrs, decays, momenta, betas, splits = prepared
         core_state = MuonState([s["momentum_buffer"] for s in states],
                                [s.get("exp_avg_sq") for s in states], steps)
         directions, new = muon_directions([p.grad for p in members], core_state, use_muon,
-                                          self.config, momentum=momenta, betas=betas)
+                                          self.config, momentum=momenta, betas=betas,
+                                          split=splits)
         for state, steps_now in zip(states, new.steps):
             state["step"] = steps_now
         torch._foreach_copy_([s["momentum_buffer"] for s in states], new.momentum)
@@ -270,7 +278,8 @@ class Muon(torch.optim.Optimizer):
                 [bool(g["use_muon"]) for g in groups], [float(g["lr"]) for g in groups],
                 [float(g["weight_decay"]) for g in groups],
                 [float(g.get("momentum", self.config.momentum)) for g in groups],
-                [tuple(g.get("betas", self.config.betas)) for g in groups])
+                [tuple(g.get("betas", self.config.betas)) for g in groups],
+                [int(g.get("split", 1)) for g in groups])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's ``load_state_dict``, after checking that every saved tensor has its
