@@ -66,3 +66,29 @@ def test_optax_split_by_path():
         updates, _ = opt.update(grads, state, params)
         np.testing.assert_allclose(np.asarray(updates["qkv"]), _block_factors(grad, 3),
                                    atol=1e-10)
+
+
+def test_auto_iterates_tall_matrices_on_the_gram_side_with_the_same_steps(monkeypatch):
+    """The default ``polar_method="auto"`` takes the Gram side from aspect ratio 4
+    (no restart in Muon's 4 steps), the matrix itself below: in float64 both give
+    Polar Express's direction to rounding."""
+    import matroot.optim.muon.core as core
+    from matroot.solvers.polar.coefficients import MUON_LOWER
+    methods = []
+
+    def recording(stack, **options):
+        methods.append((stack.shape[-2:], options["method"]))
+        return matroot.polar_info(stack, **options)
+
+    monkeypatch.setattr(core, "polar_info", recording)
+    rng = np.random.default_rng(2)
+    grads = [rng.standard_normal((64, 8)) @ np.diag(np.logspace(0, -2, 8)),
+             rng.standard_normal((16, 8))]
+    state = core.muon_init(grads, [True, True])
+    directions, _ = core.muon_directions(grads, state, [True, True], core.MuonConfig())
+    assert sorted(methods) == [((16, 8), "polar_express"), ((64, 8), "gram_newton_schulz")]
+    for g, d in zip(grads, directions):
+        expected = matroot.polar_info(g, method="polar_express", lower=MUON_LOWER,
+                                      max_iter=4).root
+        scale = max(1.0, g.shape[0] / g.shape[1]) ** 0.5
+        np.testing.assert_allclose(d, scale * expected, atol=1e-10)
