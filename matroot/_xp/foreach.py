@@ -1,6 +1,7 @@
 """One elementwise operation over a list of arrays, as one dispatch where the backend
 has it: torch's ``_foreach_*`` kernels (one launch per list on CUDA, one dispatched
-operation on any device), a loop elsewhere. Pure: new arrays, inputs untouched.
+operation on any device) when eager, a loop elsewhere and under ``torch.compile``
+(which fuses it). Pure: new arrays, inputs untouched.
 
 An optimizer step that updates many parameters one by one costs a launch per
 operation per parameter; with these it costs one per operation.
@@ -29,6 +30,11 @@ def _torch_lists(first: Sequence[Any], rest: Sequence[Any]) -> bool:
     """Whether torch's foreach kernels take these arguments: torch tensors, one device,
     and scalar weights that are Python numbers (a traced or tensor scalar is not)."""
     if not first or not is_torch_namespace(array_namespace(first[0])):
+        return False
+    import torch
+    if torch.compiler.is_compiling():
+        # A foreach kernel's scalar list is a guard torch.compile recompiles on (a
+        # scheduler's μ, the bias corrections); traced, the loop fuses anyway.
         return False
     device = first[0].device
     for arg in rest:
