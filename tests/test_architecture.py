@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: The modules of the matroot._xp package, bottom first: each imports only modules
 #: listed before it (and never the package itself, whose __init__ re-exports them).
 XP_MODULES = ("namespace", "transfer", "precision", "tracing", "linalg", "matmul",
-              "launches", "torch_autodiff", "autodiff")
+              "launches", "torch_autodiff", "autodiff", "foreach")
 
 
 def _module_name(path: Path) -> str:

@@ -19,6 +19,8 @@ importing only those listed before it:
   policy, counted, and integer matrix powers by binary powering;
 - :mod:`~matroot._xp.launches`: device constants made once per size and reused, and
   entry-wise maps in the fewest operations (what a call launches on a GPU);
+- :mod:`~matroot._xp.foreach`: one elementwise operation over a list of arrays in
+  one dispatch (torch's ``_foreach_*``), a loop elsewhere;
 - :mod:`~matroot._xp.autodiff`: results attached to their input through a backward
   formula (``jax.custom_jvp``; torch autograd through
   :mod:`~matroot._xp.torch_autodiff`, imported on first use); torch.func transforms
@@ -48,6 +50,7 @@ from .linalg import (
     spd_solve,
     symmetric_part,
 )
+from .foreach import each
 from .matmul import Matmul, matrix_power, power_matmuls
 from .launches import constant, constant_vector, power_of_two_inverse, root_entries, shared_identity
 from .namespace import (
@@ -87,6 +90,7 @@ from .tracing import (
 from .transfer import from_numpy, to_numpy
 
 __all__ = [
+    "each",
     "array_namespace",
     "device_of",
     "is_torch_namespace",

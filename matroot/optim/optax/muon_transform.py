@@ -18,7 +18,7 @@ import optax
 
 from ... import _xp
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
-                   muon_directions)
+                         is_unnamed, muon_directions, unnamed_matrices_warning)
 from .keywords import host_values, with_keywords
 from .leaves import check_leaves_fit
 
@@ -34,9 +34,12 @@ class MuonOptaxState(NamedTuple):
     exp_avg_sq: list
 
 
-def _muon_leaves(tree, use_muon) -> list[bool]:
+def _muon_leaves(tree, use_muon, warn: bool = False) -> list[bool]:
     """Per leaf: Muon or AdamW, by ``use_muon`` (a pytree of bools or a callable of
-    ``(path_string, leaf)``) or the default rule.
+    ``(path_string, leaf)``) or the default rule on the leaf's key path joined by
+    ``.`` (``{"params": {"Dense_0": {"kernel": ...}}}`` is ``params.Dense_0.kernel``).
+    With ``warn``, the rule's matrices whose path holds no name (only positions, as
+    in a list of arrays) draw a warning.
 
     A pytree of bools is matched to ``tree`` by structure, as ``optax.masked``
     matches its mask: it may be a prefix of ``tree`` (one bool for a subtree), and
@@ -52,13 +55,21 @@ def _muon_leaves(tree, use_muon) -> list[bool]:
             raise ValueError("use_muon must be a pytree of bools with the parameters' "
                              f"structure (or a prefix of it): {error}") from None
         return jax.tree_util.tree_leaves(flags)
-    paths = jax.tree_util.tree_flatten_with_path(tree)[0]
-    rule = use_muon or (lambda name, leaf: default_use_muon(name, leaf.shape))
-    return [bool(rule(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
-            for path, leaf in paths]
+    named = [(jax.tree_util.keystr(path, simple=True, separator="."), leaf)
+             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    if use_muon is not None:
+        return [bool(use_muon(name, leaf)) for name, leaf in named]
+    flags = [default_use_muon(name, leaf.shape) for name, leaf in named]
+    if warn:
+        unnamed_matrices_warning(
+            [leaf.shape for (name, leaf), flag in zip(named, flags) if flag and is_unnamed(name)],
+            "muon", "Give the parameters as a dict whose keys name them ('embed', "
+            "'head', ...), or pass use_muon (a pytree of bools or a callable).")
+    return flags
 
 
 def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
+                  split: Callable[[str, Any], int] | None = None,
                   **config: Any) -> optax.GradientTransformation:
     """The Muon/AdamW direction ``+D`` of every leaf, without learning rate or decay.
 
@@ -69,9 +80,16 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         or a prefix of it (matched as ``optax.masked`` matches its mask, so the
         same tree works inside ``optax.masked``), or a callable of
         ``(path_string, leaf)``; by default ≥ 2-D leaves whose path names no
-        embedding or head.
+        embedding or head and are not vectors (one row or column), by the leaf's
+        key path joined with ``.`` (:func:`~matroot.optim.muon.core.default_use_muon`);
+        leaves in a list or tuple have no name and draw a warning.
     adamw_lr_ratio : float
         The AdamW leaves' learning rate as a multiple of the Muon one.
+    split : callable, optional
+        ``split(path_string, leaf)`` → how many equal blocks of rows each matrix of
+        a Muon leaf is orthogonalized as (3 for a fused QKV kernel stored
+        ``(3·d, d)``; :func:`~matroot.optim.muon.core.matrix_stack_shape`); 1 when
+        omitted.
     **config
         :class:`~matroot.optim.muon.core.MuonConfig` fields.
     """
@@ -84,7 +102,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
-        muon = _muon_leaves(params, use_muon)
+        muon = _muon_leaves(params, use_muon, warn=True)
         return MuonOptaxState(jnp.zeros((), jnp.int32), [jnp.zeros_like(x) for x in leaves],
                               [None if m else jnp.zeros_like(x) for x, m in zip(leaves, muon)])
 
@@ -94,10 +112,13 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
         state = jax.tree_util.tree_map(jnp.asarray, state)
         muon = _muon_leaves(updates, use_muon)
+        splits = None if split is None else [
+            int(split(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(updates)[0]]
         core = MuonState(state.momentum, state.exp_avg_sq, [state.count] * len(leaves))
         directions, new = muon_directions(
             leaves, core, muon, settings,
-            momentum=None if momentum is None else [momentum] * len(leaves))
+            momentum=None if momentum is None else [momentum] * len(leaves), split=splits)
         directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
         return (treedef.unflatten(directions),
                 MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq))
@@ -107,6 +128,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
 def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
          weight_decay_mask: Any = None, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
+         split: Callable[[str, Any], int] | None = None,
          **config: Any) -> optax.GradientTransformation:
     """Stacked Muon for optax: ``scale_by_muon``, decoupled weight decay, learning rate.
 
@@ -122,7 +144,7 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
         ``optax.contrib.muon``'s ``weight_decay_mask``): a pytree of bools like the
         parameters, or a function of the parameters returning one; e.g. leave out
         biases and norms, as the torch shell's AdamW part does by default.
-    use_muon, adamw_lr_ratio, **config
+    use_muon, adamw_lr_ratio, split, **config
         As :func:`scale_by_muon`.
 
     Returns
@@ -151,8 +173,9 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
     decay = [] if no_decay else [optax.add_decayed_weights(weight_decay,
                                                            mask=weight_decay_mask)]
+    settings = host_values("muon", config, traced_ok=("momentum",))
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
-                                     **host_values("muon", config, traced_ok=("momentum",))),
+                                     split=split, **settings),
                        *decay, optax.scale_by_learning_rate(learning_rate))
 
 

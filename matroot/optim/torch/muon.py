@@ -6,7 +6,8 @@ momentum (``OneCycleLR``, ``CyclicLR``) and per-group settings work; everything
 else (:class:`~matroot.optim.muon.core.MuonConfig`) is optimizer-wide, since the Muon
 matrices of all groups share one polar call per shape. Parameters given without
 ``use_muon`` are split by :func:`~matroot.optim.muon.core.default_use_muon` (pass
-``model.named_parameters()`` so embeddings and heads are recognised), with the
+``model.named_parameters()`` so embeddings and heads are recognised: unnamed
+matrices sent to Muon draw a ``UserWarning``), with the
 group keys of :class:`Muon`'s ``params``. Per-parameter state
 (``momentum_buffer``, ``exp_avg_sq`` for AdamW, ``step`` a Python int) lives in
 ``optimizer.state[p]``, so ``state_dict()`` and LR schedulers work as for torch's
@@ -22,7 +23,8 @@ from typing import Any
 import torch
 
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
-                   muon_directions)
+                         is_unnamed, matrix_stack_shape, muon_directions,
+                         unnamed_matrices_warning)
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
@@ -64,7 +66,7 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
         raise ValueError("Muon got an empty parameter list")
     if not isinstance(entries[0], dict):
         entries = [{"params": entries}]
-    groups = []
+    groups, unnamed = [], []
     for entry in entries:
         options = {k: v for k, v in entry.items() if k != "params"}
         members = _members(entry["params"])
@@ -90,7 +92,11 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
                         f"{name or 'a parameter'} of shape {tuple(tensor.shape)}: put it "
                         "in a group with use_muon=False, or leave use_muon out to split "
                         "by the rule")
-            groups.append({"params": members, **options})
+            # A half's lr and weight_decay default to the constructor's for that half:
+            # adamw_lr for an AdamW group (torch's defaults would give it Muon's lr).
+            half = (dict(lr=lr, weight_decay=weight_decay) if options["use_muon"]
+                    else dict(lr=adamw_lr, weight_decay=adamw_weight_decay))
+            groups.append({"params": members, **half, **options})
             continue
         split: dict[bool, list] = {True: [], False: []}
         adamw_names = []
@@ -98,6 +104,8 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
             name, tensor = p if isinstance(p, tuple) else (None, p)
             muon = default_use_muon(name, tensor.shape)
             split[muon].append(tensor)
+            if muon and is_unnamed(name):
+                unnamed.append(tuple(tensor.shape))
             if not muon:
                 adamw_names.append(f"{name or 'a parameter'} of shape {tuple(tensor.shape)}")
         _check_unambiguous(options, adamw_options, adamw_names)
@@ -108,6 +116,9 @@ def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> lis
                 own = {} if muon else adamw_options
                 groups.append({"params": tensors, **defaults, **options, **own,
                                "use_muon": muon})
+    unnamed_matrices_warning(
+        unnamed, "Muon", "Pass model.named_parameters() so that the rule recognises "
+        "embeddings and heads by name, or groups with use_muon=True/False.")
     return groups
 
 
@@ -134,8 +145,14 @@ class Muon(torch.optim.Optimizer):
         Tensors, ``(name, tensor)`` pairs (``model.named_parameters()``: the rule
         then sends embeddings and heads to AdamW) or group dicts, which may set
         ``use_muon``, ``lr``, ``weight_decay``, ``momentum`` (Muon groups) and
-        ``betas`` (AdamW groups). A group with ``use_muon`` (as MuonWithAuxAdam's
-        groups) is one half and its ``lr`` and ``weight_decay`` are that half's. A
+        ``betas`` (AdamW groups) and ``split`` (Muon groups: cut every matrix
+        into that many equal blocks of rows, orthogonalized separately: 3 for a
+        fused QKV weight, ``3·heads`` per head;
+        :func:`~matroot.optim.muon.core.matrix_stack_shape`). A group with
+        ``use_muon`` (as MuonWithAuxAdam's
+        groups) is one half and its ``lr`` and ``weight_decay`` are that half's
+        (unset: the constructor's ``lr``/``weight_decay`` for a Muon group,
+        ``adamw_lr``/``adamw_weight_decay`` for an AdamW one). A
         group without it is split by the rule and reads its keys as the constructor
         reads its keywords: ``lr`` and ``weight_decay`` for its Muon part,
         ``adamw_lr`` and ``adamw_weight_decay`` for its AdamW part (unset: the
@@ -158,7 +175,7 @@ class Muon(torch.optim.Optimizer):
     >>> import torch
     >>> from matroot.optim import Muon
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    >>> opt = Muon(model.parameters(), lr=0.02, adamw_lr=1e-3)
+    >>> opt = Muon(model.named_parameters(), lr=0.02, adamw_lr=1e-3)
     >>> [g["use_muon"] for g in opt.param_groups]
     [True, False]
     >>> loss = model(torch.ones(3, 4)).square().sum()
@@ -185,6 +202,8 @@ class Muon(torch.optim.Optimizer):
             added = self.param_groups[-1]
             MuonConfig(momentum=added["momentum"], betas=tuple(added["betas"]))  # validates
             for p in added["params"]:
+                if added["use_muon"]:   # a split that does not divide raises now
+                    matrix_stack_shape(p.shape, int(added.get("split", 1)))
                 if not p.is_floating_point():
                     raise TypeError(f"Muon optimizes real floating parameters, got dtype "
                                     f"{p.dtype}")
@@ -199,19 +218,30 @@ class Muon(torch.optim.Optimizer):
         prepared = self._prepare_step()
         if prepared is None:
             return loss
-        members, states, steps, use_muon, lrs, decays, momenta, betas = prepared
+        members, states, steps, use_muon, lrs, decays, momenta, betas, splits = prepared
         core_state = MuonState([s["momentum_buffer"] for s in states],
                                [s.get("exp_avg_sq") for s in states], steps)
         directions, new = muon_directions([p.grad for p in members], core_state, use_muon,
-                                          self.config, momentum=momenta, betas=betas)
-        for p, state, direction, i in zip(members, states, directions, range(len(members))):
-            state["step"] = new.steps[i]
-            state["momentum_buffer"].copy_(new.momentum[i])
-            if new.exp_avg_sq[i] is not None:
-                state["exp_avg_sq"].copy_(new.exp_avg_sq[i])
-            # As a tensor expression (not mul_'s or add_'s scalar arguments, which
+                                          self.config, momentum=momenta, betas=betas,
+                                          split=splits)
+        for state, steps_now in zip(states, new.steps):
+            state["step"] = steps_now
+        torch._foreach_copy_([s["momentum_buffer"] for s in states], new.momentum)
+        seconds = [(s["exp_avg_sq"], v) for s, v in zip(states, new.exp_avg_sq)
+                   if v is not None]
+        if seconds:
+            torch._foreach_copy_([s for s, _ in seconds], [v for _, v in seconds])
+        directions = [d.to(p.dtype) for d, p in zip(directions, members)]
+        if torch.compiler.is_compiling():
+            # As tensor expressions (not foreach's or add_'s scalar arguments, which
             # torch.compile specializes on) so that a new lr does not recompile.
-            p.add_(direction.to(p.dtype) * -lrs[i] - p * (lrs[i] * decays[i]))
+            for p, direction, lr, decay in zip(members, directions, lrs, decays):
+                p.add_(direction * -lr - p * (lr * decay))
+            return loss
+        # One operation per list for the whole model, not four per parameter.
+        if any(lr * decay for lr, decay in zip(lrs, decays)):
+            torch._foreach_mul_(members, [1 - lr * decay for lr, decay in zip(lrs, decays)])
+        torch._foreach_add_(members, torch._foreach_mul(directions, [-lr for lr in lrs]))
         return loss
 
     @torch.compiler.disable
@@ -248,7 +278,8 @@ class Muon(torch.optim.Optimizer):
                 [bool(g["use_muon"]) for g in groups], [float(g["lr"]) for g in groups],
                 [float(g["weight_decay"]) for g in groups],
                 [float(g.get("momentum", self.config.momentum)) for g in groups],
-                [tuple(g.get("betas", self.config.betas)) for g in groups])
+                [tuple(g.get("betas", self.config.betas)) for g in groups],
+                [int(g.get("split", 1)) for g in groups])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's ``load_state_dict``, after checking that every saved tensor has its
