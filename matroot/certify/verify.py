@@ -188,15 +188,18 @@ def beyond_first_order(estimate, spectral, floor, p):
     Where the residual's spectral norm ρ is at most :data:`LINEAR_REGIME` (or
     within the check's rounding ``floor``) the estimate is scaled by how far the
     exact per-direction bound exceeds its own linearisation,
-    ``sandwich_bound(ρ)/(ρ/p)`` (1 for small ρ, 1.6 at ρ = 1/2 and p = 4); beyond,
+    ``sandwich_bound(ρ)/(ρ/p)`` (1 for small ρ, 1.6 at ρ = 1/2 and p = 4, ∞ from
+    ρ = 1 on, however large the floor: the unstepped I of an inverse at n·u·κ > 1
+    has ρ ≈ 1 and a Frobenius estimate of 1/√n); beyond,
     it is the larger of the estimate and :func:`sandwich_bound` (``∞`` for ρ ≥ 1).
     """
     xp = _xp.array_namespace(estimate)
     linear = spectral <= xp.maximum(floor, xp.full_like(floor, LINEAR_REGIME))
     bound = sandwich_bound(spectral, p)
-    small = (spectral > 0) & (spectral < LINEAR_REGIME)
+    # Within the floor too: a direction off by δ → −1 shows only (1 + δ) of its error.
+    small = (spectral > 0) & (spectral < 1)
     growth = xp.where(small, bound / xp.where(small, spectral / p, xp.ones_like(spectral)),
-                      xp.ones_like(spectral))
+                      xp.where(spectral < 1, xp.ones_like(spectral), bound))
     return xp.where(linear, estimate * growth, xp.maximum(estimate, bound))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .. import _xp
 from .._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from ..certify.accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, MEASURED_UNSEEN,
+from ..certify.accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, MEASURED_UNSEEN,
                        check_rtol, row_target, rtol_allowance, unit_roundoff)
 from ..spectrum.lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from ..certify.probes import FROBENIUS_FACTOR
@@ -110,8 +110,7 @@ class RootCall:
         κ = 1e6, every target with the randomized λmax bound (its scaling stalls some
         iterations nearer the rounding floor) — is certified by an iterative method's
         estimate only as :func:`matroot.certify.accuracy.rtol_allowance` allows (half of it
-        less the check's rounding ``u·κ/p``); a loose ``tol`` at least twice that
-        rounding stands as it is."""
+        less the check's rounding ``u·κ/p``)."""
         xp = _xp.array_namespace(kappa)
         first_order = self.solver.iterative
         unit = self.unit_roundoff(xp)
@@ -128,11 +127,9 @@ class RootCall:
                            measured)
         if self.tol <= 0:
             return guarded
-        # A tol far above the check's rounding is certified as it stands (the stopping
-        # rule stops on the same residual the estimate reads); near it, as rtol is.
-        loose = xp.where(2 * CHECK_RESOLUTION * unit * kappa / self.p <= self.tol,
-                         xp.full_like(target, self.tol),
-                         rtol_allowance(self.tol, kappa, self.p, unit, True))
+        # A looser tol is a target like rtol: the first-order estimate undershoots
+        # the error by up to ESTIMATE_UNDERSHOOT, however far tol is above the floor.
+        loose = rtol_allowance(self.tol, kappa, self.p, unit, True)
         return xp.where(self.tol > target, xp.maximum(guarded, loose), guarded)
 
 
