@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .. import _xp
 from .._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from ..certify.accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, MEASURED_UNSEEN,
+from ..certify.accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, measured_unseen,
                        check_rtol, row_target, rtol_allowance, unit_roundoff)
 from ..spectrum.lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from ..certify.probes import FROBENIUS_FACTOR
@@ -99,13 +99,13 @@ class RootCall:
         """u of the compute dtype."""
         return unit_roundoff(xp, getattr(xp, self.work_dtype))
 
-    def accuracy(self, kappa):
-        """Per matrix, the error estimate ``converged`` allows.
+    def accuracy(self, kappa, n: int):
+        """Per matrix of size ``n``, the error estimate ``converged`` allows.
 
         The table's target for each κ (:func:`matroot.certify.accuracy.row_target`), whose
         entries hold the first-order estimate's undershoot where they were measured
         (κ ≤ 1e6), less what an iterative method's estimate cannot see near the
-        rounding floor (``MEASURED_UNSEEN·u·κ/p``). Any other target — a caller's
+        rounding floor (``measured_unseen(n)·u·κ/p``). Any other target — a caller's
         ``rtol``, a ``tol`` looser than the table, the last column's target past
         κ = 1e6, every target with the randomized λmax bound (its scaling stalls some
         iterations nearer the rounding floor) — is certified by an iterative method's
@@ -122,7 +122,7 @@ class RootCall:
         unmeasured = kappa > KAPPA_BUCKETS[-1] * BUCKET_SLACK
         if self.bound_certificate == "randomized":
             unmeasured = xp.ones_like(unmeasured)
-        measured = target - MEASURED_UNSEEN * unit * kappa / self.p
+        measured = target - measured_unseen(n) * unit * kappa / self.p
         guarded = xp.where(unmeasured, rtol_allowance(target, kappa, self.p, unit, True),
                            measured)
         if self.tol <= 0:
