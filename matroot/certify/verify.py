@@ -188,18 +188,15 @@ def beyond_first_order(estimate, spectral, floor, p):
     Where the residual's spectral norm ρ is at most :data:`LINEAR_REGIME` (or
     within the check's rounding ``floor``) the estimate is scaled by how far the
     exact per-direction bound exceeds its own linearisation,
-    ``sandwich_bound(ρ)/(ρ/p)`` (1 for small ρ, 1.6 at ρ = 1/2 and p = 4, ∞ from
-    ρ = 1 on, however large the floor: the unstepped I of an inverse at n·u·κ > 1
-    has ρ ≈ 1 and a Frobenius estimate of 1/√n); beyond,
+    ``sandwich_bound(ρ)/(ρ/p)`` (1 for small ρ, 1.6 at ρ = 1/2 and p = 4); beyond,
     it is the larger of the estimate and :func:`sandwich_bound` (``∞`` for ρ ≥ 1).
     """
     xp = _xp.array_namespace(estimate)
     linear = spectral <= xp.maximum(floor, xp.full_like(floor, LINEAR_REGIME))
     bound = sandwich_bound(spectral, p)
-    # Within the floor too: a direction off by δ → −1 shows only (1 + δ) of its error.
-    small = (spectral > 0) & (spectral < 1)
+    small = (spectral > 0) & (spectral < LINEAR_REGIME)
     growth = xp.where(small, bound / xp.where(small, spectral / p, xp.ones_like(spectral)),
-                      xp.where(spectral < 1, xp.ones_like(spectral), bound))
+                      xp.ones_like(spectral))
     return xp.where(linear, estimate * growth, xp.maximum(estimate, bound))
 
 
@@ -351,7 +348,10 @@ def verify_root(scaled, root, p, *, unit_roundoff: float,
     if isinstance(p, int):
         # An inverse (p = 1) that is accurate norm-wise has a residual X·A − I of up
         # to about n·u·κ (Higham, Accuracy and Stability, §14.1), not a balanced one.
-        floor = CHECK_FLOOR_FACTOR * (n if p == 1 else 1) * unit_roundoff * kappa
+        # The products' rounding scales with ‖X‖^p (≈ κ for a good root, ≤ ‖X‖_F^p):
+        # an unstepped I at κ = 1e5 must not pass for rounding noise (issue 36).
+        scale = xp.minimum(kappa, _xp.frobenius_norm(safe) ** p)
+        floor = CHECK_FLOOR_FACTOR * (n if p == 1 else 1) * unit_roundoff * scale
         estimate = beyond_first_order(estimate, spectral, floor, p)
     else:
         residual = nan
