@@ -106,7 +106,8 @@ class RootCall:
         entries hold the first-order estimate's undershoot where they were measured
         (κ ≤ 1e6), less what an iterative method's estimate cannot see near the
         rounding floor (``measured_unseen(n)·u·κ/p``). Any other target — a caller's
-        ``rtol``, a ``tol`` looser than the table, the last column's target past
+        ``rtol``, a ``tol`` looser than the table where the table's measurements do not
+        reach (within them it is held as the table's targets are), the last column's target past
         κ = 1e6, every target with the randomized λmax bound (its scaling stalls some
         iterations nearer the rounding floor) — is certified by an iterative method's
         estimate only as :func:`matroot.certify.accuracy.rtol_allowance` allows (half of it
@@ -127,9 +128,10 @@ class RootCall:
                            measured)
         if self.tol <= 0:
             return guarded
-        # A looser tol is a target like rtol: the first-order estimate undershoots
-        # the error by up to ESTIMATE_UNDERSHOOT, however far tol is above the floor.
-        loose = rtol_allowance(self.tol, kappa, self.p, unit, True)
+        # A looser tol is a target held as the table's are (less the unseen part where
+        # measured, else as rtol is), never taken as it stands (issue 36).
+        loose = xp.where(unmeasured, rtol_allowance(self.tol, kappa, self.p, unit, True),
+                         self.tol - measured_unseen(n) * unit * kappa / self.p)
         return xp.where(self.tol > target, xp.maximum(guarded, loose), guarded)
 
 
