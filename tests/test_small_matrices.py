@@ -79,3 +79,36 @@ def test_small_matrices_keep_the_table(method, n):
     a = _stack(np.concatenate(stacks), seed=n)
     for p in range(1, 9):
         assert not _broken(a, p, method), (p, _broken(a, p, method))
+
+
+# --- the property at n = 1…4, every method, loose options ---------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from matroot.testing import inv_root_options, spd_stacks  # noqa: E402
+from matroot.testing.tolerances import promised_tolerance  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=spd_stacks(n=(1, 4), kappa=(1.0, 1e7), dtype=["float32", "float64"],
+                       batch_shape=(4,)),
+       options=inv_root_options())
+def test_converged_keeps_the_promise_at_n_1_to_4(case, options):
+    """The families of matroot.testing (flat_bulk among them) at the smallest n, every
+    method and p, with tol and rtol up to 0.5."""
+    options = dict(options)
+    p = options.pop("p")
+    dtype = str(case.a.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            res = matroot.inv_root_info(case.a, p, eps=case.eps, **options)
+        except ValueError:  # an rtol below what this dtype can certify
+            return
+    a64 = case.a.astype(np.float64)
+    err = relative_error(to_numpy(res.root).astype(np.float64),
+                         oracle_inv_root(a64, p, case.eps, refine=dtype == "float64"))
+    promised = promised_tolerance(dtype, case.kappa, p, method=options["method"],
+                                  tol=options.get("tol"), rtol=options.get("rtol"))
+    bad = np.asarray(res.converged) & ~(err <= promised)
+    assert not bad.any(), (err[bad], promised[bad], case.kappa[bad])

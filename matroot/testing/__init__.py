@@ -53,6 +53,7 @@ __all__ = [
     "assert_inv_root_close",
     "check_inv_root_solver",
     "host_float64",
+    "inv_root_options",
     "oracle_inv_root",
     "random_orthogonal",
     "relative_error",
@@ -61,7 +62,8 @@ __all__ = [
 ]
 
 #: Names that need hypothesis, and the module that defines each.
-_NEEDS_HYPOTHESIS = {"spd_stacks": "strategies", "check_inv_root_solver": "conformance",
+_NEEDS_HYPOTHESIS = {"spd_stacks": "strategies", "inv_root_options": "strategies",
+                     "check_inv_root_solver": "conformance",
                      "PROPERTIES": "conformance", "rectangular_stacks": "polar",
                      "check_polar_solver": "polar"}
 
