@@ -72,7 +72,7 @@ def test_minimax_p1_loose_rtol_is_not_converged_with_an_error_of_one():
 
 def test_minimax_p1_loose_tol_under_jax_jit():
     jax = pytest.importorskip("jax")
-    a = flat_with_one_small(128, 1e-5)
+    a = flat_with_one_small(256, 1e-5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = jax.jit(lambda m: matroot.inv_root_info(m, 1, method="minimax", tol=0.1))(
