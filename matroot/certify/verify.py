@@ -350,7 +350,10 @@ def verify_root(scaled, root, p, *, unit_roundoff: float,
     if isinstance(p, int):
         # An inverse (p = 1) that is accurate norm-wise has a residual X·A − I of up
         # to about n·u·κ (Higham, Accuracy and Stability, §14.1), not a balanced one.
-        floor = CHECK_FLOOR_FACTOR * (n if p == 1 else 1) * unit_roundoff * kappa
+        # The products' rounding scales with ‖X‖^p (≈ κ for a good root, ≤ ‖X‖_F^p):
+        # an unstepped I at κ = 1e5 must not pass for rounding noise (issue 36).
+        scale = xp.minimum(kappa, _xp.frobenius_norm(safe) ** p)
+        floor = CHECK_FLOOR_FACTOR * (n if p == 1 else 1) * unit_roundoff * scale
         estimate = beyond_first_order(estimate, spectral, floor, p)
     else:
         residual = nan

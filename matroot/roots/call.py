@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .. import _xp
 from .._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
                       check_max_iter, check_nonnegative, check_p)
-from ..certify.accuracy import (BUCKET_SLACK, CHECK_RESOLUTION, KAPPA_BUCKETS, MEASURED_UNSEEN,
+from ..certify.accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, measured_unseen,
                        check_rtol, row_target, rtol_allowance, unit_roundoff)
 from ..spectrum.lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from ..certify.probes import FROBENIUS_FACTOR
@@ -112,19 +112,19 @@ class RootCall:
         """u of the compute dtype."""
         return unit_roundoff(xp, getattr(xp, self.work_dtype))
 
-    def accuracy(self, kappa):
-        """Per matrix, the error estimate ``converged`` allows.
+    def accuracy(self, kappa, n: int):
+        """Per matrix of size ``n``, the error estimate ``converged`` allows.
 
         The table's target for each κ (:func:`matroot.certify.accuracy.row_target`), whose
         entries hold the first-order estimate's undershoot where they were measured
         (κ ≤ 1e6), less what an iterative method's estimate cannot see near the
-        rounding floor (``MEASURED_UNSEEN·u·κ/p``). Any other target — a caller's
-        ``rtol``, a ``tol`` looser than the table, the last column's target past
+        rounding floor (``measured_unseen(n)·u·κ/p``). Any other target — a caller's
+        ``rtol``, a ``tol`` looser than the table where the table's measurements do not
+        reach (within them it is held as the table's targets are), the last column's target past
         κ = 1e6, every target with the randomized λmax bound (its scaling stalls some
         iterations nearer the rounding floor) — is certified by an iterative method's
         estimate only as :func:`matroot.certify.accuracy.rtol_allowance` allows (half of it
-        less the check's rounding ``u·κ/p``); a loose ``tol`` at least twice that
-        rounding stands as it is."""
+        less the check's rounding ``u·κ/p``)."""
         xp = _xp.array_namespace(kappa)
         first_order = self.solver.iterative
         unit = self.unit_roundoff(xp)
@@ -136,16 +136,15 @@ class RootCall:
         unmeasured = kappa > KAPPA_BUCKETS[-1] * BUCKET_SLACK
         if self.bound_certificate == "randomized":
             unmeasured = xp.ones_like(unmeasured)
-        measured = target - MEASURED_UNSEEN * unit * kappa / self.p
+        measured = target - measured_unseen(n) * unit * kappa / self.p
         guarded = xp.where(unmeasured, rtol_allowance(target, kappa, self.p, unit, True),
                            measured)
         if self.tol <= 0:
             return guarded
-        # A tol far above the check's rounding is certified as it stands (the stopping
-        # rule stops on the same residual the estimate reads); near it, as rtol is.
-        loose = xp.where(2 * CHECK_RESOLUTION * unit * kappa / self.p <= self.tol,
-                         xp.full_like(target, self.tol),
-                         rtol_allowance(self.tol, kappa, self.p, unit, True))
+        # A looser tol is a target held as the table's are (less the unseen part where
+        # measured, else as rtol is), never taken as it stands (issue 36).
+        loose = xp.where(unmeasured, rtol_allowance(self.tol, kappa, self.p, unit, True),
+                         self.tol - measured_unseen(n) * unit * kappa / self.p)
         return xp.where(self.tol > target, xp.maximum(guarded, loose), guarded)
 
 

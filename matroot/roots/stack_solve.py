@@ -122,7 +122,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
                               xp.full_like(cast_error, float("inf")))
     converged = is_converged(out.converged | (call.tol == 0),
                              usable & check.positive & fits & cast_ok,
-                             check.error_estimate, call.accuracy(check.kappa))
+                             check.error_estimate, call.accuracy(check.kappa, a.shape[-1]))
     lam_max = lam_max * reg.magnitude
     nan_b = xp.full_like(lam_max, float("nan"))
     residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,

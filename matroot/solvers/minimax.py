@@ -253,6 +253,12 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     # Traced (jax.jit, torch.compile): the bounds stay on the device and index
     # the grid's schedules.
     lowers = lower if traced else [quantize_lower(v, SMALLEST_LOWER) for v in lower]
+    if low and not traced and len(set(lowers)) > 1:
+        # The 16-bit step count and Z policy are shared by a stack: one group per
+        # bound, so no neighbour changes a matrix's bits (issue 36).
+        return _per_bound(a, lower, lowers, lambda sub, bounds: minimax_sqrt(
+            sub, bounds, tol=tol, max_iter=max_iter, check_every=check_every,
+            matmul=matmul, margin=margin))
     steps = max_iter
     if low and tol == 0:
         steps = max_iter - 1
@@ -326,6 +332,27 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         # Each polish step re-forms its incoming ZY; one more ZY checks the result.
         matmuls = matmuls + STEP_MATMULS * phased.polish_iterations + 1
     return phased.outcome._replace(state=phased.outcome.state[:2]), matmuls
+
+
+def _per_bound(a, lower, keys, solve):
+    """``solve`` on each group of matrices with one quantized bound, stitched back
+    in order."""
+    xp = _xp.array_namespace(a)
+    groups = [[i for i, k in enumerate(keys) if k == key] for key in sorted(set(keys))]
+    parts = [solve(xp.take(a, xp.asarray(g, device=_xp.device_of(a)), axis=0),
+                   [lower[i] for i in g]) for g in groups]
+    inverse = xp.asarray(np.argsort(np.concatenate(groups)), device=_xp.device_of(a))
+
+    def stitch(arrays):
+        return xp.take(xp.concat(list(arrays), axis=0), inverse, axis=0)
+
+    outcomes = [outcome for outcome, _ in parts]
+    state = tuple(stitch(o.state[j] for o in outcomes) for j in range(len(outcomes[0].state)))
+    fields = (stitch(getattr(o, f) for o in outcomes) for f in ("residual", "iterations",
+                                                                "converged"))
+    return (outcomes[0]._replace(state=state, **dict(zip(("residual", "iterations",
+                                                          "converged"), fields))),
+            stitch(m for _, m in parts))
 
 
 def minimax(a, p: int, *, lower, tol, max_iter, check_every, matmul, **_):

@@ -57,6 +57,7 @@ __all__ = [
     "eigenbasis_cases",
     "eigenbasis_errors",
     "host_float64",
+    "inv_root_options",
     "oracle_inv_root",
     "random_orthogonal",
     "relative_error",
@@ -65,7 +66,8 @@ __all__ = [
 ]
 
 #: Names that need hypothesis, and the module that defines each.
-_NEEDS_HYPOTHESIS = {"spd_stacks": "strategies", "check_inv_root_solver": "conformance",
+_NEEDS_HYPOTHESIS = {"spd_stacks": "strategies", "inv_root_options": "strategies",
+                     "check_inv_root_solver": "conformance",
                      "PROPERTIES": "conformance", "rectangular_stacks": "polar",
                      "check_polar_solver": "polar", "eigenbasis_cases": "eigenbasis",
                      "eigenbasis_errors": "eigenbasis", "EigenbasisCase": "eigenbasis",

@@ -84,6 +84,17 @@ def _tiny_one(rng, batch, n, kappa):
     return _with_ends(rng.uniform(max(1.0 / kappa, 0.1), 1.0, (*batch, n - 2)), kappa)
 
 
+def _flat_bulk(rng, batch, n, kappa):
+    # A bulk exactly at λmax over one small eigenvalue (a second one, drawn within a
+    # decade above it, half the time): the rounding floor u·κ/p sits in one direction,
+    # and ‖A − I‖_F/√n ≈ 1/√n lets an unstepped I pass a Frobenius stop test (issue 36).
+    inner = np.ones((*batch, n - 2))
+    if n > 2:
+        second = np.minimum(10.0 ** rng.uniform(0.0, 1.0, batch) / kappa, 1.0)
+        inner[..., 0] = np.where(rng.random(batch) < 0.5, second, 1.0)
+    return _with_ends(inner, kappa)
+
+
 def _repeated(rng, batch, n, kappa):
     # Exactly repeated values: the ends and the geometric middle, with multiplicities.
     values = np.array([1.0 / kappa, kappa ** -0.5, 1.0])
@@ -98,6 +109,7 @@ SPECTRAL_FAMILIES: dict[str, Spectrum] = {
     "isolated_top": _isolated_top,
     "tiny_one": _tiny_one,
     "repeated": _repeated,
+    "flat_bulk": _flat_bulk,
     "scale_extremes": _geometric,
     "small": _geometric,
 }
@@ -190,7 +202,7 @@ MATRIX_FAMILIES: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {
 #: Every family name, the first (geometric) being where hypothesis shrinks to.
 FAMILIES: tuple[str, ...] = (*SPECTRAL_FAMILIES, *MATRIX_FAMILIES)
 #: The spectra that most easily fool a λmax estimate or a coupled residual.
-ADVERSARIAL_FAMILIES: tuple[str, ...] = ("isolated_top", "clustered", "gram")
+ADVERSARIAL_FAMILIES: tuple[str, ...] = ("isolated_top", "clustered", "gram", "flat_bulk")
 
 
 def _shifted_to_kappa(m: np.ndarray, kappa: float) -> np.ndarray:

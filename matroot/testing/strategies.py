@@ -25,7 +25,7 @@ from .oracle import SPDCase
 from .spectra import FAMILIES, family_stack
 from .tolerances import dtype_name
 
-__all__ = ["available_namespaces", "safe_exponent_range", "spd_stacks"]
+__all__ = ["available_namespaces", "inv_root_options", "safe_exponent_range", "spd_stacks"]
 
 #: Exponent (base 2) of λmax for the ordinary families.
 _ORDINARY_SCALE = (-10, 10)
@@ -139,7 +139,8 @@ def spd_stacks(*, n: int | tuple[int, int] | st.SearchStrategy[int] = (1, 8),
     families : sequence of str, optional
         Spectrum families to draw from (:data:`matroot.testing.FAMILIES`), default all:
         geometric, uniform, clustered, isolated_top, tiny_one, repeated (exactly
-        repeated eigenvalues), scale_extremes (λmax or λmin near the dtype's range),
+        repeated eigenvalues), flat_bulk (ones over one or two small eigenvalues),
+        scale_extremes (λmax or λmin near the dtype's range),
         small (1×1 and 2×2), gram (Shampoo-like EMA of low-rank Gram matrices plus the
         ridge), hilbert, lehmer, kms, tridiagonal (shifted to the drawn κ).
     dtype : str or sequence of str
@@ -199,3 +200,64 @@ def spd_stacks(*, n: int | tuple[int, int] | st.SearchStrategy[int] = (1, 8),
                                 else batch_shape),
                   families=families, dtypes=dtypes, xp=np if xp is None else xp,
                   device=device, eps=eps)
+
+
+#: The loosest ``tol`` and ``rtol`` :func:`inv_root_options` draws: loose options
+#: certified roots that were O(1) off (issue 36).
+LOOSEST = 0.5
+
+
+@st.composite
+def _options(draw, methods, ps, loose):
+    method = draw(st.sampled_from(methods))
+    spec = importlib.import_module("matroot.solvers.registry").get_solver(method)
+    p = draw(st.sampled_from([q for q in ps if spec.root_orders.accepts(q)] or [2]))
+    options: dict[str, Any] = {"method": method, "p": p}
+    kind = draw(st.sampled_from(("default", "tol", "rtol", "both") if loose else ("default",)))
+    if kind in ("tol", "both"):
+        options["tol"] = 10.0 ** draw(st.floats(-4.0, np.log10(LOOSEST)))
+    if kind in ("rtol", "both"):
+        options["rtol"] = 10.0 ** draw(st.floats(-4.0, np.log10(LOOSEST)))
+    return options
+
+
+def inv_root_options(*, methods: Sequence[str] | None = None,
+                     p: Sequence[int] = (1, 2, 3, 4, 8),
+                     loose: bool = True) -> st.SearchStrategy[dict[str, Any]]:
+    """A hypothesis strategy of :func:`matroot.inv_root_info` options: ``method``,
+    ``p`` and, with ``loose``, a ``tol`` and/or an ``rtol`` drawn log-uniformly in
+    ``[1e-4, 0.5]`` (the loosest options a user passes, where a certificate that holds
+    at the defaults can still fail).
+
+    Parameters
+    ----------
+    methods : sequence of str, optional
+        Registered root methods to draw from; default every one.
+    p : sequence of int
+        Root orders; each method draws from those it supports.
+    loose : bool
+        Also draw ``tol`` / ``rtol``; False draws the defaults only.
+
+    Returns
+    -------
+    SearchStrategy[dict]
+        ``{"method", "p"[, "tol"][, "rtol"]}``; pass ``p`` positionally. What
+        ``converged=True`` then promises is
+        :func:`matroot.testing.tolerances.promised_tolerance`.
+
+    Examples
+    --------
+    >>> from hypothesis import given, settings
+    >>> from matroot.testing import inv_root_options
+    >>> @settings(max_examples=5, deadline=None)
+    ... @given(inv_root_options(methods=["newton_db"], p=[2]))
+    ... def test_options(options):
+    ...     assert options["method"] == "newton_db" and options.get("rtol", 0.5) <= 0.5
+    >>> test_options()
+    """
+    registry = importlib.import_module("matroot.solvers.registry")
+    names = tuple(registry.SOLVERS) if methods is None else tuple(methods)
+    unknown = sorted(set(names) - set(registry.SOLVERS))
+    if unknown or not names:
+        raise ValueError(f"unknown methods {unknown}; choose from {sorted(registry.SOLVERS)}")
+    return _options(names, tuple(p), loose)

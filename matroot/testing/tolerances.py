@@ -32,6 +32,7 @@ __all__ = [
     "assert_per_matrix",
     "case_tolerances",
     "dtype_name",
+    "promised_tolerance",
 ]
 
 
@@ -93,6 +94,31 @@ def accuracy_tolerance(dtype: str, kappa: float, p: float = 2, *,
     if tol is not None and p == 1 and key[1] == "float32" and bucket == 2:
         tol = FLOAT32_INVERSE_TOLERANCE
     return tol
+
+
+def promised_tolerance(dtype: str, kappa, p: float = 2, *, method: str = "iterative",
+                       tol: float | None = None, rtol: float | None = None) -> np.ndarray:
+    """Per matrix, the relative error ``converged=True`` promises for these options.
+
+    ``rtol`` where given; else the table's target at each κ (past κ = 1e6 the last
+    column's, the README's rule), loosened to ``tol`` where ``tol`` is looser.
+
+    Examples
+    --------
+    >>> from matroot.testing.tolerances import promised_tolerance
+    >>> promised_tolerance("float32", [10.0, 1e5, 1e8], 2, tol=0.1).tolist()
+    [0.1, 0.1, 0.1]
+    >>> promised_tolerance("float32", [10.0, 1e8], 2).tolist()
+    [0.0001, 0.02]
+    """
+    kappa = np.atleast_1d(np.asarray(kappa, dtype=np.float64))
+    if rtol is not None:
+        return np.full(kappa.shape, float(rtol))
+    last = [t for t in ACCURACY_TABLE[(_row(method), dtype_name(dtype))] if t is not None][-1]
+    if p == 1 and dtype_name(dtype) == "float32":
+        last = max(last, FLOAT32_INVERSE_TOLERANCE)
+    table = np.array([accuracy_tolerance(dtype, k, p, method=method) or last for k in kappa])
+    return np.maximum(table, 0.0 if tol is None else float(tol))
 
 
 def case_tolerances(case, p: float, method: str, rtol: float | None) -> np.ndarray:

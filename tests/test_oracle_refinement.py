@@ -1,0 +1,48 @@
+"""The float64 oracle is accurate enough to grade float64 roots past κ = 1e9.
+
+A float64 eigh moves λmin by about n·u·λmax, so the root it gives is off by about
+n·u·κ/p: a float64 solver's own size of error there. ``oracle_inv_root(refine=True)``
+corrects it in long double; checked against 40-digit mpmath.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from matroot.testing import oracle_inv_root, random_orthogonal, relative_error
+
+LONG_DOUBLE_WIDER = np.finfo(np.longdouble).eps < np.finfo(np.float64).eps
+
+
+def _mp_root(a, p):
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 40
+    e, q = mpmath.eigsy(mpmath.matrix(a.tolist()))
+    d = mpmath.diag([v ** (mpmath.mpf(-1) / p) for v in e])
+    return np.array((q * d * q.T).tolist(), dtype=float)
+
+
+@pytest.mark.skipif(not LONG_DOUBLE_WIDER, reason="long double is float64 here")
+@pytest.mark.parametrize("n", [2, 3, 8, 16])
+@pytest.mark.parametrize("p", [1, 2, 8])
+def test_refined_oracle_is_far_below_the_rounding_floor(n, p):
+    rng = np.random.default_rng(n)
+    lam = 10.0 ** rng.uniform(0, 12, (2, n))
+    lam[:, 0], lam[:, -1] = 1.0, 10.0 ** rng.uniform(9.5, 12, 2)
+    lam[1, 1:-1] = lam[1, -1]  # a flat bulk over one small eigenvalue
+    q = random_orthogonal(rng, (2,), n)
+    a = (q * lam[:, None, :]) @ np.swapaxes(q, -1, -2)
+    a = (a + np.swapaxes(a, -1, -2)) / 2
+    w = np.linalg.eigvalsh(a)
+    floor = 2.0**-53 * w[:, -1] / w[:, 0] / p
+    exact = np.stack([_mp_root(m, p) for m in a])
+    refined = relative_error(oracle_inv_root(a, p, refine=True), exact)
+    assert np.all(refined <= 1e-2 * floor), refined / floor
+
+
+def test_refined_oracle_agrees_with_the_plain_one_where_both_are_exact():
+    a = np.diag([4.0, 16.0, 1.0])[None]
+    assert np.allclose(oracle_inv_root(a, 2, refine=True), oracle_inv_root(a, 2), rtol=1e-15)
+    shifted = np.diag(np.array([5.0, 17.0, 2.0]) ** -0.5)
+    assert np.allclose(oracle_inv_root(a, 2, 1.0, refine=True), shifted)
