@@ -126,7 +126,7 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
         root=returned,
         residual=check.residual,
         iterations=_xp.constant_vector(xp, plan.total, b, xp.int32, dev),
-        converged=is_converged(True, True, estimate, call.accuracy(check.kappa)),
+        converged=is_converged(True, True, estimate, call.accuracy(check.kappa, n)),
         lambda_max=scale / inverse,
         matmuls=_xp.constant_vector(xp, matmul.count, b, xp.int32, dev),
         method=call.method,
