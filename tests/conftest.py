@@ -70,10 +70,6 @@ KNOWN_REGRESSIONS = {
         "skipped-step rule (launches-step) under FSDP2: ranks differ by 0.03 after a NaN",
     "tests/test_fsdp.py::test_nan_on_one_rank_is_handled_alike_on_every_rank[3ranks]":
         "skipped-step rule (launches-step) under FSDP2: ranks differ after a NaN",
-    "tests/test_torch_compile.py::test_inv_root_compiles_to_one_graph[chebyshev-8]":
-        "fullgraph compile broke after the fixed-step merge (dynamo: unsupported method call)",
-    "tests/test_torch_compile.py::test_inv_root_compiles_to_one_graph[newton_db-3]":
-        "fullgraph compile broke after the fixed-step merge (dynamo: unsupported method call)",
 }
 
 

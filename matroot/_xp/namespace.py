@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 
 import array_api_compat
 from array_api_compat import (
@@ -90,14 +91,14 @@ def is_traced(x) -> bool:
     a JAX tracer (inside ``jax.jit``, ``vmap``, ``grad``), or a torch tensor while
     ``torch.compile`` traces (a read would break the graph), or any array inside
     :func:`host_reads_off`."""
+    if not hasattr(x, "shape"):
+        return False
     if array_api_compat.is_jax_array(x):
         import jax
 
         return isinstance(x, jax.core.Tracer)
-    if array_api_compat.is_torch_array(x):
-        import torch
-
-        # Compiling first: dynamo cannot trace a ContextVar read.
-        if torch.compiler.is_compiling():
-            return True
-    return _HOST_READS_OFF.get() and hasattr(x, "shape")
+    torch = sys.modules.get("torch")
+    # Compiling first, for every argument: dynamo cannot trace a ContextVar read.
+    if torch is not None and torch.compiler.is_compiling():
+        return array_api_compat.is_torch_array(x)
+    return _HOST_READS_OFF.get()
