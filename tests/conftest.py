@@ -66,10 +66,6 @@ for _target, _missing in candidate_targets():
 #: Regressions found by the merged full-suite run at the end of the 2026-12-06 session, kept
 #: visible (xfail, not strict) until fixed; each is in that stop's note. Remove on fixing.
 KNOWN_REGRESSIONS = {
-    "tests/test_fsdp.py::test_nan_on_one_rank_is_handled_alike_on_every_rank[2ranks]":
-        "skipped-step rule (launches-step) under FSDP2: ranks differ by 0.03 after a NaN",
-    "tests/test_fsdp.py::test_nan_on_one_rank_is_handled_alike_on_every_rank[3ranks]":
-        "skipped-step rule (launches-step) under FSDP2: ranks differ after a NaN",
 }
 
 

@@ -144,19 +144,26 @@ def _train(world, options, steps, nan_at=None, rank=0, mesh_shape=None):
         _loss(reference, step).backward()
         _extra_grads(extras, step)
         _extra_grads(twins, step)
-        if nan_at == step and rank == 0:
-            local = model.hidden.weight.grad.to_local()
-            if local.numel():
-                local[0, 0] = float("nan")
-            else:
-                extras[0].grad[0, 0] = float("nan")
+        if nan_at == step:
+            # The single process sees the NaN too: a skipped step counts in the schedule
+            # (docs/optimizer.rst, "One rule for a skipped step"), so a reference that
+            # merely left the step out would drift from it at the next refresh.
+            ref_params[0].grad[0, 0] = float("nan")
+            if rank == 0:
+                local = model.hidden.weight.grad.to_local()
+                if local.numel():
+                    local[0, 0] = float("nan")
+                else:
+                    extras[0].grad[0, 0] = float("nan")
         try:
             opt.step()
             outcomes.append("stepped")
         except core.NonFiniteGradientError:
             outcomes.append("raised")
-        if nan_at != step:
+        try:
             ref.step()
+        except core.NonFiniteGradientError:
+            pass
         diffs.append(max(float((_whole(p) - q.detach()).abs().max())
                          for p, q in zip(params, ref_params)))
     return opt, params, {"diffs": diffs, "outcomes": outcomes,
