@@ -193,11 +193,8 @@ def test_no_module_shadows_a_public_name_of_its_package():
     (``import matroot.polar.api as m`` fails when ``matroot.polar`` is the function)."""
     checked = 0
     for init in PACKAGE.rglob("__init__.py"):
-        public = set()
-        for node in ast.parse(init.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-                public = set(ast.literal_eval(node.value))
+        dotted = ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        public = set(getattr(importlib.import_module(dotted), "__all__", ()))
         clashes = sorted(name for name in public if (init.parent / f"{name}.py").exists()
                          or (init.parent / name / "__init__.py").exists())
         assert not clashes, f"{init.parent.name}/ has modules named after its public {clashes}"

@@ -32,120 +32,37 @@ one of its modules, so a helper can move between them freely.
 
 from __future__ import annotations
 
-from .autodiff import gradient_flows, refuse_torch_func, with_gradient, without_gradient
-from .linalg import (
-    add_product,
-    add_scaled,
-    add_scaled_identity,
-    batched_matmul,
-    batched_where,
-    cholesky_succeeds,
-    finite_matrices,
-    frobenius_norm,
-    identity_stack,
-    inverse_root_entries,
-    power_of_two_scale,
-    scaled_plus_identity,
-    shifted_product,
-    spd_solve,
-    symmetric_part,
+# Each submodule's __all__ is its public list; this package re-exports them whole.
+from .autodiff import *  # noqa: F403
+from .foreach import *  # noqa: F403
+from .launches import *  # noqa: F403
+from .linalg import *  # noqa: F403
+from .matmul import *  # noqa: F403
+from .namespace import *  # noqa: F403
+from .precision import *  # noqa: F403
+from .tracing import *  # noqa: F403
+from .transfer import *  # noqa: F403
+from . import (
+    autodiff,
+    foreach,
+    launches,
+    linalg,
+    matmul,
+    namespace,
+    precision,
+    tracing,
+    transfer,
 )
-from .foreach import each
-from .matmul import Matmul, matrix_power, power_matmuls
-from .launches import constant, constant_vector, power_of_two_inverse, root_entries, shared_identity
-from .namespace import (
-    array_namespace,
-    backend_name,
-    device_of,
-    holds_no_values,
-    host_reads_off,
-    is_accelerator,
-    is_cupy_namespace,
-    is_jax_namespace,
-    is_numpy_namespace,
-    is_torch_namespace,
-    is_traced,
-)
-from .precision import (
-    dtype_from_name,
-    eigh_runs_in_float64,
-    full_float32_products,
-    quiet_numpy_float_errors,
-    solve_context,
-    has_float64,
-    round_to,
-    unit_roundoff,
-)
-from .tracing import (
-    bounded_loop,
-    cond,
-    counted_loop,
-    host_constant,
-    jax_compiled,
-    lapack_in_order,
-    outside_torch_compile,
-    register_jax_pytree,
-    trip_count,
-)
-from .transfer import from_numpy, to_numpy
 
+#: Every submodule's public names, so ``_xp.X`` and ``from matroot._xp import X`` agree.
 __all__ = [
-    "each",
-    "array_namespace",
-    "device_of",
-    "is_torch_namespace",
-    "is_cupy_namespace",
-    "is_numpy_namespace",
-    "is_jax_namespace",
-    "backend_name",
-    "is_accelerator",
-    "is_traced",
-    "holds_no_values",
-    "host_reads_off",
-    "to_numpy",
-    "from_numpy",
-    "has_float64",
-    "dtype_from_name",
-    "round_to",
-    "eigh_runs_in_float64",
-    "full_float32_products",
-    "quiet_numpy_float_errors",
-    "solve_context",
-    "unit_roundoff",
-    "bounded_loop",
-    "counted_loop",
-    "trip_count",
-    "cond",
-    "host_constant",
-    "outside_torch_compile",
-    "jax_compiled",
-    "register_jax_pytree",
-    "lapack_in_order",
-    "identity_stack",
-    "shared_identity",
-    "constant",
-    "constant_vector",
-    "root_entries",
-    "add_scaled_identity",
-    "batched_matmul",
-    "add_product",
-    "add_scaled",
-    "shifted_product",
-    "scaled_plus_identity",
-    "batched_where",
-    "frobenius_norm",
-    "symmetric_part",
-    "power_of_two_scale",
-    "power_of_two_inverse",
-    "inverse_root_entries",
-    "finite_matrices",
-    "cholesky_succeeds",
-    "spd_solve",
-    "Matmul",
-    "matrix_power",
-    "power_matmuls",
-    "refuse_torch_func",
-    "gradient_flows",
-    "without_gradient",
-    "with_gradient",
+    *namespace.__all__,
+    *transfer.__all__,
+    *precision.__all__,
+    *tracing.__all__,
+    *linalg.__all__,
+    *matmul.__all__,
+    *launches.__all__,
+    *foreach.__all__,
+    *autodiff.__all__,
 ]

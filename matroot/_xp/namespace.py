@@ -31,6 +31,8 @@ __all__ = [
     "backend_name",
     "is_accelerator",
     "is_traced",
+    "holds_no_values",
+    "host_reads_off",
 ]
 
 
