@@ -30,9 +30,8 @@ from __future__ import annotations
 import math
 
 from .. import _xp
-from .certificate import (orthogonality_bound, rayleigh_quotients, relative_residual,
-                          rounding_allowance)
-from .orthogonal_iteration import SHIFT
+from .certificate import orthogonality_bound, rayleigh_quotients
+from .orthogonal_iteration import ascending, shifted_iteration
 
 __all__ = ["default_block", "block_rotation"]
 
@@ -79,41 +78,12 @@ def block_rotation(a, basis, *, iterations: int, rtol: float, block: int, traced
     ``block`` the number of dominant columns refreshed by subspace iteration (1…n).
     """
     xp = _xp.array_namespace(a)
-    n = a.shape[-1]
-    norm = _xp.frobenius_norm(a)
-    positive = norm > 0
-    safe_norm = xp.where(positive, norm, xp.ones_like(norm))
-    shift = xp.where(positive, SHIFT * norm, xp.ones_like(norm))[:, None, None]
-    allowance = rounding_allowance(n, float(xp.finfo(a.dtype).eps) / 2)
     lengths = xp.sqrt(xp.sum(basis * basis, axis=-2))
     basis = basis / xp.where(lengths > 0, lengths, xp.ones_like(lengths))[:, None, :]
-    z = shift * basis + _xp.batched_matmul(a, basis)
-    b = a.shape[0]
-    device = _xp.device_of(a)
-    state = (basis, z, rayleigh_quotients(basis, z),
-             xp.full((b,), math.inf, dtype=a.dtype, device=device),
-             xp.zeros((b,), dtype=xp.bool, device=device),
-             xp.zeros((b,), dtype=xp.int32, device=device))
-
-    def step(state, k):
-        q, z, d, residual, done, steps = state
-        new_q, new_z, new_d = _block_step(a, shift, q, z, d, block)
-        new_residual = relative_residual(new_q, new_z, new_d, safe_norm)
-        q = _xp.batched_where(done, q, new_q)
-        z = _xp.batched_where(done, z, new_z)
-        d = xp.where(done[:, None], d, new_d)
-        residual = xp.where(done, residual, new_residual)
-        steps = xp.where(done, steps, steps + 1)
-        return q, z, d, residual, done | (residual + allowance <= rtol), steps
-
-    q, _, d, residual, _, steps = _xp.bounded_loop(
-        step, state, max_iter=iterations, running=lambda s: ~xp.all(s[4]), check_every=1,
-        traced=traced)
+    q, d, residual, _, steps, shift, allowance = shifted_iteration(
+        a, basis, lambda a, shift, q, z, d: _block_step(a, shift, q, z, d, block),
+        iterations=iterations, rtol=rtol, traced=traced)
     # The steps keep Q orthonormal only as far as the start was: bound what it is now.
-    defect = orthogonality_bound(q)
-    residual = residual + defect
+    residual = residual + orthogonality_bound(q)
     converged = residual + allowance <= rtol
-    order = xp.argsort(d, axis=-1)
-    q = xp.take_along_axis(q, order[:, None, :], axis=-1)
-    d = xp.take_along_axis(d, order, axis=-1) - shift[:, :, 0]
-    return q, d, residual, converged, steps
+    return (*ascending(q, d, shift), residual, converged, steps)

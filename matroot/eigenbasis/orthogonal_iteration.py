@@ -32,10 +32,12 @@ import math
 from .. import _xp
 from .certificate import rayleigh_quotients, relative_residual, rounding_allowance
 
-__all__ = ["SHIFT", "orthogonal_iteration"]
+__all__ = ["SHIFT", "orthogonal_iteration", "shifted_iteration", "ascending"]
 
 #: The shift σ as a fraction of ‖A‖_F.
 SHIFT = 2.0 ** -20
+
+
 def _qr_step(a, shift, q, z, d):
     """One orthogonal-iteration step from ``Z = (A + σI)·Q`` and its quotients ``d``;
     returns the new basis, its product and its quotients."""
@@ -73,38 +75,57 @@ def orthogonal_iteration(a, basis, *, iterations: int, rtol: float, traced: bool
         ascending order of eigenvalue, as eigh returns them; per-matrix residuals,
         convergence and steps taken.
     """
+    q, d, residual, done, steps, shift, _ = shifted_iteration(
+        a, basis, _qr_step, iterations=iterations, rtol=rtol, traced=traced)
+    return (*ascending(q, d, shift), residual, done, steps)
+
+
+def shifted_iteration(a, basis, advance, *, iterations: int, rtol: float, traced: bool):
+    """Steps ``(q, z, d) = advance(a, σ, q, z, d)`` on ``Z = (A + σI)·Q`` until each matrix's
+    residual plus the rounding allowance is at most ``rtol`` (a matrix keeps its first
+    such step); the loop both refresh methods share.
+
+    Returns
+    -------
+    tuple
+        ``(q, d, residual, done, steps, shift, allowance)``: the bases, their Rayleigh
+        quotients of ``A + σI`` (unsorted), per-matrix residuals, convergence and steps,
+        the shifts σ (b, 1, 1) and the rounding allowance.
+    """
     xp = _xp.array_namespace(a)
-    n = a.shape[-1]
     norm = _xp.frobenius_norm(a)
     positive = norm > 0
     safe_norm = xp.where(positive, norm, xp.ones_like(norm))
     shift = xp.where(positive, SHIFT * norm, xp.ones_like(norm))[:, None, None]
-    allowance = rounding_allowance(n, float(xp.finfo(a.dtype).eps) / 2)
+    allowance = rounding_allowance(a.shape[-1], float(xp.finfo(a.dtype).eps) / 2)
     z = shift * basis + _xp.batched_matmul(a, basis)
-    d = rayleigh_quotients(basis, z)
     b = a.shape[0]
     device = _xp.device_of(a)
-    state = (basis, z, d, xp.full((b,), math.inf, dtype=a.dtype, device=device),
+    state = (basis, z, rayleigh_quotients(basis, z),
+             xp.full((b,), math.inf, dtype=a.dtype, device=device),
              xp.zeros((b,), dtype=xp.bool, device=device),
              xp.zeros((b,), dtype=xp.int32, device=device))
 
     def step(state, k):
         q, z, d, residual, done, steps = state
-        new_q, new_z, new_d = _qr_step(a, shift, q, z, d)
+        new_q, new_z, new_d = advance(a, shift, q, z, d)
         new_residual = relative_residual(new_q, new_z, new_d, safe_norm)
-        keep = done
-        q = _xp.batched_where(keep, q, new_q)
-        z = _xp.batched_where(keep, z, new_z)
-        d = xp.where(keep[:, None], d, new_d)
-        residual = xp.where(keep, residual, new_residual)
-        steps = xp.where(keep, steps, steps + 1)
-        done = done | (residual + allowance <= rtol)
-        return q, z, d, residual, done, steps
+        q = _xp.batched_where(done, q, new_q)
+        z = _xp.batched_where(done, z, new_z)
+        d = xp.where(done[:, None], d, new_d)
+        residual = xp.where(done, residual, new_residual)
+        steps = xp.where(done, steps, steps + 1)
+        return q, z, d, residual, done | (residual + allowance <= rtol), steps
 
-    q, z, d, residual, done, steps = _xp.bounded_loop(
+    q, _, d, residual, done, steps = _xp.bounded_loop(
         step, state, max_iter=iterations, running=lambda s: ~xp.all(s[4]), check_every=1,
         traced=traced)
+    return q, d, residual, done, steps, shift, allowance
+
+
+def ascending(q, d, shift):
+    """Columns and eigenvalues in ascending order, as eigh returns them, with σ taken off."""
+    xp = _xp.array_namespace(q)
     order = xp.argsort(d, axis=-1)
     q = xp.take_along_axis(q, order[:, None, :], axis=-1)
-    d = xp.take_along_axis(d, order, axis=-1) - shift[:, :, 0]
-    return q, d, residual, done, steps
+    return q, xp.take_along_axis(d, order, axis=-1) - shift[:, :, 0]
