@@ -57,6 +57,7 @@ def spectral_factor(probes: int, failure: float) -> float:
     return failure ** (-1.0 / probes) * math.sqrt(2.0 / math.pi)
 
 
+@functools.cache
 def frobenius_factor(probes: int, failure: float) -> float:
     """``1/√x`` with ``(x·e^(1−x))^(probes/2) = failure``: ``‖B‖_F ≤`` this
     ``× rms_i ‖B·ω_i‖``.

@@ -8,16 +8,13 @@ so a matrix is converged where ``‖R‖_F/‖A‖_F + η_bound + allowance ≤ 
 
 from __future__ import annotations
 
-import functools
 import math
 
-import numpy as np
-
 from .. import _xp
+from ..certify.probes import frobenius_factor, probe_block
 
 __all__ = ["ALLOWANCE_FACTOR", "PROBES", "PROBE_FAILURE", "PROBE_SEED", "rounding_allowance",
-           "rayleigh_quotients", "relative_residual", "orthogonality_bound",
-           "frobenius_probe_factor"]
+           "rayleigh_quotients", "relative_residual", "orthogonality_bound"]
 
 #: The rounding allowance in units of (n + 2)·u (see :func:`rounding_allowance`).
 ALLOWANCE_FACTOR = 4.0
@@ -58,39 +55,11 @@ def relative_residual(q, z, d, norm):
     return _xp.frobenius_norm(z - q * d[:, None, :]) / norm
 
 
-def frobenius_probe_factor(probes: int, failure: float) -> float:
-    """``1/√x`` for the ``x`` with ``(x·e^(1−x))^(probes/2) = failure``: then
-    ``‖B‖_F ≤ factor·‖B·Ω‖_F/√probes`` fails with probability at most ``failure`` for
-    standard Gaussian ``Ω`` (by Markov's inequality on ``exp(−t‖BΩ‖²)``; the worst
-    case is a rank-one B). The same bound as matroot's randomized root check.
-
-    Examples
-    --------
-    >>> round(frobenius_probe_factor(16, 1e-12), 2)
-    9.22
-    """
-    target = failure ** (2.0 / probes)
-    low, high = 1e-300, 1.0  # x·e^(1−x) increases on (0, 1)
-    for _ in range(200):
-        mid = math.sqrt(low * high) if high / low > 4 else (low + high) / 2
-        if mid * math.exp(1 - mid) < target:
-            low = mid
-        else:
-            high = mid
-    return 1.0 / math.sqrt(low)
-
-
-@functools.cache
-def _probe_host(n: int) -> np.ndarray:
-    return np.random.default_rng(PROBE_SEED).standard_normal((n, PROBES))
-
-
 def orthogonality_bound(q):
     """Per matrix, a bound on ``‖QᵀQ − I‖_F`` from two thin products with :data:`PROBES`
     fixed Gaussian vectors; too low with probability at most :data:`PROBE_FAILURE`."""
     xp = _xp.array_namespace(q)
     n = q.shape[-1]
-    omega = _xp.from_numpy(xp, _probe_host(n), dtype=q.dtype, device=_xp.device_of(q))
+    omega = probe_block(xp, n, q.dtype, _xp.device_of(q), probes=PROBES, seed=PROBE_SEED)
     defect = xp.matrix_transpose(q) @ (q @ omega) - omega
-    factor = frobenius_probe_factor(PROBES, PROBE_FAILURE)
-    return factor * _xp.frobenius_norm(defect) / math.sqrt(PROBES)
+    return frobenius_factor(PROBES, PROBE_FAILURE) * _xp.frobenius_norm(defect) / math.sqrt(PROBES)
