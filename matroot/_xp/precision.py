@@ -26,6 +26,7 @@ __all__ = [
     "quiet_numpy_float_errors",
     "solve_context",
     "unit_roundoff",
+    "work_dtype_name",
 ]
 
 
@@ -137,6 +138,22 @@ def solve_context(xp, x):
     """
     with full_float32_products(xp, x), quiet_numpy_float_errors(xp):
         yield
+
+def work_dtype_name(xp, dtype) -> str:
+    """The dtype matroot computes in for input of ``dtype``: float64 for float64, float32
+    for everything else (16-bit input is solved in float32 and returned in its dtype).
+
+    The one statement of that rule, for every solve and every optimizer state.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot._xp import work_dtype_name
+    >>> work_dtype_name(np, np.float64), work_dtype_name(np, np.float16)
+    ('float64', 'float32')
+    """
+    return "float64" if dtype == xp.float64 else "float32"
+
 
 def unit_roundoff(xp, dtype) -> float:
     """``u = eps/2`` of a floating ``dtype`` of the array namespace ``xp``.

@@ -109,10 +109,6 @@ def _check_basis(xp, a, basis):
                          "move them to one device")
 
 
-def _work_dtype(xp, dtype):
-    return xp.float64 if dtype == xp.float64 else xp.float32
-
-
 def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_ITERATIONS,
                        rtol: float = DEFAULT_RTOL, fallback: str = "eigh",
                        method: str = "block", block: int | None = None) -> EigenbasisResult:
@@ -198,7 +194,7 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     block = default_block(n) if block is None else _check_count(block, "block", max(n, 1),
                                                               "columns of the n×n basis")
     b = math.prod(batch)
-    work = _work_dtype(xp, a.dtype)
+    work = _xp.dtype_from_name(xp, _xp.work_dtype_name(xp, a.dtype))
     if b == 0 or n == 0:
         return _empty(xp, a, batch, n)
     stack = xp.reshape(xp.astype(a, work), (b, n, n))

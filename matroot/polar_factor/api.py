@@ -134,7 +134,7 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
     if method == "auto":
         method = "polar_express"
     polar_method = get_polar_method(method)
-    work_name = "float64" if g.dtype == xp.float64 else "float32"
+    work_name = _xp.work_dtype_name(xp, g.dtype)
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_name)
     precision = (matmul_dtype if matmul_dtype is not None and polar_method.forms_products
                  else work_name)
