@@ -18,6 +18,7 @@ from matroot.testing.spectra import family_stack
 
 # The module, not the function that matroot.solvers re-exports under the same name.
 evd_module = importlib.import_module("matroot.solvers.evd")
+evd_accuracy = importlib.import_module("matroot.solvers.evd_accuracy")
 
 
 def _mixed_stack(n=24):
@@ -134,7 +135,7 @@ def test_no_float32_eigh_where_every_matrix_surely_needs_float64(monkeypatch):
     a = spd_stack(np.random.default_rng(7), (3,), 64, 1e6)[0].astype(np.float32)
     res = matroot.inv_root_info(torch.asarray(a), 4, method="evd")
     assert dtypes == [torch.float64] and res.converged.all()
-    monkeypatch.setattr(evd_module, "SCREEN_MIN_N", 65)
+    monkeypatch.setattr(evd_accuracy, "SCREEN_MIN_N", 65)
     unscreened = matroot.inv_root(torch.asarray(a), 4, method="evd")
     assert dtypes[1:] == [torch.float32, torch.float64]
     assert torch.equal(res.root, unscreened)
@@ -206,4 +207,4 @@ def test_measured_error_of_accurate_eigenpairs_is_near_the_a_priori_one(backend,
     root = to_numpy(evd_module._root_from_eigh(backend.xp, lam, q, 2, backend.xp.float64))
     assert np.all(measured >= relative_error(root, oracle_inv_root(a32.astype(np.float64), 2)))
     if evd_module.eigh_is_measured(backend.xp, x):
-        assert np.all(measured <= 3 * evd_module._estimated_error(kappa_exact, n, 2, u, u))
+        assert np.all(measured <= 3 * evd_accuracy._estimated_error(kappa_exact, n, 2, u, u))

@@ -47,8 +47,8 @@ class InvRootResult(NamedTuple):
         Estimated relative forward error ``‖X̃ − X‖_F/‖X‖_F`` of the returned
         root (derivation in :mod:`matroot.certify.verify`; measured within 0.6–6× of
         the float64-oracle error, 0.8–3× on the accuracy suite; evd's from its eigenvalues,
-        :func:`matroot.solvers.evd.eigh_root_check`), plus the rounding of the cast back to the
-        input dtype; ``inf`` for a root that is not positive definite.
+        :func:`matroot.solvers.evd_accuracy.eigh_root_check`), plus the rounding of the cast
+        back to the input dtype; ``inf`` for a root that is not positive definite.
     repaired : array of bool, shape (...)
         Matrices whose check failed and that ``fallback`` re-solved.
     check_matmuls : array, shape (...)
