@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import _xp
 from .._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
@@ -26,8 +26,8 @@ from ..certify.accuracy import RTOL_FLOOR_UNITS, unit_roundoff
 from ..certify.polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL
 from ..solvers.polar.coefficients import band_lower, default_margin
 from .gradient import polar_derivative
+from .result import PolarResult
 from ..solvers.polar import get_polar_method, polar_method_names
-from ..roots.result import summary_line
 from ..roots.api import ConvergenceWarning
 from ..spectrum.scaling import certified_lambda_max
 
@@ -62,56 +62,6 @@ def sigma_bound_looseness(n: int, sigma_bound: str | None) -> float:
     (2.0, 1.0)
     """
     return float(n) ** 0.125 if sigma_bound == "gram_norm" else 1.0
-
-
-class PolarResult(NamedTuple):
-    """Result of :func:`polar_info`.
-
-    Attributes
-    ----------
-    root : array, shape (..., m, n)
-        The polar factor, in the input's namespace, device and dtype. Singular
-        directions with σ = 0 map to zero (a partial isometry); a matrix with
-        NaN or Inf entries gets NaN.
-    orthogonality_defect : array, shape (...)
-        ``‖QᵀQ − I‖_F`` of the returned factor (``QQᵀ`` for wide matrices),
-        computed in the compute dtype; ≥ the spectral-norm defect.
-    error_estimate : array, shape (...)
-        ``orthogonality_defect/√min(m, n)``: a bound on the relative error
-        ``‖Q − U·Vᵀ‖_F/‖U·Vᵀ‖_F`` in real arithmetic (see
-        :mod:`matroot.certify.polar_accuracy` for what rounding adds).
-    iterations : array, shape (...)
-        Polynomial steps taken (0 for a decomposition).
-    converged : array of bool, shape (...)
-        The input was finite and ``error_estimate ≤ rtol``; the factor then
-        meets :func:`matroot.certify.polar_accuracy.polar_error_bound`.
-    matmuls : array, shape (...)
-        Batched matrix products formed per matrix, scaling included and the
-        final check not (each at most ``max(m, n)·min(m, n)²`` multiply-adds).
-    method : str
-        The method that ran (what ``"auto"`` resolved to).
-    """
-
-    root: Array
-    orthogonality_defect: Array
-    error_estimate: Array
-    iterations: Array
-    converged: Array
-    matmuls: Array
-    method: str
-
-    def __repr__(self) -> str:
-        """One line: the factor's dtype and shape, how many converged, the worst
-        error estimate.
-
-        Examples
-        --------
-        >>> import numpy as np, matroot
-        >>> matroot.polar_info(np.stack([np.eye(3)] * 2))
-        PolarResult(method=..., root=float64[2, 3, 3], converged 2/2, ...)
-        """
-        return summary_line("PolarResult", self.method, self.root, self.converged,
-                            self.iterations, "error estimate", self.error_estimate)
 
 
 def _default_rtol(xp, dtype, precision: str) -> float:
