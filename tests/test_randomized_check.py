@@ -184,13 +184,3 @@ def test_converged_means_right_with_the_randomized_check(family, method, p):
         assert np.all(err[converged] <= np.broadcast_to(target, err.shape)[converged]), \
             (rtol, err, converged)
         assert converged[0], (rtol, err, np.asarray(res.error_estimate))
-
-
-def test_check_root_is_the_deprecated_name_of_verify_root():
-    import matroot.certify.verify
-    a = np.diag([1.0, 0.25])[None]
-    root = np.diag([1.0, 2.0])[None]
-    with pytest.warns(DeprecationWarning, match="verify_root"):
-        old = matroot.certify.verify.check_root(a, root, 2, unit_roundoff=UNIT64)
-    new = verify_root(a, root, 2, unit_roundoff=UNIT64)
-    assert np.array_equal(old.error_estimate, new.error_estimate)

@@ -61,7 +61,6 @@ n×n matrix with an n×24 probe block (:func:`verify_root`, :mod:`matroot.certif
 from __future__ import annotations
 
 import math
-import warnings
 from typing import NamedTuple
 
 from .. import _xp
@@ -76,7 +75,7 @@ from ..spectrum.scaling import (LANCZOS_STEPS, RitzValues, _start_vectors, power
 from .accuracy import BUCKET_SLACK, LOW_PRECISION_ROWS
 
 __all__ = ["BUCKET_SLACK", "CERTIFICATES", "DEFAULT_CERTIFICATE", "LOW_PRECISION_ROWS", "RootCheck",
-           "check_root", "kappa_from_root", "sandwich_bound", "verify_root"]
+           "kappa_from_root", "sandwich_bound", "verify_root"]
 
 #: How the residual of a root is measured: every product formed ("deterministic"),
 #: or only its products with Gaussian probe vectors, bounded with a stated failure
@@ -381,11 +380,3 @@ def _ritz_kappa(ritz: RitzValues, root):
         kappa = _xp.from_numpy(xp, ritz_ratio, dtype=root.dtype, device=_xp.device_of(root))
     n = root.shape[-1]
     return kappa, min(LANCZOS_STEPS, n) / n
-
-
-
-def check_root(*args, **kwargs) -> RootCheck:
-    """Deprecated name of :func:`verify_root` (``check_*`` are the input validators)."""
-    warnings.warn("matroot.certify.verify.check_root is renamed verify_root", DeprecationWarning,
-                  stacklevel=2)
-    return verify_root(*args, **kwargs)

@@ -10,7 +10,6 @@ from .shampoo_core.blocking import (
     BlockPlan,
     FactorPolicy,
     FactorStackShape,
-    StackSpec,  # noqa: F401  (the former name of FactorStackShape)
     matrix_view_shape,
     plan_blocks,
 )

@@ -35,7 +35,6 @@ __all__ = [
     "FactorPolicy",
     "BlockGroup",
     "FactorStackShape",
-    "StackSpec",
     "ParamLayout",
     "BlockPlan",
     "matrix_view_shape",
@@ -109,10 +108,6 @@ class FactorStackShape:
     root: int
     dtype: str
     count: int
-
-
-#: The former name of :class:`FactorStackShape` ("spec" is the solvers' registry entry).
-StackSpec = FactorStackShape
 
 
 @dataclass(frozen=True)
