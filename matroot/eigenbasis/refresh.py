@@ -222,21 +222,14 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
         xp.reshape(converged, batch), xp.reshape(steps, batch), xp.reshape(fell_back, batch))
 
 
-def _finite_matrices(x):
-    """Per matrix: all entries finite. Not ``_xp.finite_matrices``'s ``sum(x·0) == 0``:
-    torch.compile's inductor folds ``x·0`` to 0 and calls every matrix finite."""
-    xp = _xp.array_namespace(x)
-    return xp.all(xp.isfinite(x), axis=(-2, -1))
-
-
 def _iterate(stack, *, start, iterations: int, rtol: float, method: str, block: int):
     """The iteration on a ``(b, n, n)`` stack: ``(q, eigenvalues, residual, converged,
     steps, finite, scaled stack)``; NaN results for non-finite matrices."""
     xp = _xp.array_namespace(stack)
     n = stack.shape[-1]
     eye = _xp.identity_stack(xp, n, stack.dtype, _xp.device_of(stack))
-    finite = _finite_matrices(stack)
-    usable = finite & _finite_matrices(start)
+    finite = _xp.finite_matrices(stack)
+    usable = finite & _xp.finite_matrices(start)
     stack = _xp.symmetric_part(_xp.batched_where(finite, stack, xp.zeros_like(stack)))
     start = _xp.batched_where(usable, start, xp.zeros_like(start) + eye)
     scale = _xp.power_of_two_scale(stack)
