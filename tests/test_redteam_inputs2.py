@@ -289,7 +289,8 @@ def test_polar_refuses_an_rtol_no_factor_can_meet(dtype, rtol):
     ran the whole schedule and reported every matrix not converged, where
     ``inv_root`` refuses such an rtol up front with the fix."""
     g = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(dtype)
-    with pytest.raises(ValueError, match=r"rtol=.* is below what a float.. factor can meet"):
+    refused = r"(below what .* certify.*no polar factor)|(in \(0, 1\].*got 0.0)"
+    with pytest.raises(ValueError, match=refused):
         matroot.polar_info(g, rtol=rtol)
 
 
@@ -387,7 +388,7 @@ def test_a_flat_bulk_with_one_tiny_eigenvalue_is_not_converged_beyond_the_table(
 
 def test_polar_refuses_an_rtol_above_one():
     g = np.random.default_rng(0).standard_normal((2, 5, 3))
-    with pytest.raises(ValueError, match=r"rtol=1.5: .* must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"rtol must be in \(0, 1\].*polar factor.*got 1.5"):
         matroot.polar_info(g, rtol=1.5)
 
 

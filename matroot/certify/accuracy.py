@@ -167,7 +167,8 @@ def row_target(row: str, precision: str, p, kappa):
 RTOL_FLOOR_UNITS = 10
 
 
-def check_rtol(rtol, unit: float) -> float:
+def check_rtol(rtol, unit: float, *, result: str = "root",
+               remedy: str = "float64 input or compute_dtype='float64'") -> float:
     """``rtol`` as a float if it is an accuracy target the computation can reach.
 
     Parameters
@@ -177,6 +178,9 @@ def check_rtol(rtol, unit: float) -> float:
         ``[RTOL_FLOOR_UNITS·u, 1]``.
     unit : float
         The unit roundoff u of the compute dtype (:func:`unit_roundoff`).
+    result, remedy : str
+        What is computed ("root", "polar factor") and how to reach a smaller rtol,
+        for the messages.
 
     Returns
     -------
@@ -203,13 +207,13 @@ def check_rtol(rtol, unit: float) -> float:
         raise ValueError(f"rtol must be a real number in (0, 1], got {rtol!r}")
     value = float(rtol)
     if not 0 < value <= 1:  # NaN fails this too
-        raise ValueError(f"rtol must be in (0, 1] (the relative error asked of each root), "
+        raise ValueError(f"rtol must be in (0, 1] (the relative error asked of each {result}), "
                          f"got {value!r}")
     floor = RTOL_FLOOR_UNITS * unit
     if value < floor:
         raise ValueError(f"rtol={value:g} is below what this computation can certify "
-                         f"({RTOL_FLOOR_UNITS} unit roundoffs of its dtype, {floor:.1g}); "
-                         "pass a larger rtol, or float64 input or compute_dtype='float64'")
+                         f"({RTOL_FLOOR_UNITS} unit roundoffs of its dtype, {floor:.1g}): no "
+                         f"{result} would converge; pass a larger rtol, or {remedy}")
     return value
 
 

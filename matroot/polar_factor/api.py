@@ -22,7 +22,7 @@ from .. import _xp
 from .._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
                       check_stack)
 from .._typing import Array
-from ..certify.accuracy import RTOL_FLOOR_UNITS, unit_roundoff
+from ..certify.accuracy import check_rtol, unit_roundoff
 from ..certify.polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL
 from ..solvers.polar.coefficients import band_lower, default_margin
 from .gradient import polar_derivative
@@ -91,14 +91,9 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
     unit = unit_roundoff(xp, _xp.dtype_from_name(xp, precision))
     if rtol is None:
         rtol = _default_rtol(xp, g.dtype, precision)
-    elif (rtol := check_nonnegative(rtol, "rtol")) < RTOL_FLOOR_UNITS * unit:
-        # 0 included: a factor in floating point carries a defect of its rounding.
-        raise ValueError(f"rtol={rtol!r} is below what a {precision} factor can meet "
-                         f"({RTOL_FLOOR_UNITS} unit roundoffs, {RTOL_FLOOR_UNITS * unit:.1g}): "
-                         "no matrix would converge; pass a larger rtol, or float64 input")
-    elif rtol > 1:
-        raise ValueError(f"rtol={rtol!r}: the relative error asked of each factor "
-                         "must be in (0, 1]; a defect of 1 or more is no orthogonal factor")
+    else:
+        rtol = check_rtol(rtol, unit, result="polar factor",
+                          remedy=f"float64 input (this one computes in {precision})")
     if lower is None:
         lower = DEFAULT_LOWER[precision]
     elif not 0.0 < check_nonnegative(lower, "lower") < 1.0:
