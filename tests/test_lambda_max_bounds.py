@@ -56,7 +56,7 @@ def test_randomized_bound_is_above_lambda_max_on_every_matrix(kind, n, dtype):
     # The oracle: the matrix as given (rounded to dtype), decomposed in float64.
     top = np.linalg.eigvalsh(a.astype(np.float64))[..., -1]
     for scale in (1.0, 1e-30 if dtype == "float64" else 1e-20):
-        bound = lambda_max_bound(a * np.asarray(scale, dtype))
+        bound = lambda_max_bound(a * np.asarray(scale, dtype), bound_certificate="randomized")
         assert bound.dtype == a.dtype
         assert np.all(bound >= top * scale), (bound / (top * scale)).min()
         # Tight enough to be worth it: well inside the Frobenius bound's √n.
@@ -69,7 +69,7 @@ def test_small_matrices_are_bounded_with_certainty():
     assert randomized_margin(65, 64) > 0.0
     a = _stack("isolated_top", np.random.default_rng(3), (4,), 40)
     top = np.linalg.eigvalsh(a)[..., -1]
-    bound = lambda_max_bound(a)
+    bound = lambda_max_bound(a, bound_certificate="randomized")
     assert np.all(bound >= top) and np.all(bound <= top * (1 + 1e-10))
 
 

@@ -3,10 +3,11 @@ spectrum into (0, 1], and the λmin estimate and interval the solvers start from
 
 The iterative solvers converge only when the scaled spectrum lies in their basin,
 and spend their iterations on the smallest scaled eigenvalues. A λmax bound close
-from above keeps both in check: by default a Lanczos run's largest Ritz value with
-a margin that makes it an upper bound except with probability 1e-12 per matrix,
-or, with ``bound_certificate="cholesky"``, a power estimate proven by a Cholesky
-test (both in :mod:`matroot.spectrum.lambda_max_bounds`); the Frobenius norm is a
+from above keeps both in check: by default (``bound_certificate="cholesky"``, the
+same default as :func:`matroot.inv_root`'s) a power estimate proven by a Cholesky
+test, or, with ``"randomized"``, a Lanczos run's largest Ritz value with a margin
+that makes it an upper bound except with probability 1e-12 per matrix (both in
+:mod:`matroot.spectrum.lambda_max_bounds`); the Frobenius norm is a
 guaranteed but loose upper bound (up to √n·λmax) that pushes small eigenvalues
 towards 0. Lower estimates of λmin (for Chebyshev's interval and the minimax
 schedule when no ridge gives one) come from the same kind of Lanczos run
@@ -27,7 +28,8 @@ from .krylov import (LANCZOS_STEPS, POWER_MATVECS, RitzValues, _entry_scale,  # 
                      _start_vectors, lanczos_ritz_extremes, lanczos_ritz_extremes_core,
                      power_iteration, power_iteration_core, ritz_values)
 from .lambda_max_bounds import (BOUND_CERTIFICATES, CERTIFY_FACTORS,  # noqa: F401
-                                FAILURE_PROBABILITY, POWER_SAFETY, CertifiedBound,
+                                DEFAULT_BOUND_CERTIFICATE, FAILURE_PROBABILITY,
+                                POWER_SAFETY, CertifiedBound,
                                 certified_lambda_max, randomized_lambda_max,
                                 schatten_lambda_max, verified_upper)
 
@@ -42,7 +44,7 @@ LANCZOS_SAFETY = 4.0
 
 def lambda_max_bound(a: Array, /, *, scaling: str = "power",
                      safety: float = POWER_SAFETY,
-                     bound_certificate: str = "randomized") -> Array:
+                     bound_certificate: str = DEFAULT_BOUND_CERTIFICATE) -> Array:
     """An upper bound on λmax, used to scale the spectrum into (0, 1].
 
     Parameters
@@ -55,7 +57,8 @@ def lambda_max_bound(a: Array, /, *, scaling: str = "power",
         ``"frobenius"``: ‖A‖_F (never below λmax, up to √n·λmax).
     safety : float
         Factor on the power-iteration estimate (``bound_certificate="cholesky"``).
-    bound_certificate : {"randomized", "cholesky"}
+    bound_certificate : {"cholesky", "randomized"}
+        The default is :func:`matroot.inv_root`'s (one default everywhere).
         ``"randomized"``: a 64-step Lanczos run's largest Ritz value with the
         margin of :func:`matroot.spectrum.lambda_max_bounds.randomized_lambda_max`, below
         λmax with probability at most 1e-12 per matrix (none for n ≤ 64), O(n²)
@@ -73,8 +76,10 @@ def lambda_max_bound(a: Array, /, *, scaling: str = "power",
     >>> a = np.diag([1.0, 2.0, 5.0])
     >>> float(matroot.lambda_max_bound(a, scaling="frobenius"))  # doctest: +ELLIPSIS
     5.47...
-    >>> float(matroot.lambda_max_bound(a))  # n ≤ 64: the Lanczos run sees every eigenvalue
+    >>> float(matroot.lambda_max_bound(a, bound_certificate="randomized"))  # n ≤ 64: exact
     5.000000000000...
+    >>> 5.0 <= float(matroot.lambda_max_bound(a)) <= 5.0 * 1.05  # proven by a Cholesky test
+    True
     """
     check_stack(a)
     check_choice(scaling, "scaling", SCALINGS)
@@ -85,7 +90,7 @@ def lambda_max_bound(a: Array, /, *, scaling: str = "power",
 
 def lambda_max_bound_core(a: Array, *, scaling: str = "power",
                           safety: float = POWER_SAFETY,
-                          bound_certificate: str = "randomized",
+                          bound_certificate: str = DEFAULT_BOUND_CERTIFICATE,
                           ritz: RitzValues | None = None) -> Array:
     """:func:`lambda_max_bound` without input validation, for callers that checked it;
     ``ritz``: the caller's :func:`ritz_values` of ``a`` (randomized bound only)."""
@@ -186,7 +191,7 @@ class SpectralBounds(NamedTuple):
 
 
 def spectral_bounds(a: Array, /, *, scaling: str = "power", eps: float = 0.0,
-                    bound_certificate: str = "randomized") -> SpectralBounds:
+                    bound_certificate: str = DEFAULT_BOUND_CERTIFICATE) -> SpectralBounds:
     """Estimate the spectral interval of ``A + eps·I`` for every matrix of a stack.
 
     Parameters
@@ -197,7 +202,7 @@ def spectral_bounds(a: Array, /, *, scaling: str = "power", eps: float = 0.0,
         How λmax is bounded (see :func:`lambda_max_bound`).
     eps : float
         Ridge added to the diagonal; ``lambda_min >= eps`` always.
-    bound_certificate : {"randomized", "cholesky"}
+    bound_certificate : {"cholesky", "randomized"}
         How the λmax bound is made one (see :func:`lambda_max_bound`).
 
     Returns
