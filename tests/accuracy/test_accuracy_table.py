@@ -13,44 +13,11 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.solvers.registry import SOLVERS, solvers_supporting
-from matroot.testing import (
-    KAPPA_BUCKETS,
-    accuracy_tolerance,
-    oracle_inv_root,
-    relative_error,
-    spd_stack,
-)
+from matroot.solvers.registry import SOLVERS
+from matroot.testing import oracle_inv_root, relative_error, spd_stack
 
+from accuracy_cases import CASES, KAPPAS, target, table_problem
 from conftest import to_numpy
-
-KAPPAS = KAPPA_BUCKETS
-
-
-def target(method, dtype, kappa, p):
-    """The README table's entry (matroot.testing holds the table)."""
-    return accuracy_tolerance(dtype, kappa, p, method=method)
-
-
-CASES = [
-    (method, p)
-    for p in (1, 2, 3, 4, 8)
-    for method in SOLVERS
-    if method in solvers_supporting(p)
-]
-
-
-def _problem(kappa, n, *, with_eps, seed):
-    """SPD stack with κ(A + eps·I) = kappa; with_eps: a PSD Gram-like A plus a ridge."""
-    rng = np.random.default_rng(seed)
-    if not with_eps:
-        a, _, _ = spd_stack(rng, (3,), n, kappa, lam_max=2.5)
-        return a, 0.0
-    a, _, _ = spd_stack(rng, (3,), n, kappa, lam_max=2.5)
-    lam, q = np.linalg.eigh(a)
-    lam[..., : max(1, n // 4)] = 0.0  # rank-deficient, as Shampoo factors are
-    eps = 2.5 / (kappa - 1)
-    return (q * lam[..., None, :]) @ np.swapaxes(q, -1, -2), eps
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -59,7 +26,7 @@ def _problem(kappa, n, *, with_eps, seed):
 def test_accuracy_table(backend, method, p, kappa, dtype):
     tol = target(method, dtype, kappa, p)
     with_eps = method == "chebyshev"
-    a, eps = _problem(kappa, 48, with_eps=with_eps, seed=int(kappa) % 97 + p)
+    a, eps = table_problem(kappa, 48, with_eps=with_eps, seed=int(kappa) % 97 + p)
     x = backend.asarray(a, dtype)
     res = matroot.inv_root_info(x, p, method=method, eps=eps)
     ref = oracle_inv_root(to_numpy(x).astype(np.float64), p, eps)
@@ -83,7 +50,7 @@ def test_accuracy_table(backend, method, p, kappa, dtype):
 @pytest.mark.parametrize("method", ["evd", "newton_db", "coupled_newton"])
 def test_accuracy_eps_placement(method, with_eps):
     """Both an SPD A and a rank-deficient A + ridge meet the float32 κ=1e4 target."""
-    a, eps = _problem(1e4, 40, with_eps=with_eps, seed=5)
+    a, eps = table_problem(1e4, 40, with_eps=with_eps, seed=5)
     x = a.astype(np.float32)
     root = matroot.inv_root(x, 4, method=method, eps=eps)
     err = relative_error(root, oracle_inv_root(x, 4, eps))
@@ -93,7 +60,7 @@ def test_accuracy_eps_placement(method, with_eps):
 @pytest.mark.parametrize("n", [1, 2, 7, 200])
 @pytest.mark.parametrize("method", list(SOLVERS))
 def test_accuracy_over_sizes(method, n):
-    a, eps = _problem(1e2, n, with_eps=method == "chebyshev", seed=n)
+    a, eps = table_problem(1e2, n, with_eps=method == "chebyshev", seed=n)
     x = a.astype(np.float32)
     root = matroot.inv_root(x, 2, method=method, eps=eps)
     err = relative_error(root, oracle_inv_root(x, 2, eps))

@@ -25,7 +25,7 @@ from matroot.testing import (oracle_inv_root, random_orthogonal, relative_error,
                              spd_stacks)
 
 from conftest import to_numpy
-from test_core_accuracy import CASES as ACCURACY_CASES, KAPPAS, _problem
+from accuracy_cases import CASES as ACCURACY_CASES, KAPPAS, table_problem
 
 ITERATIVE = ("newton_db", "coupled_newton", "minimax")
 
@@ -264,7 +264,7 @@ def test_fallback_repairs_only_failures_and_leaves_neighbours_bitwise():
 @pytest.mark.parametrize("kappa", KAPPAS, ids=lambda k: f"kappa{k:.0e}")
 @pytest.mark.parametrize("method,p", ACCURACY_CASES, ids=lambda v: str(v))
 def test_error_estimate_within_10x_of_the_oracle(method, p, kappa):
-    a, eps = _problem(kappa, 48, with_eps=method == "chebyshev", seed=int(kappa) % 97 + p)
+    a, eps = table_problem(kappa, 48, with_eps=method == "chebyshev", seed=int(kappa) % 97 + p)
     x = a.astype(np.float32)
     res = matroot.inv_root_info(x, p, method=method, eps=eps)
     err = _worst_error(res, x, p, eps)

@@ -23,7 +23,7 @@ jnp = pytest.importorskip("jax.numpy")
 
 from matroot.testing import oracle_inv_root, relative_error  # noqa: E402
 from rounding import relative_distance, rounding_tolerance  # noqa: E402
-from test_core_accuracy import CASES, KAPPAS, _problem, target  # noqa: E402
+from accuracy_cases import CASES, KAPPAS, table_problem, target  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def _every_kappa(with_eps, p):
     """The accuracy table's problems for every κ in one stack, with one ridge for all:
     a Gram-like problem with ridge ``eps_κ`` is scaled so that the shared ``eps``
     gives it the same κ (every solver here is scale-invariant)."""
-    problems = [_problem(kappa, 32, with_eps=with_eps, seed=int(kappa) % 97 + p)
+    problems = [table_problem(kappa, 32, with_eps=with_eps, seed=int(kappa) % 97 + p)
                 for kappa in KAPPAS]
     eps = problems[0][1]
     stack = np.concatenate([a * (eps / e if e else 1.0) for a, e in problems])
@@ -52,7 +52,7 @@ def _every_kappa(with_eps, p):
 #: float32, and in float64 the p that exercises most of a method's traced code (the
 #: square-root stages of p = 4; p = 2 for chebyshev, whose float64 rows are the
 #: tightest). Every κ shares one compiled call. The eager accuracy table covers
-#: every combination on JAX (tests/test_core_accuracy.py).
+#: every combination on JAX (tests/accuracy/test_accuracy_table.py).
 FLOAT64_JIT_P = {"chebyshev": 2}
 JIT_CASES = ([(m, p, "float32") for m, p in CASES]
              + [(m, p, "float64") for m, p in CASES if p == FLOAT64_JIT_P.get(m, 4)])
@@ -82,7 +82,7 @@ def test_accuracy_table_under_jit(method, p, dtype):
 def test_jit_matches_eager(method):
     """Same schedules, so the same roots up to rounding; both meet the table."""
     kappa, n = 1e3, 16
-    a, eps = _problem(kappa, n, with_eps=True, seed=3)
+    a, eps = table_problem(kappa, n, with_eps=True, seed=3)
     x = jnp.asarray(a, dtype=jnp.float32)
     with jax.disable_jit():
         eager = matroot.inv_root_info(x, 4, method=method, eps=eps)
@@ -111,7 +111,7 @@ def test_an_eager_call_compiles_once_per_shape_and_keeps_the_eager_checks(monkey
     monkeypatch.setattr(stack_solve, "solve_stack",
                         lambda a, **o: traces.append(1) or solve(a, **o))
     kappa, n = 1e2, 12
-    a, _ = _problem(kappa, n, with_eps=False, seed=5)
+    a, _ = table_problem(kappa, n, with_eps=False, seed=5)
     x = jnp.asarray(a, dtype=jnp.float32)
     first = matroot.inv_root_info(x, 4, method="newton_db", tol=1e-4)
     again = matroot.inv_root_info(x + 0, 4, method="newton_db", tol=1e-4)
@@ -137,7 +137,7 @@ def test_nonfinite_matrix_isolated_under_jit(method):
     cannot move the others: bit-identical to the same program run with a good matrix
     in its place, and equal to rounding to a batch without it (another program)."""
     kappa, n = 1e2, 8
-    a, eps = _problem(kappa, n, with_eps=True, seed=7)
+    a, eps = table_problem(kappa, n, with_eps=True, seed=7)
     poisoned = a.copy()
     poisoned[1, 0, 3] = np.nan
     compiled = jit_info(2, method=method, eps=eps)
@@ -164,7 +164,7 @@ def test_inv_root_under_jit_returns_the_root_without_host_reads():
 
 
 def test_fixed_steps_under_jit():
-    a, _ = _problem(1e4, 16, with_eps=False, seed=2)
+    a, _ = table_problem(1e4, 16, with_eps=False, seed=2)
     x = jnp.asarray(a, dtype=jnp.float32)
     res = jit_info(2, method="newton_db", tol=0.0, max_iter=5)(x)
     assert np.asarray(res.iterations).tolist() == [5, 5, 5]
@@ -185,7 +185,7 @@ def test_bad_input_raises_at_trace_time(bad, error, match):
 def test_lower_bound_estimated_on_the_device_under_jit(method):
     """eps = 0: the Lanczos λmin estimate runs on the device (no host read), and
     the converged roots meet the table."""
-    a, _ = _problem(1e3, 16, with_eps=False, seed=5)
+    a, _ = table_problem(1e3, 16, with_eps=False, seed=5)
     x = jnp.asarray(a, dtype=jnp.float32)
     res = jit_info(2, method=method)(x)
     err = relative_error(np.asarray(res.root), oracle_inv_root(np.asarray(x), 2, 0.0))
@@ -204,7 +204,7 @@ def test_evd_without_x64_stays_float32_and_says_where_it_falls_short():
             root = matroot.inv_root(good, 4, method="evd")
         assert root.dtype == jnp.float32
         np.testing.assert_allclose(np.diag(np.asarray(root)), [0.5, 1 / 3], rtol=1e-6)
-        a, _ = _problem(1e7, 32, with_eps=False, seed=4)
+        a, _ = table_problem(1e7, 32, with_eps=False, seed=4)
         res = matroot.inv_root_info(jnp.asarray(a, dtype=jnp.float32), 4, method="evd")
         with jax.enable_x64(True):
             err = relative_error(np.asarray(res.root, dtype=np.float64),
@@ -219,7 +219,7 @@ def test_evd_without_x64_stays_float32_and_says_where_it_falls_short():
 def test_16bit_matmuls_under_jit(method):
     """float16 operands under jit: converged, and as accurate as the documented
     float16 level (minimax keeps ZY and q·Z in float32 there), like the op-by-op run."""
-    a, eps = _problem(1e3, 32, with_eps=True, seed=11)
+    a, eps = table_problem(1e3, 32, with_eps=True, seed=11)
     x = jnp.asarray(a, dtype=jnp.float32)
     options = dict(method=method, eps=eps, matmul_dtype="float16")
     traced = jit_info(2, **options)(x)

@@ -8,7 +8,7 @@ pool (:func:`matroot._xp.lapack_in_order`, issue 36). The solves and the trainin
 steps run in a subprocess (both cores, a fresh JAX) under a watchdog, so a hang
 fails the test instead of stalling the suite; the watchdog is a hang guard, never
 a speed limit. The subprocesses inherit the suite's one thread and XLA level 0;
-``tests/test_jax_user_loop.py`` runs the user's loop with JAX's defaults.
+``tests/backends/test_jax_user_loop.py`` runs the user's loop with JAX's defaults.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ What is asserted, and why not more: every rank feeds the same batch, so FSDP2's
 reduce-scatter averages ``world`` equal gradients, which equals the single-process
 gradient up to the rounding of that average; and a rank's factor stacks hold other
 blocks at other positions than the single-process stacks, which batched kernels
-may round differently (tests/test_distributed.py). The parameters therefore agree
+may round differently (tests/distributed/test_distributed.py). The parameters therefore agree
 with the single process to rounding (:data:`ROUNDING_ATOL`), where a wrong block,
 a lost update or a shard applied to the wrong rows moves them by about ``lr``.
 """

@@ -7,7 +7,7 @@ in ``skipped_steps``, and changes nothing else (moments, factors, bias-correctio
 steps, parameters). It is the same whoever finds the NaN (the device with
 ``nonfinite_grads="skip"`` everywhere, the host when some group says "raise" or the
 blocks are sharded) and whatever other groups' policies are;
-tests/test_distributed.py checks the sharded run against it.
+tests/distributed/test_distributed.py checks the sharded run against it.
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ def test_muon_vs_adamw_example_quick_run_writes_its_table(tmp_path, monkeypatch)
     import sys
 
     pytest.importorskip("sklearn")
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[1] / "examples"))
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[2] / "examples"))
     sys.modules.pop("muon_vs_adamw", None)
     import muon_vs_adamw
 

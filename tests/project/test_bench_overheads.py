@@ -13,7 +13,7 @@ from hang_guard import HANG_GUARD_S
 
 pytest.importorskip("torch")
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _script(name: str):

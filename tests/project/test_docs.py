@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hang_guard import HANG_GUARD_S
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 sys.path.insert(0, str(DOCS))
 make_plots = pytest.importorskip("make_plots")
 registry_tables = pytest.importorskip("registry_tables")

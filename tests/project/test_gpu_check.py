@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hang_guard import HANG_GUARD_S
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.sh"
 STEPS = ["environment", "info", "tests", "demo", "bench-solvers", "bench-optim"]
 
 pytestmark = [

@@ -12,7 +12,7 @@ from hang_guard import HANG_GUARD_S
 
 import matroot
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_license_file_matches_the_metadata():

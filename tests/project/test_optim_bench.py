@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 from matroot.bench import optim as bench
 from matroot.cli import main
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_benchmark_reports_both_layouts_and_their_ratio(tmp_path, monkeypatch, capsys):

@@ -7,17 +7,18 @@ from pathlib import Path
 
 from tiers import SLOW_TESTS, slow_reason
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def test_a_rule_names_its_cases_and_nothing_else():
-    jax_cell = "tests/test_core_accuracy.py::test_accuracy_table[jax-evd-1-kappa1e+02-float32]"
+    jax_cell = ("tests/accuracy/test_accuracy_table.py::"
+                "test_accuracy_table[jax-evd-1-kappa1e+02-float32]")
     numpy_cell = jax_cell.replace("[jax-", "[numpy-")
     assert slow_reason(jax_cell, set()) is not None
     assert slow_reason(numpy_cell, set()) is None
     # "[" is literal, not a character class: [coupled_newton] stays quick.
-    assert slow_reason("tests/test_jax.py::test_jit_matches_eager[newton_db]", set())
-    assert slow_reason("tests/test_jax.py::test_jit_matches_eager[coupled_newton]",
+    assert slow_reason("tests/backends/test_jax.py::test_jit_matches_eager[newton_db]", set())
+    assert slow_reason("tests/backends/test_jax.py::test_jit_matches_eager[coupled_newton]",
                        set()) is None
 
 

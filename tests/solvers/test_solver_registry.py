@@ -22,7 +22,7 @@ from matroot.solvers.registry import (
     unregister_solver,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs"))
 registry_tables = pytest.importorskip("registry_tables")
 
 

@@ -249,7 +249,7 @@ def test_check_names_the_broken_property(solver, prop, kwargs):
 
 # --- the docs page and the README table ------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_testing_page_examples_run():
