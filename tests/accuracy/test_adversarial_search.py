@@ -1,4 +1,4 @@
-"""Red team: search for inputs on which ``converged=True`` and the oracle disagree.
+"""A search for inputs on which ``converged=True`` and the oracle disagree.
 
 hypothesis draws a method, a root order (p = 1, powers of two, odd p, large p for
 coupled Newton, non-integer p for evd), a dtype, a size up to 512, a spectrum
@@ -114,7 +114,7 @@ def _check_call(method, p, dtype, n, kappa, family, scale, options, seed):
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(call=calls(max_n=128))
-def test_converged_means_right_red_team(call):
+def test_converged_means_right_on_searched_inputs(call):
     _check_call(*call)
 
 
@@ -129,5 +129,26 @@ def test_converged_means_right_where_earlier_rounds_found_cases(call):
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(call=calls(max_n=512))
-def test_converged_means_right_red_team_long(call):
+def test_converged_means_right_on_searched_inputs_long(call):
     _check_call(*call)
+
+
+def test_a_flat_bulk_with_one_tiny_eigenvalue_is_not_converged_beyond_the_table():
+    """float32 newton_db square roots of a flat bulk with one eigenvalue 3e5–1e6
+    below it sit at the rounding floor: 1–2 in 320 came back converged with errors
+    0.021–0.024 (table: 2e-2) and estimates 0.015–0.019, the estimate missing part
+    of u·κ/p (matroot.certify.accuracy.MEASURED_UNSEEN now holds that back)."""
+    rng = np.random.default_rng(0)
+    stacks = []
+    for _ in range(320):
+        kappa, scale = 10 ** rng.uniform(5.5, 6.0), 10 ** rng.uniform(-3, 3)
+        q, _ = np.linalg.qr(rng.standard_normal((24, 24)))
+        spectrum = np.ones(24)
+        spectrum[-1] = 1 / kappa
+        stacks.append(scale * (q * spectrum) @ q.T)
+    a = np.stack(stacks).astype(np.float32)
+    result = matroot.inv_root_info(a, 2, method="newton_db")
+    error = relative_error(result.root, oracle_inv_root(a.astype(np.float64), 2))
+    converged = np.asarray(result.converged)
+    assert converged.any()  # the guard holds back the doubtful ones, not all
+    assert np.all(error[converged] <= 2e-2), error[converged].max()

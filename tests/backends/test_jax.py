@@ -229,3 +229,24 @@ def test_16bit_matmuls_under_jit(method):
     for res in (traced, eager):
         assert np.all(np.asarray(res.converged))
         assert np.all(relative_error(np.asarray(res.root), ref) <= 2e-3)
+
+
+def _gram_stack(seed: int, b: int = 2, n: int = 5, ridge: float = 0.1) -> np.ndarray:
+    g = np.random.default_rng(seed).standard_normal((b, n, n + 2))
+    return g @ np.swapaxes(g, -1, -2) + ridge * np.eye(n)
+
+
+@pytest.mark.parametrize("name", ["p", "eps", "rtol"])
+def test_traced_options_name_the_static_fix(name):
+    """A traced rtol was "ValueError: rtol must be a real number in (0, 1], got
+    JitTracer" (it is one), a traced p "p must be a real number, got
+    DynamicJaxprTracer", a traced eps "pass float(eps)", which a traced value refuses."""
+    options = {"p": 2, "method": "newton_db"}
+
+    def fn(x, value):
+        return matroot.inv_root(x, **{**options, name: value})
+
+    value = {"p": 2.0, "eps": 1e-3, "rtol": 1e-3}[name]
+    with pytest.raises(TypeError, match=rf"{name} is traced.*static_argnames"):
+        jax.jit(fn)(jnp.asarray(_gram_stack(0)), value)
+

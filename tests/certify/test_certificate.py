@@ -290,3 +290,32 @@ def test_supplied_bounds_are_validated():
         matroot.inv_root(a, 2, method="newton_db", lambda_max_upper=-1.0)
     with pytest.raises(ValueError, match="batch shape"):
         matroot.inv_root(a, 2, method="newton_db", lambda_max_upper=np.ones(4))
+
+
+def _gram_stack(seed: int, b: int = 2, n: int = 5, ridge: float = 0.1) -> np.ndarray:
+    g = np.random.default_rng(seed).standard_normal((b, n, n + 2))
+    return g @ np.swapaxes(g, -1, -2) + ridge * np.eye(n)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(single=True), "add a leading axis"),
+    (dict(certificate="probabilistic"), "certificate='probabilistic' is not one of"),
+    (dict(other_n=True), "of one shape"),
+])
+def test_verify_root_names_bad_arguments(kwargs, match):
+    """matroot.certify.verify.verify_root called directly: a single n×n matrix was read as a
+    stack of n rows (n "error estimates" for one matrix, silently), an unknown
+    certificate ran the deterministic one without a word, and roots of another size
+    died in NumPy's matmul ("mismatch in its core dimension")."""
+    from matroot.certify.verify import verify_root
+
+    a = _gram_stack(0)
+    root = oracle_inv_root(a, 2)
+    if kwargs.get("single"):
+        a, root = a[0], root[0]
+    if kwargs.get("other_n"):
+        root = root[:, :4, :4]
+    with pytest.raises(ValueError, match=match):
+        verify_root(a, root, 2, unit_roundoff=2.0 ** -53,
+                    certificate=kwargs.get("certificate", "deterministic"))
+

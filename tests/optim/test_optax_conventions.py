@@ -1,6 +1,8 @@
-"""The optax shells as other people's training scripts use them: each test is a finding
-of a red-team round (a crash with an unclear error, a silently wrong update, a broken
-optax convention) and fails without its fix. The torch shells: test_optim_redteam.py."""
+"""The optax shells (Shampoo and Muon) as other people's training scripts use them:
+NaN gradients, lax.scan, masks, inject_hyperparams, apply_if_finite, traced init,
+changed models, option names. Each test is a finding (a crash with an unclear error, a
+silently wrong update, a broken optax convention) and fails without its fix. The torch
+shells: ``optim/test_shampoo_torch_conventions.py``, ``polar/test_muon_conventions.py``."""
 
 from __future__ import annotations
 
@@ -232,3 +234,106 @@ def test_shampoo_updates_keep_the_gradients_dtype():
                                                                   "b": jnp.bfloat16}
     assert all(bool(jnp.all(jnp.isfinite(u.astype(jnp.float32))))
                for u in jax.tree_util.tree_leaves(updates))
+
+
+def _jax_tree():
+    jnp = pytest.importorskip("jax.numpy")
+    pytest.importorskip("optax")
+    return {"dense": {"kernel": jnp.ones((6, 5)) + jnp.eye(6, 5), "bias": jnp.zeros(5)}}
+
+
+def test_optax_apply_if_finite_wraps_shampoo_eagerly():
+    """``optax.apply_if_finite(shampoo(...), n)`` called eagerly (no jax.jit) failed at
+    every step with TracerBoolConversionError: its lax.cond branch closes over concrete
+    gradients, so Shampoo's eager NaN check ran ``bool()`` on a traced flag."""
+    params = _jax_tree()
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from matroot.optim.optax import shampoo
+    opt = optax.apply_if_finite(shampoo(1e-2, block_size=4, precondition_frequency=1), 3)
+    state = opt.init(params)
+    nans = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), params)
+    updates, state = opt.update(nans, state, params)
+    assert int(state.notfinite_count) == 1
+    assert all(bool(jnp.all(u == 0)) for u in jax.tree_util.tree_leaves(updates))
+    grads = jax.tree_util.tree_map(lambda x: x + 0.5, params)
+    updates, state = opt.update(grads, state, params)
+    assert int(state.notfinite_count) == 0 and int(state.inner_state[0].root_refreshes) == 1
+    assert all(bool(jnp.all(jnp.isfinite(u)) & jnp.any(u != 0))
+               for u in jax.tree_util.tree_leaves(updates))
+
+
+@pytest.mark.parametrize("factory", ["shampoo", "muon"])
+def test_optax_shells_name_the_leaf_a_changed_model_no_longer_fits(factory):
+    """Gradients of a resized model met the state of the old one: Muon failed with
+    "add got incompatible shapes for broadcasting", Shampoo with "gradient 0 has shape
+    (7,), parameter has (5,)" though the user's parameter was (7,)."""
+    params = _jax_tree()
+    import jax.numpy as jnp
+
+    from matroot.optim import optax as shells
+    opt = getattr(shells, factory)(1e-2)
+    state = opt.init(params)
+    resized = {"dense": {"kernel": jnp.ones((6, 7)), "bias": jnp.zeros(7)}}
+    with pytest.raises(ValueError, match=r"leaf 'dense.bias' has shape \(7,\) where the state "
+                                         r"has \(5,\); init the optimizer again"):
+        opt.update(resized, state, resized)
+    grown = {**params, "extra": jnp.ones(3)}
+    with pytest.raises(ValueError, match="the gradients have 3 leaves where the state has 2"):
+        opt.update(grown, state, grown)
+
+
+def test_optax_shampoo_init_runs_traced():
+    """``jax.eval_shape(tx.init, params)`` (the abstract state orbax restores into, as
+    flax's TrainState scripts build it), ``jax.jit(tx.init)`` and ``jax.vmap(tx.init)``
+    (an ensemble) raised ConcretizationTypeError: init read the traced params'
+    ``committed`` placement."""
+    params = _jax_tree()
+    import jax
+    import jax.numpy as jnp
+
+    from matroot.optim.optax import shampoo
+    opt = shampoo(1e-2, block_size=4)
+    eager = opt.init(params)
+    abstract = jax.eval_shape(opt.init, params)
+    assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(eager)
+    assert [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(abstract)] == \
+        [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(eager)]
+    jitted = jax.jit(opt.init)(params)
+    # Same program (init's jitted builder) on the same inputs: the same values.
+    assert all(bool(jnp.array_equal(a, b)) for a, b in
+               zip(jax.tree_util.tree_leaves(jitted), jax.tree_util.tree_leaves(eager)))
+    ensemble = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), params)
+    stacked = jax.vmap(opt.init)(ensemble)
+    assert [a.shape for a in jax.tree_util.tree_leaves(stacked)] == \
+        [(2, *a.shape) for a in jax.tree_util.tree_leaves(eager)]
+
+
+def test_optax_muon_names_optax_contribs_option_and_the_fix():
+    """optax.contrib.muon's ``beta`` is ``momentum`` here."""
+    pytest.importorskip("optax")
+    from matroot.optim.optax import muon
+    with pytest.raises(TypeError, match=r"scale_by_muon has no option 'beta' .*use momentum"):
+        muon(1e-2, beta=0.9)
+
+
+def test_optax_muon_weight_decay_mask_spares_the_masked_leaves():
+    """optax muon decayed every leaf (biases and norms too) with no way to say
+    otherwise; ``weight_decay_mask`` is optax.contrib.muon's (and
+    add_decayed_weights') way."""
+    params = _jax_tree()
+    import jax
+    import jax.numpy as jnp
+
+    from matroot.optim.optax import muon
+    params["dense"]["bias"] = jnp.ones(5)
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    mask = {"dense": {"kernel": True, "bias": False}}
+    for given, bias_moves in ((None, True), (mask, False)):
+        opt = muon(0.1, weight_decay=0.5, weight_decay_mask=given)
+        updates, _ = opt.update(zero, opt.init(params), params)
+        # Zero gradients: the update is the decay alone, -lr·wd·W where it applies.
+        assert bool(jnp.any(updates["dense"]["kernel"] != 0))
+        assert bool(jnp.any(updates["dense"]["bias"] != 0)) == bias_moves

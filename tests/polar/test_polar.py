@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.certify.polar_accuracy import DEFAULT_LOWER, polar_error_bound
+from matroot.certify.polar_accuracy import (DEFAULT_LOWER, DEFAULT_RTOL, ERROR_SLACK,
+                                            polar_error_bound)
 from matroot.solvers.polar.coefficients import (MUON_BAND, MUON_LOWER, MUON_POLAR_STEPS, band_lower,
                                         polar_schedule)
 from matroot.polar_factor.api import GRAM_NORM_MAX_N
@@ -280,3 +281,68 @@ def test_the_polar_rtol_floor_reads_the_one_unit_roundoff(name, unit):
                            rtol=0.5 * RTOL_FLOOR_UNITS * unit)
     matroot.polar_info(g, method=method, matmul_dtype=matmul_dtype,
                        rtol=min(2.0 * RTOL_FLOOR_UNITS * unit, 1.0))
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (0, 0), (2, 0, 3), (2, 3, 0)])
+def test_polar_of_empty_matrices(shape):
+    """A matrix with no rows or no columns raised ZeroDivisionError building the schedule."""
+    res = matroot.polar_info(np.zeros(shape))
+    assert res.root.shape == shape
+    assert res.converged.shape == shape[:-2] and np.all(res.converged)
+
+
+@pytest.mark.parametrize("make,match", [(lambda g: g.astype(np.longdouble), "long double"),
+                                        (np.matrix, "numpy.matrix")])
+def test_polar_refuses_what_inv_root_refuses(make, match):
+    """polar took long double input, computed it in float32 and returned float128
+    reported converged (its own input check had none of inv_root's cases)."""
+    g = np.random.default_rng(0).standard_normal((5, 3))
+    if match == "long double" and np.longdouble == np.float64:
+        pytest.skip("long double is float64 on this platform")
+    with pytest.raises(TypeError, match=match):
+        matroot.polar(make(g))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_polar_of_16bit_input_converges_by_default(dtype):
+    """A float16/bfloat16 input (Muon's momentum) was never converged with the default
+    rtol: float32's 1e-5 is below the defect of any factor rounded to 16 bits, so
+    ``polar`` warned on every call. The default is now the 16-bit dtype's rtol, and
+    the factor is held to it against the float64 oracle."""
+    torch = pytest.importorskip("torch")
+    g = np.random.default_rng(1).standard_normal((2, 48, 32))
+    u, _, vt = np.linalg.svd(g, full_matrices=False)
+    res = matroot.polar_info(torch.asarray(g).to(getattr(torch, dtype)))
+    assert res.root.dtype == getattr(torch, dtype)
+    assert res.converged.all()
+    error = polar_relative_error(res.root.double().numpy(), u @ vt)
+    # κ of a 48×32 Gaussian is ~10: the rounding term is far below rtol's.
+    assert error.max() <= DEFAULT_RTOL[dtype] * ERROR_SLACK
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        matroot.polar(torch.asarray(g).to(getattr(torch, dtype)))
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 0.0), (np.float64, 1e-20),
+                                         (np.float32, 1e-8)])
+def test_polar_refuses_an_rtol_no_factor_can_meet(dtype, rtol):
+    """``polar(g, rtol=0)`` (or any rtol below the rounding of the returned factor)
+    ran the whole schedule and reported every matrix not converged, where
+    ``inv_root`` refuses such an rtol up front with the fix."""
+    g = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(dtype)
+    with pytest.raises(ValueError, match=r"rtol=.* is below what a float.. factor can meet"):
+        matroot.polar_info(g, rtol=rtol)
+
+
+def test_polar_refuses_an_rtol_above_one():
+    g = np.random.default_rng(0).standard_normal((2, 5, 3))
+    with pytest.raises(ValueError, match=r"rtol=1.5: .* must be in \(0, 1\]"):
+        matroot.polar_info(g, rtol=1.5)
+
+
+def test_polar_result_has_a_one_line_repr():
+    result = matroot.polar_info(np.stack([np.eye(3), np.full((3, 3), np.nan)]),
+                                check_finite=False)
+    line = repr(result)
+    assert line.startswith("PolarResult(method=") and "converged 1/2" in line
+    assert "\n" not in line and "float64[2, 3, 3]" in line

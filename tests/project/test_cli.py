@@ -330,3 +330,66 @@ def test_info_probes_numpy_and_accelerators_by_default(capsys):
     assert all(backend == "numpy" or device != "cpu" for backend, device in probed)
     code, out, _ = run_cli(capsys, "info")
     assert code == 0 and "--all" in out
+
+
+# Odd but plausible arguments a user passed, each a test that failed before its fix.
+
+def one_line_error(capsys, *argv) -> str:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("verb", ["report", "plots"])
+@pytest.mark.parametrize("content, fragment", [
+    ("{bad", "not a readable JSON file"),        # was a JSONDecodeError traceback
+    ('{"a": 1}', "not a solver benchmark's results"),  # was exit 0 with empty summaries
+    ("[[3, 4]]", "not a solver benchmark's results"),
+])
+def test_bench_redraw_refuses_what_is_not_a_solvers_json(tmp_path, capsys, verb, content,
+                                                         fragment):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+    assert fragment in one_line_error(capsys, "bench", verb, str(path), "--out",
+                                      str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "summary.md").exists()
+
+
+def test_bench_report_reads_a_solvers_json(tmp_path, capsys):
+    path = tmp_path / "solvers.json"
+    path.write_text(json.dumps({"schema": "matroot.bench.solvers/1", "config": {}}))
+    assert main(["bench", "report", str(path)]) == 0
+    assert (tmp_path / "summary.md").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["demo", "--p", "inf", "--no-plot"], "--p must be a finite number > 0"),  # was exit 0
+    (["demo", "--eps", "inf", "--no-plot"], "--eps must be a finite number > 0"),
+    (["bench", "solvers", "--smoke", "--kappa", "inf"], "--kappa must be a finite number"),
+])
+def test_infinite_options_are_refused_before_any_work(capsys, argv, fragment):
+    assert fragment in one_line_error(capsys, *argv)
+
+
+@pytest.mark.parametrize("preset, n, batches", [
+    ("smoke", 1, (2,)),      # was (2097152,): minutes of a "seconds" preset
+    ("quick", 2, (8,)),
+    ("full", 64, (512,)),  # the full run keeps its memory-filling default
+])
+def test_quick_presets_keep_their_scale_for_other_sizes(preset, n, batches):
+    from matroot.cli import build_parser
+    from matroot.cli.bench import solvers_config
+
+    argv = ["bench", "solvers", *([] if preset == "full" else [f"--{preset}"]),
+            "--sizes", str(n)]
+    assert solvers_config(build_parser().parse_args(argv)).batches[n] == batches
+
+
+@pytest.mark.parametrize("text", ["", ",", " , "])
+def test_plan_refuses_empty_shapes(text):
+    from matroot.optim.distributed.cluster_sizing import parse_shapes
+
+    with pytest.raises(ValueError, match="--shapes is empty"):
+        parse_shapes(text)

@@ -1,21 +1,22 @@
-"""Red-team findings on matroot.testing and the command line, each pinned by a test that
-failed before its fix: what a user testing their own solver, or running the CLI on odd
-but plausible arguments, met."""
+"""matroot.testing refuses what it cannot grade, by name: bad arguments to the oracles,
+stacks, strategies and conformance checks, each pinned by a test that failed before its
+fix (what a user testing their own solver met)."""
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from matroot.cli import main
+import matroot
 from matroot.testing import (
     accuracy_tolerance,
     check_inv_root_solver,
     oracle_inv_root,
     relative_error,
+    scaled_spd_stack,
+    shampoo_factors,
     spd_stack,
     spd_stacks,
 )
@@ -107,47 +108,6 @@ def test_oracle_names_bad_arguments():
         spd_stack(rng, (2,), 3, 0.5)
 
 
-# --- the command line ------------------------------------------------------------------
-
-def one_line_error(capsys, *argv) -> str:
-    code = main(list(argv))
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err
-
-
-@pytest.mark.parametrize("verb", ["report", "plots"])
-@pytest.mark.parametrize("content, fragment", [
-    ("{bad", "not a readable JSON file"),        # was a JSONDecodeError traceback
-    ('{"a": 1}', "not a solver benchmark's results"),  # was exit 0 with empty summaries
-    ("[[3, 4]]", "not a solver benchmark's results"),
-])
-def test_bench_redraw_refuses_what_is_not_a_solvers_json(tmp_path, capsys, verb, content,
-                                                         fragment):
-    path = tmp_path / "results.json"
-    path.write_text(content)
-    assert fragment in one_line_error(capsys, "bench", verb, str(path), "--out",
-                                      str(tmp_path / "out"))
-    assert not (tmp_path / "out" / "summary.md").exists()
-
-
-def test_bench_report_reads_a_solvers_json(tmp_path, capsys):
-    path = tmp_path / "solvers.json"
-    path.write_text(json.dumps({"schema": "matroot.bench.solvers/1", "config": {}}))
-    assert main(["bench", "report", str(path)]) == 0
-    assert (tmp_path / "summary.md").exists()
-
-
-@pytest.mark.parametrize("argv, fragment", [
-    (["demo", "--p", "inf", "--no-plot"], "--p must be a finite number > 0"),  # was exit 0
-    (["demo", "--eps", "inf", "--no-plot"], "--eps must be a finite number > 0"),
-    (["bench", "solvers", "--smoke", "--kappa", "inf"], "--kappa must be a finite number"),
-])
-def test_infinite_options_are_refused_before_any_work(capsys, argv, fragment):
-    assert fragment in one_line_error(capsys, *argv)
-
-
 def test_an_empty_batch_is_refused_by_name():
     # Before: numpy's "zero-size array to reduction operation maximum" from deep inside.
     with pytest.raises(ValueError, match=r"batch_shape \(0,\) holds no matrices"):
@@ -184,20 +144,6 @@ def test_check_polar_solver_grades_the_result_dtype():
         check_polar_solver(svd_polar_in_float64, m=(2, 4), n=(2, 4), max_examples=10)
 
 
-@pytest.mark.parametrize("preset, n, batches", [
-    ("smoke", 1, (2,)),      # was (2097152,): minutes of a "seconds" preset
-    ("quick", 2, (8,)),
-    ("full", 64, (512,)),  # the full run keeps its memory-filling default
-])
-def test_quick_presets_keep_their_scale_for_other_sizes(preset, n, batches):
-    from matroot.cli import build_parser
-    from matroot.cli.bench import solvers_config
-
-    argv = ["bench", "solvers", *([] if preset == "full" else [f"--{preset}"]),
-            "--sizes", str(n)]
-    assert solvers_config(build_parser().parse_args(argv)).batches[n] == batches
-
-
 def test_a_case_that_cannot_be_drawn_is_the_callers_error_not_the_solvers():
     # Before: "eigh_reference fails the 'namespace' property: ValueError: ..." for a
     # device numpy does not have (or jax without float64), blaming a correct solver.
@@ -209,14 +155,6 @@ def test_a_zero_result_is_graded_by_accuracy_not_as_an_asymmetry():
     # Before: ‖X − Xᵀ‖/‖X‖ = 0/0 made the 'symmetric' property report "error nan".
     with pytest.raises(AssertionError, match="fails the 'accuracy' property"):
         check_inv_root_solver(lambda a, p, eps: a * 0, max_examples=10)
-
-
-@pytest.mark.parametrize("text", ["", ",", " , "])
-def test_plan_refuses_empty_shapes(text):
-    from matroot.optim.distributed.cluster_sizing import parse_shapes
-
-    with pytest.raises(ValueError, match="--shapes is empty"):
-        parse_shapes(text)
 
 
 def test_looped_eigh_baseline_runs_on_array_api_strict():
@@ -239,3 +177,64 @@ def test_assert_inv_root_close_names_a_list_and_the_fix():
     case = SPDCase(np.diag([1.0, 100.0]), eps=0.0, family="geometric")
     with pytest.raises(TypeError, match=r"got list: pass np\.asarray"):
         assert_inv_root_close([[1.0, 0.0], [0.0, 0.1]], case, 2)
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, 10.0, lam_max=-1.0),
+     ValueError, "lam_max"),
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, 10.0, lam_max=0.0),
+     ValueError, "lam_max"),
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, 10.0, lam_max=np.inf),
+     ValueError, "lam_max"),
+    (lambda: spd_stack(np.random.default_rng(0), (1,), 3, np.inf), ValueError, "finite"),
+    (lambda: scaled_spd_stack(2, 3, np.inf), ValueError, "finite"),
+    (lambda: scaled_spd_stack(2, 3, 10.0, dtype=np.int32), TypeError, "real floating"),
+    (lambda: shampoo_factors(0, 3), ValueError, "batch must be >= 1"),
+])
+def test_test_helpers_refuse_what_is_no_spd_stack(make, error, match):
+    """matroot.testing, called as a user's own tests call it: ``lam_max <= 0`` built a
+    negative (semi)definite "SPD" stack and ``lam_max=inf`` one of NaN, silently;
+    ``kappa=inf`` died in NumPy ("Geometric sequence cannot include zero"); an
+    integer ``dtype`` truncated the stack to mostly zeros; ``shampoo_factors(0, n)``
+    raised IndexError."""
+    with pytest.raises(error, match=match):
+        make()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(kappa=np.inf), ValueError, "finite"),
+    (dict(kappa=(1.0, np.inf)), ValueError, "finite"),
+    (dict(batch_shape=(-1,)), ValueError, "negative"),
+    (dict(xp="torch"), TypeError, "not an array namespace"),
+])
+def test_spd_stacks_names_bad_arguments_when_built(kwargs, error, match):
+    """``spd_stacks(kappa=inf)`` raised "OverflowError: cannot convert float infinity
+    to integer" and ``kappa=(1, inf)``, ``batch_shape=(-1,)`` or ``xp="torch"``
+    failed only inside the user's hypothesis test, as an ExceptionGroup or an
+    AttributeError on a string."""
+    pytest.importorskip("hypothesis")
+    from matroot.testing import spd_stacks
+
+    with pytest.raises(error, match=match):
+        spd_stacks(**kwargs)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda t: t.check_inv_root_solver("evd", p=2), TypeError, "solver must be a function"),
+    (lambda t: t.check_polar_solver(3), TypeError, "solver must be a function"),
+    (lambda t: t.check_polar_solver(matroot.polar, kappa=(1.0, np.inf)), ValueError, "finite"),
+    (lambda t: t.polar_case(np.random.default_rng(0), (1,), 3, 2, 0.5), ValueError, "kappa"),
+    (lambda t: t.polar_case(np.random.default_rng(0), (1,), 3, 2, 10.0, scale=0.0),
+     ValueError, "scale"),
+])
+def test_solver_checks_and_polar_cases_name_bad_arguments(call, error, match):
+    """``check_inv_root_solver("evd")`` (a method's name for a function) failed the
+    solver's 'namespace' property with "'str' object is not callable";
+    ``check_polar_solver(kappa=(1, inf))`` died with OverflowError; ``polar_case``
+    took κ < 1, and ``scale=0`` paired a zero matrix with an orthogonal "oracle"
+    factor (matroot maps a zero matrix to zero)."""
+    pytest.importorskip("hypothesis")
+    import matroot.testing as testing
+
+    with pytest.raises(error, match=match):
+        call(testing)
