@@ -10,7 +10,7 @@ import importlib
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "matroot"
+PACKAGE = Path(__file__).resolve().parents[2] / "matroot"
 ROOT = PACKAGE.parent
 ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.rst"
 TOOLS = ("matroot.cli", "matroot.bench")
