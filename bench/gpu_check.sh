@@ -151,8 +151,8 @@ else
     -n "${GPU_CHECK_WORKERS:-4}" -p no:cacheprovider --junitxml="$out/pytest.xml"
   # (Every jax-cuda test is in the slow tier, so no -m "not slow" here.)
   step tests-jax-gpu 90 "$PYTHON" -m pytest -q -rs -k "jax-cuda" \
-    -n "${GPU_CHECK_WORKERS:-4}" -p no:cacheprovider tests/test_evd.py \
-    tests/test_converged_means_right.py
+    -n "${GPU_CHECK_WORKERS:-4}" -p no:cacheprovider tests/solvers/test_evd.py \
+    tests/accuracy/test_converged_means_right.py
   # shellcheck disable=SC2086
   step info 120 "$PYTHON" -m matroot info --save "$out/info.json" ${GPU_CHECK_INFO_ARGS:-}
   # shellcheck disable=SC2086

@@ -9,6 +9,17 @@ Tiers: ``python -m pytest`` runs everything (what CI runs); ``python -m pytest -
 slow"`` is the quick tier to run before a commit. Which tests are slow is decided in one
 table, ``tests/tiers.py``, one line per rule with its reason, so no test file needs editing.
 
+Layout: one folder per behaviour - ``accuracy/`` (the promise of ``converged`` against the
+float64 oracle), ``certify/`` (λmax bounds, Lanczos, the a-posteriori checks),
+``inputs/`` (bad input, batch isolation, properties), ``autodiff/``, ``solvers/`` (each
+method, the shared loop, the registry, the call), ``backends/`` (jax.jit, torch.compile,
+user loops in fresh processes), ``launches/``, ``polar/`` (the polar factor and Muon),
+``optim/`` (the Shampoo core and its torch and optax shells), ``distributed/``,
+``eigenbasis/``, ``testing/`` (matroot.testing), ``project/`` (architecture, docs,
+install, CLI, tiers, benchmark smoke runs). Helpers shared across folders sit here,
+beside this file (this folder is on ``sys.path``: pytest's default import mode puts a
+conftest's folder there); a test file's basename must be unique across folders.
+
 Memory: compiled programs (JAX's executables, torch.compile's graphs) live as long as
 the process unless freed; they are dropped after each test module, which needs none of
 another module's.
@@ -69,8 +80,14 @@ KNOWN_REGRESSIONS = {
 }
 
 
+#: The node ids this session collected, before ``-m``/``-k`` deselect any:
+#: ``project/test_tiers.py`` reads them rather than collecting again.
+COLLECTED = pytest.StashKey[list]()
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark the tests :data:`tiers.SLOW_TESTS` names ``slow`` (``-m "not slow"`` skips them)."""
+    config.stash[COLLECTED] = [item.nodeid for item in items]
     for item in items:
         if item.nodeid in KNOWN_REGRESSIONS:
             item.add_marker(pytest.mark.xfail(reason=KNOWN_REGRESSIONS[item.nodeid],

@@ -7,7 +7,9 @@ slow rules drop repetitions (another backend, another κ, another process count)
 end-to-end runs, not the only test of a module.
 
 A rule is a node-id pattern: ``*`` matches anything and ``[`` is literal, so
-``tests/test_x.py::test_y[jax-*`` names the JAX cases of ``test_y``.
+``tests/folder/test_x.py::test_y[jax-*`` names the JAX cases of ``test_y``. Every rule
+must match a collected test (``project/test_tiers.py`` collects them), so a renamed
+or moved test cannot drop into the quick tier unnoticed: move its rule with it.
 """
 
 from __future__ import annotations
@@ -17,88 +19,90 @@ import fnmatch
 #: (node-id pattern, why it is slow). One line per rule; a test matching any is slow.
 SLOW_TESTS: tuple[tuple[str, str], ...] = (
     # JAX eager: every method, p, dtype and shape compiles a program of its own (3-5 s).
-    ("tests/test_core_accuracy.py::*[jax-*", "JAX compiles each table cell anew"),
-    ("tests/test_minimax.py::*[jax-*", "JAX compiles each table cell anew"),
-    ("tests/test_polar.py::*[jax-*", "JAX compiles each polar case anew"),
-    ("tests/test_polar_small_matrices.py::test_small_polar_factors_meet_the_bound[jax-*",
+    ("tests/accuracy/test_accuracy_table.py::*[jax-*", "JAX compiles each table cell anew"),
+    ("tests/solvers/test_minimax.py::*[jax-*", "JAX compiles each table cell anew"),
+    ("tests/polar/test_polar.py::*[jax-*", "JAX compiles each polar case anew"),
+    ("tests/polar/test_polar_small_matrices.py::test_small_polar_factors_meet_the_bound[jax-*",
      "JAX compiles each size and method anew"),
-    ("tests/test_small_matrices.py::test_small_matrices_keep_the_table[*-5]",
+    ("tests/accuracy/test_small_matrices.py::test_small_matrices_keep_the_table[5-*",
      "n = 5 and 7 repeat their neighbours' measurement"),
-    ("tests/test_small_matrices.py::test_small_matrices_keep_the_table[*-7]",
+    ("tests/accuracy/test_small_matrices.py::test_small_matrices_keep_the_table[7-*",
      "n = 5 and 7 repeat their neighbours' measurement"),
-    ("tests/test_core_inputs.py::*[jax-*", "JAX compiles each bad-input case anew"),
-    ("tests/test_core_properties.py::*[jax-*", "JAX compiles each dtype and shape anew"),
-    ("tests/test_converged_means_right.py::*[jax*", "JAX compiles each spectrum anew"),
-    ("tests/test_conformance.py::*[jax-*", "hypothesis examples, each a JAX compile"),
-    ("tests/test_evd.py::*[jax-*", "JAX compiles the float64 retry anew"),
-    ("tests/test_lanczos.py::*[jax-*", "JAX compiles each Lanczos case anew"),
-    ("tests/test_jax.py::test_accuracy_table_under_jit[*", "a jax.jit compile per cell"),
-    ("tests/test_jax.py::test_16bit_matmuls_under_jit[*", "a jax.jit compile per method"),
-    ("tests/test_jax.py::test_an_eager_call_compiles_once_per_shape*", "several compiles"),
-    *((f"tests/test_jax.py::test_jit_matches_eager[{method}]", "a jit and an eager compile")
-      for method in ("newton_db", "evd", "chebyshev", "minimax")),
-    ("tests/test_jax.py::test_evd_without_x64*", "compiles with x64 off and on"),
-    *((f"tests/test_jax.py::test_nonfinite_matrix_isolated_under_jit[{method}]",
+    ("tests/inputs/test_inv_root_inputs.py::*[jax-*", "JAX compiles each bad-input case anew"),
+    ("tests/inputs/test_properties.py::*[jax-*", "JAX compiles each dtype and shape anew"),
+    ("tests/accuracy/test_converged_means_right.py::*[jax*", "JAX compiles each spectrum anew"),
+    ("tests/testing/test_conformance.py::*[jax-*", "hypothesis examples, each a JAX compile"),
+    ("tests/solvers/test_evd.py::*[jax-*", "JAX compiles the float64 retry anew"),
+    ("tests/certify/test_lanczos.py::*[jax-*", "JAX compiles each Lanczos case anew"),
+    ("tests/backends/test_jax.py::test_accuracy_table_under_jit[*", "a jax.jit compile per cell"),
+    ("tests/backends/test_jax.py::test_16bit_matmuls_under_jit[*", "a jax.jit compile per method"),
+    ("tests/backends/test_jax.py::test_an_eager_call_compiles_once_per_shape*", "several compiles"),
+    *((f"tests/backends/test_jax.py::test_jit_matches_eager[{method}]",
+       "a jit and an eager compile") for method in ("newton_db", "evd", "chebyshev", "minimax")),
+    ("tests/backends/test_jax.py::test_evd_without_x64*", "compiles with x64 off and on"),
+    *((f"tests/backends/test_jax.py::test_nonfinite_matrix_isolated_under_jit[{method}]",
        "a jax.jit compile") for method in ("minimax", "coupled_newton")),
-    ("tests/test_jax.py::test_lower_bound_estimated_on_the_device_under_jit[chebyshev]",
+    ("tests/backends/test_jax.py::test_lower_bound_estimated_on_the_device_under_jit[chebyshev]",
      "a jax.jit compile"),
-    ("tests/test_optax.py::test_optax_matches_numpy_core[eager]", "eager JAX, op by op"),
-    ("tests/test_optax.py::test_the_jitted_step_compiles_once[device_put]",
+    ("tests/optim/test_optax.py::test_optax_matches_numpy_core[eager]", "eager JAX, op by op"),
+    ("tests/optim/test_optax.py::test_the_jitted_step_compiles_once[device_put]",
      "compiles a Shampoo step"),
-    ("tests/test_docstrings.py::test_docstring_examples"
+    ("tests/project/test_docstrings.py::test_docstring_examples"
      "[matroot.optim.optax.shampoo_transform.shampoo]",
      "compiles a Shampoo step"),
-    ("tests/test_docs.py::test_jax_examples_run_and_converge", "compiles a Shampoo step"),
-    ("tests/test_jax_watchdog.py::test_twenty_optax_steps*", "compiles a Shampoo step"),
-    ("tests/test_jax_user_loop.py::test_the_user_loop_finishes_for_every_root_method*",
+    ("tests/project/test_docs.py::test_jax_examples_run_and_converge", "compiles a Shampoo step"),
+    ("tests/backends/test_jax_watchdog.py::test_twenty_optax_steps*", "compiles a Shampoo step"),
+    ("tests/backends/test_jax_user_loop.py::test_the_user_loop_finishes_for_every_root_method*",
      "trains with every root method in three fresh processes"),
-    *((f"tests/test_matmul_targets.py::test_matmul_target[*-kappa{kappa}-*",
+    *((f"tests/solvers/test_matmul_targets.py::test_matmul_target[*-kappa{kappa}-*",
        "repeats κ = 1e2's check at a larger κ") for kappa in ("1e+04", "1e+06")),
-    ("tests/test_converged_means_right.py::test_isolated_top_at_n1024[*", "n = 1024 solves"),
-    ("tests/test_optim_options.py::test_a_dtensor_parameter_in_a_world_of_one*",
+    ("tests/accuracy/test_converged_means_right.py::test_isolated_top_at_n1024[*",
+     "n = 1024 solves"),
+    ("tests/optim/test_optim_options.py::test_a_dtensor_parameter_in_a_world_of_one*",
      "starts a process group"),
-    ("tests/test_redteam_inputs2.py::test_jax_vmap_over_coupled_newton",
+    ("tests/autodiff/test_gradients.py::test_jax_vmap_over_coupled_newton",
      "compiles a vmapped coupled Newton solve"),
-    ("tests/test_optim_bench.py::test_digits_example_quick_run_writes_its_results",
+    ("tests/project/test_optim_bench.py::test_digits_example_quick_run_writes_its_results",
      "trains a model"),
     # The accuracy table's other backends: the quick tier keeps NumPy and torch.
-    ("tests/test_core_accuracy.py::test_accuracy_table[array_api_strict-*",
+    ("tests/accuracy/test_accuracy_table.py::test_accuracy_table[array_api_strict-*",
      "repeats NumPy's cells through the strict namespace"),
-    ("tests/test_minimax.py::test_accuracy_table[array_api_strict-*",
+    ("tests/solvers/test_minimax.py::test_accuracy_table[array_api_strict-*",
      "repeats NumPy's cells through the strict namespace"),
-    ("tests/test_polar.py::test_polar_express_meets_the_table[array_api_strict-*",
+    ("tests/polar/test_polar.py::test_polar_express_meets_the_table[array_api_strict-*",
      "repeats NumPy's cells through the strict namespace"),
     # Conformance searches (hypothesis, 25 examples per method).
-    ("tests/test_conformance.py::test_conforms_on_other_namespaces[*",
+    ("tests/testing/test_conformance.py::test_conforms_on_other_namespaces[*",
      "hypothesis search on every namespace"),
-    ("tests/test_converged_means_right.py::test_converged_implies_the_table[*",
+    ("tests/accuracy/test_converged_means_right.py::test_converged_implies_the_table[*",
      "hypothesis search of the accuracy promise"),
     # End-to-end runs: benchmarks, docs, scripts, compilers, process groups.
-    ("tests/test_bench_smoke.py::*", "runs the solver benchmark end to end in workers"),
-    ("tests/test_docs.py::test_docs_build_without_warnings", "builds the docs with Sphinx"),
-    ("tests/test_docs.py::test_support_page_matches_what_info_finds",
+    ("tests/project/test_bench_smoke.py::*", "runs the solver benchmark end to end in workers"),
+    ("tests/project/test_docs.py::test_docs_build_without_warnings", "builds the docs with Sphinx"),
+    ("tests/project/test_docs.py::test_support_page_matches_what_info_finds",
      "runs `matroot info`'s probe of every method on every backend"),
-    ("tests/test_gpu_check.py::test_dry_run_records_every_step", "runs the GPU script dry"),
-    ("tests/test_torch_compile.py::*", "torch.compile traces and compiles"),
-    ("tests/test_fsdp.py::*", "spawns gloo process groups (FSDP2, DCP)"),
-    ("tests/test_distributed.py::*ranks]", "spawns a gloo process group"),
-    ("tests/test_distributed.py::test_memory_per_rank_is_below_single_process[3]",
+    ("tests/project/test_gpu_check.py::test_dry_run_records_every_step", "runs the GPU script dry"),
+    ("tests/backends/test_torch_compile.py::*", "torch.compile traces and compiles"),
+    ("tests/distributed/test_fsdp.py::*", "spawns gloo process groups (FSDP2, DCP)"),
+    ("tests/distributed/test_distributed.py::*ranks]", "spawns a gloo process group"),
+    ("tests/distributed/test_distributed.py::test_memory_per_rank_is_below_single_process[3]",
      "spawns a gloo process group (the 2-rank case stays quick)"),
-    ("tests/test_distributed.py::test_memory_per_rank_is_below_single_process[4]",
+    ("tests/distributed/test_distributed.py::test_memory_per_rank_is_below_single_process[4]",
      "spawns a gloo process group (the 2-rank case stays quick)"),
-    ("tests/test_lambda_max_bounds.py::test_bound_certificate_keyword[jax]",
+    ("tests/certify/test_lambda_max_bounds.py::test_bound_certificate_keyword[jax]",
      "JAX compiles the solve once per certificate"),
-    ("tests/test_optim_redteam.py::test_sharded_shampoo_refuses_ranks_that_hold_other_models",
+    ("tests/distributed/test_distributed.py::"
+     "test_sharded_shampoo_refuses_ranks_that_hold_other_models",
      "spawns a gloo process group"),
-    ("tests/test_jax_watchdog.py::test_jitted_solves_finish_under_a_watchdog",
+    ("tests/backends/test_jax_watchdog.py::test_jitted_solves_finish_under_a_watchdog",
      "100 jitted solves in a subprocess"),
-    ("tests/test_optax.py::test_shampoo_under_jit_beats_adamw_on_digits", "trains a model"),
-    ("tests/test_muon.py::test_muon_reaches_adamw_final_loss_in_fewer_steps_on_digits",
+    ("tests/optim/test_optax.py::test_shampoo_under_jit_beats_adamw_on_digits", "trains a model"),
+    ("tests/polar/test_muon.py::test_muon_reaches_adamw_final_loss_in_fewer_steps_on_digits",
      "trains a model"),
     # Issue 35's counts: minimax (what auto runs) stays quick; the other methods repeat it.
-    ("tests/test_launch_budgets.py::test_operations_and_syncs_per_solve[newton_db-*",
+    ("tests/launches/test_launch_budgets.py::test_operations_and_syncs_per_solve[newton_db-*",
      "six 8 × 384² solves under the dispatcher count"),
-    ("tests/test_launch_budgets.py::test_operations_and_syncs_per_solve[coupled_newton-*",
+    ("tests/launches/test_launch_budgets.py::test_operations_and_syncs_per_solve[coupled_newton-*",
      "six 8 × 384² solves under the dispatcher count"),
 )
 
@@ -109,6 +113,11 @@ def _glob(pattern: str) -> str:
 
 
 _GLOBS = tuple((_glob(pattern), reason) for pattern, reason in SLOW_TESTS)
+
+
+def matches(pattern: str, node_id: str) -> bool:
+    """Whether the rule ``pattern`` names the test ``node_id``."""
+    return fnmatch.fnmatchcase(node_id, _glob(pattern))
 
 
 def slow_reason(node_id: str, markers: set[str]) -> str | None:

@@ -82,7 +82,7 @@ __all__ = ["BUCKET_SLACK", "CERTIFICATES", "DEFAULT_CERTIFICATE", "LOW_PRECISION
 #: probability (:mod:`matroot.certify.probes`; "randomized").
 CERTIFICATES = ("randomized", "deterministic")
 #: The check of a root when ``certificate`` is not given. Measured in
-#: ``tests/test_randomized_check.py``: the randomized estimate is 5–33× the oracle
+#: ``tests/certify/test_randomized_check.py``: the randomized estimate is 5–33× the oracle
 #: error (deterministic: 1–4×), so it would turn good roots near the target unconverged.
 DEFAULT_CERTIFICATE = "deterministic"
 

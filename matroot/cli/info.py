@@ -60,7 +60,7 @@ def _op_by_op(target: Target):
     """On JAX, the op-by-op path: an eager call would compile each of the probe's
     twenty tiny combinations into its own program (about a second each on a CPU);
     op by op they share their operations' compilations, with the same steps and roots
-    (tests/test_jax.py holds the two paths equal)."""
+    (tests/backends/test_jax.py holds the two paths equal)."""
     if target.backend != "jax":
         return contextlib.nullcontext()
     import jax

@@ -29,7 +29,7 @@ p     κ = 1e2              κ = 1e4              κ = 1e6
 ====  ===================  ===================  ===================
 
 (minimax / newton_db / coupled_newton). With ``tol`` set to the error wanted
-instead of the default, fewer: see ``tests/test_matmul_targets.py``.
+instead of the default, fewer: see ``tests/solvers/test_matmul_targets.py``.
 
 p = 2^k runs k stages: stages 1..k−1 take square roots (their ``Y``), the last an
 inverse square root (its ``Z``); each stage's lower bound is the square root of

@@ -72,7 +72,7 @@ class SolverSpec:
         The p it accepts.
     default_tol : mapping of str to float
         Default ``tol`` per compute dtype, chosen so the default call meets the
-        README's accuracy table (checked in ``tests/test_core_accuracy.py``); its
+        README's accuracy table (checked in ``tests/accuracy/test_accuracy_table.py``); its
         keys are the compute dtypes the solver accepts.
     default_max_iter : int
         Default iteration cap (the degree cap for a polynomial fit).

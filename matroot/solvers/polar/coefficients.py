@@ -65,7 +65,7 @@ MUON_BAND = 0.2
 #: Polar Express steps of Muon's default (:class:`matroot.optim.muon.core.MuonConfig`).
 MUON_POLAR_STEPS = 4
 #: ``band_lower(MUON_POLAR_STEPS)`` (3.21e-3) rounded up: the 4-step schedule for
-#: it maps ``[MUON_LOWER, 1]`` within ``MUON_BAND`` of 1 (tests/test_polar.py).
+#: it maps ``[MUON_LOWER, 1]`` within ``MUON_BAND`` of 1 (tests/polar/test_polar.py).
 MUON_LOWER = 3.3e-3
 #: Ratios ``lo/top`` above this use the tail quintic (Remez is ill-posed near 1).
 _NARROWEST = 1.0 - 1e-4
