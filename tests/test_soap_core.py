@@ -55,7 +55,7 @@ def _run(steps, options, *, seed=0):
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_updates_match_the_per_parameter_reference(bias_correction):
     options = dict(OPTIONS, bias_correction=bias_correction)
-    for params, ref_params, state in _run(9, options):
+    for params, ref_params, state in _run(9, options):  # noqa: B007 (read after)
         for p, r in zip(params, ref_params):
             np.testing.assert_allclose(p, r, rtol=1e-9, atol=1e-9)
     assert state.refreshes == 4

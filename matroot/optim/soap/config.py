@@ -28,7 +28,7 @@ PER_PARAMETER = ("lr", "weight_decay")
 #: Other SOAP implementations' keywords and what to use here.
 _RENAMED = {
     "max_preconditioner_dim": "Distributed Shampoo's max_preconditioner_dim is block_size",
-    "max_precond_dim": "SOAP's max_precond_dim is max_preconditioned_dim",
+    "max_precond_dim": "use max_preconditioned_dim",
     "epsilon": "use eps",
     "use_bias_correction": "use bias_correction",
     "correct_bias": "use bias_correction",
@@ -179,7 +179,7 @@ def check_soap_keywords(names, where: str = "SOAP") -> None:
     >>> check_soap_keywords(["max_precond_dim"])
     Traceback (most recent call last):
     ...
-    TypeError: SOAP has no option 'max_precond_dim' (SOAP's max_precond_dim is max_preconditioned_dim)
+    TypeError: SOAP has no option 'max_precond_dim' (use max_preconditioned_dim)
     """
     check_keywords(names, where, config=SOAPConfig, renamed=_RENAMED)
 
