@@ -1,0 +1,225 @@
+"""``matroot.optim.SOAP``: a ``torch.optim.Optimizer`` around the SOAP functional core.
+
+As in :class:`matroot.optim.Shampoo`, parameters whose groups agree on every
+hyperparameter except ``lr`` and ``weight_decay`` (read per group at every step, so
+LR schedulers work) share one set of factor and basis stacks (a *family*), so each
+size's eigenbases in the whole model are refreshed by one
+:func:`matroot.refresh_eigenbasis` call. A parameter gets its family at its first
+step with a gradient. The settings that fix a parameter's blocks (``block_size``,
+``max_preconditioned_dim``, ``max_factor_ratio``, ``precondition_1d``, ``stacked``)
+may not change after that; the others (betas, eps, the refresh schedule and
+options) may.
+
+The state (moments, factors, bases, counters) lives with the families and travels
+in ``state_dict()["soap_families"]``, each with the numbers of its parameters in
+the ``param_groups`` order; ``load_state_dict`` rebuilds the families on this
+optimizer's parameters. Counters are Python ints: a step reads the host once (the
+non-finite check), and a refresh step as the eigenbasis certificate does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from itertools import chain
+from typing import Any
+
+import torch
+
+from ..soap import core
+from ..soap.config import FIELDS, PER_PARAMETER, SOAPConfig, check_soap_keywords
+from ..soap.state import SOAPState, init, make_plan
+
+__all__ = ["SOAP"]
+
+_DEFAULTS = SOAPConfig()
+#: Settings fixed at a parameter's first step: they decide its blocks.
+_PLAN_FIELDS = ("block_size", "max_preconditioned_dim", "max_factor_ratio", "precondition_1d",
+                "stacked")
+_ARRAYS = ("exp_avg", "exp_avg_sq", "block_exp_avg", "block_exp_avg_sq", "factors", "bases",
+           "residuals")
+_COUNTERS = ("step", "refreshes", "skipped_steps")
+
+
+def _config_of(group) -> SOAPConfig:
+    values = {name: group[name] for name in FIELDS}
+    values["betas"] = tuple(values["betas"])
+    return SOAPConfig(**values)
+
+
+def _shared(config: SOAPConfig) -> SOAPConfig:
+    """The part of a config that parameters sharing stacks agree on."""
+    return dataclasses.replace(config, **{f: getattr(_DEFAULTS, f) for f in PER_PARAMETER})
+
+
+class _Family:
+    """Parameters that share stacks, their core state and the config they were planned with."""
+
+    def __init__(self, params, config: SOAPConfig, state: SOAPState):
+        self.params, self.config, self.state = params, config, state
+
+
+class SOAP(torch.optim.Optimizer):
+    """Stacked SOAP (Adam in the eigenbasis of Shampoo's factors) as a ``torch.optim.Optimizer``.
+
+    Parameters
+    ----------
+    params : iterable of tensors or dicts
+        Parameters or parameter groups; any hyperparameter may be set per group.
+    **hyperparameters
+        Any :class:`matroot.optim.soap.SOAPConfig` field (``lr``, ``betas``,
+        ``shampoo_beta``, ``eps``, ``weight_decay``, ``precondition_frequency``,
+        ``block_size``, ``max_preconditioned_dim``, ``maximize``, ...), its defaults
+        and validation.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from matroot.optim import SOAP
+    >>> model = torch.nn.Linear(8, 4)
+    >>> opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=5)
+    >>> x, y = torch.randn(32, 8), torch.randn(32, 4)
+    >>> for _ in range(10):
+    ...     opt.zero_grad()
+    ...     torch.nn.functional.mse_loss(model(x), y).backward()
+    ...     opt.step()
+    >>> opt.diagnostics()["refreshes"]
+    2
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+                 **hyperparameters: Any) -> None:
+        check_soap_keywords(hyperparameters)
+        config = SOAPConfig(**hyperparameters)
+        self._families: list[_Family] = []
+        super().__init__(params, {name: getattr(config, name) for name in FIELDS})
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (validated now; its parameters get stacks at their first step)."""
+        check_soap_keywords([k for k in param_group if k != "params"])
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        for p in group["params"]:
+            if not p.is_floating_point():
+                raise TypeError(f"SOAP optimizes floating parameters, got dtype {p.dtype}")
+        _config_of(group)
+
+    def _all_params(self) -> list:
+        return list(chain.from_iterable(g["params"] for g in self.param_groups))
+
+    def _group_of(self) -> dict:
+        return {id(p): g for g in self.param_groups for p in g["params"]}
+
+    def _form_families(self, group_of) -> None:
+        owned = {id(p) for f in self._families for p in f.params}
+        pending: dict = {}
+        for p in self._all_params():
+            if id(p) in owned or p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise TypeError("SOAP does not support sparse gradients (an Embedding made "
+                                "with sparse=True): make it dense")
+            shared = _shared(_config_of(group_of[id(p)]))
+            pending.setdefault((shared, p.device), []).append(p)
+        for (shared, _), params in pending.items():
+            self._families.append(_Family(params, shared, init(params, shared)))
+
+    def _family_config(self, family: _Family, group_of) -> SOAPConfig:
+        configs = {_shared(_config_of(group_of[id(p)])) for p in family.params}
+        if len(configs) > 1:
+            raise ValueError("parameter groups that share SOAP stacks must keep equal "
+                             "hyperparameters other than lr and weight_decay")
+        config = configs.pop()
+        changed = [k for k in _PLAN_FIELDS if getattr(config, k) != getattr(family.config, k)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changed after the first step, which fixed "
+                             "the parameters' blocks: set it before training, or make a new "
+                             "optimizer")
+        return config
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """One step; ``closure`` re-evaluates the model and returns the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        group_of = self._group_of()
+        self._form_families(group_of)
+        for family in self._families:
+            grads = [p.grad for p in family.params]
+            if all(g is None for g in grads):
+                continue
+            config = self._family_config(family, group_of)
+            groups = [group_of[id(p)] for p in family.params]
+            updates, family.state = core.update(
+                grads, family.state, family.params, config,
+                lr=[float(g["lr"]) for g in groups],
+                weight_decay=[float(g["weight_decay"]) for g in groups], in_place=True)
+            pairs = [(p, u) for p, u in zip(family.params, updates) if u is not None]
+            # One foreach addition for the family, not one per parameter.
+            torch._foreach_add_([p for p, _ in pairs],
+                                [u if u.dtype == p.dtype else u.to(p.dtype) for p, u in pairs])
+        return loss
+
+    def diagnostics(self) -> dict:
+        """Steps taken, refresh rounds and skipped steps (of the first family), and the
+        largest eigenbasis residual at the last refresh over all families."""
+        if not self._families:
+            return {"steps": 0, "refreshes": 0, "skipped_steps": 0, "max_residual": 0.0}
+        state = self._families[0].state
+        residuals = [float(r.max()) for f in self._families for r in f.state.residuals
+                     if r.numel()]
+        return {"steps": int(state.step), "refreshes": int(state.refreshes),
+                "skipped_steps": int(state.skipped_steps),
+                "max_residual": max(residuals, default=0.0)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict plus ``"soap_families"``: per family its parameters'
+        numbers, counters and arrays."""
+        saved = super().state_dict()
+        number = {id(p): i for i, p in enumerate(self._all_params())}
+        families = []
+        for f in self._families:
+            state = f.state
+            entry: dict[str, Any] = {"params": [number[id(p)] for p in f.params],
+                                     "param_steps": [int(s) for s in state.param_steps]}
+            entry.update({name: int(getattr(state, name)) for name in _COUNTERS})
+            entry.update({name: list(getattr(state, name)) for name in _ARRAYS})
+            families.append(entry)
+        saved["soap_families"] = families
+        return saved
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``, then the families rebuilt on this optimizer's
+        parameters (copies of the saved arrays, on each parameter's device)."""
+        state_dict = dict(state_dict)
+        saved = state_dict.pop("soap_families", [])
+        super().load_state_dict(state_dict)
+        params = self._all_params()
+        group_of = self._group_of()
+        families = []
+        for entry in saved:
+            members = [params[i] for i in entry["params"]]
+            config = _shared(_config_of(group_of[id(members[0])]))
+            plan = make_plan(members, config)
+            fresh = init(members, config, plan=plan)
+            arrays = {}
+            for name in _ARRAYS:
+                values = entry[name]
+                expected = getattr(fresh, name)
+                if len(values) != len(expected) or any(
+                        (a is None) != (b is None) or (b is not None and a.shape != b.shape)
+                        for a, b in zip(values, expected)):
+                    raise ValueError(f"the state dict's SOAP {name!r} does not fit these "
+                                     "parameters: it was saved for another model")
+                arrays[name] = [None if a is None else
+                                a.detach().to(device=b.device, dtype=b.dtype, copy=True)
+                                for a, b in zip(values, expected)]
+            state = fresh._replace(param_steps=tuple(entry["param_steps"]),
+                                   **{name: int(entry[name]) for name in _COUNTERS}, **arrays)
+            families.append(_Family(members, config, state))
+        self._families = families
+
+    def __repr__(self) -> str:
+        return f"SOAP({len(self.param_groups)} groups, {_config_of(self.param_groups[0])})"
