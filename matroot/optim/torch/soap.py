@@ -204,7 +204,7 @@ class SOAP(torch.optim.Optimizer):
             config = _shared(_config_of(group_of[id(members[0])]))
             plan = make_plan(members, config)
             fresh = init(members, config, plan=plan)
-            arrays = {}
+            arrays: dict[str, Any] = {name: int(entry[name]) for name in _COUNTERS}
             for name in _ARRAYS:
                 values = entry[name]
                 expected = getattr(fresh, name)
@@ -216,8 +216,7 @@ class SOAP(torch.optim.Optimizer):
                 arrays[name] = [None if a is None else
                                 a.detach().to(device=b.device, dtype=b.dtype, copy=True)
                                 for a, b in zip(values, expected)]
-            state = fresh._replace(param_steps=tuple(entry["param_steps"]),
-                                   **{name: int(entry[name]) for name in _COUNTERS}, **arrays)
+            state = fresh._replace(param_steps=tuple(entry["param_steps"]), **arrays)
             families.append(_Family(members, config, state))
         self._families = families
 
