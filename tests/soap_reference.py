@@ -1,10 +1,10 @@
 """A per-parameter SOAP in float64 NumPy: the tests' oracle for matroot's stacked SOAP.
 
 Written from the definitions (docs/soap.rst, arXiv 2409.11321), one block at a time,
-with ``numpy.linalg.eigh`` for every eigenbasis: factors ``L ← βL + (1−β)GGᵀ``; on a
+with ``numpy.linalg.eigh`` for every eigenbasis: Adam on ``Q_LᵀGQ_R``; the direction
+``Q_L·D̃·Q_Rᵀ``; ``−lr·(D + wd·param)``; then factors ``L ← βL + (1−β)GGᵀ`` and on a
 refresh the eigenvectors of L and R, the first moment rotated by ``P = Q_newᵀQ_old``
-and the second by ``P∘P``; Adam on ``Q_LᵀGQ_R``; the direction ``Q_L·D̃·Q_Rᵀ``;
-``−lr·(D + wd·param)``. Parameters without factors take AdamW.
+and the second by ``P∘P``, for the next step. Parameters without factors take AdamW.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ class ReferenceSOAP:
             directions[i][...] = self._adam(m, v, grads[i])
         for param, index, s in self.blocks:
             g = views[param][index]
+            d = self._adam(s["m"], s["v"], s["QL"].T @ g @ s["QR"])
+            out_views[param][index] = s["QL"] @ d @ s["QR"].T
             if s["L"] is not None:
                 s["L"] = self.beta * s["L"] + (1 - self.beta) * g @ g.T
             if s["R"] is not None:
@@ -76,6 +78,4 @@ class ReferenceSOAP:
                 pr = np.eye(g.shape[1]) if pr is None else pr
                 s["m"] = pl @ s["m"] @ pr.T
                 s["v"] = (pl * pl) @ s["v"] @ (pr * pr).T
-            d = self._adam(s["m"], s["v"], s["QL"].T @ g @ s["QR"])
-            out_views[param][index] = s["QL"] @ d @ s["QR"].T
         return [p - self.lr * (d + self.wd * p) for p, d in zip(params, directions)]

@@ -102,23 +102,19 @@ def test_state_dict_of_another_model_is_refused():
         other_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
 
 
-def test_training_lowers_the_loss_below_adamw():
+def test_training_fits_a_small_regression():
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
     y = x.sum(1, keepdim=True).sin()
-    final = {}
-    # Equal betas (AdamW's defaults) for both.
-    for name, make in (("soap", lambda ps: SOAP(ps, lr=1e-2, weight_decay=0.0,
-                                                betas=(0.9, 0.999))),
-                       ("adamw", lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.0))):
-        model = _model()
-        opt = make(model.parameters())
-        for _ in range(80):
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-        final[name] = float(loss.detach())
-    assert final["soap"] < final["adamw"], final
+    model = _model()
+    opt = SOAP(model.parameters(), lr=1e-2, weight_decay=0.0)
+    losses = []
+    for _ in range(80):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.01 * losses[0], losses[::10]
 
 
 def test_maximize_is_minimize_of_the_negated_loss():

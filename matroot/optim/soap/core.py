@@ -8,23 +8,23 @@ parameters with a gradient, on the per-stack path Shampoo's core uses
 1. The effective gradient (sign for ``maximize``, L2 decay;
    :func:`~matroot.optim.shampoo_core.grafting.effective_gradients`); the blocks of
    each shape gathered into one ``(k, r, c)`` stack.
-2. Factors: ``L ← β·L + (1−β)·G·Gᵀ``, ``R ← β·R + (1−β)·Gᵀ·G`` (``β`` is
-   ``shampoo_beta``, default ``β₂``), one batched product per block shape.
-3. On refresh steps (``start_preconditioning_step`` and every
-   ``precondition_frequency`` after), every stack's eigenvectors from its previous
-   ones, one :func:`matroot.refresh_eigenbasis` call per stack; the moments rotated
-   into the new basis (:mod:`.rotation`). Before the first refresh the basis is the
-   identity: the step is AdamW's.
-4. ``G̃ = Q_Lᵀ·G·Q_R``; Adam in the eigenbasis, ``m̃ ← β₁m̃ + (1−β₁)G̃``,
+2. ``G̃ = Q_Lᵀ·G·Q_R``; Adam in the eigenbasis, ``m̃ ← β₁m̃ + (1−β₁)G̃``,
    ``ṽ ← β₂ṽ + (1−β₂)G̃²``, ``D̃ = m̂/(√v̂ + eps)`` with bias corrections
    (:func:`~matroot.optim.shampoo_core.grafting.grafting_directions`, one list operation
    per term for every stack and every unfactored parameter together); back,
    ``D = Q_L·D̃·Q_Rᵀ``, written to the parameters once per block shape.
-5. ``update = −lr·(D + weight_decay·param)`` (decoupled;
+3. ``update = −lr·(D + weight_decay·param)`` (decoupled;
    :func:`~matroot.optim.shampoo_core.grafting.final_updates`).
+4. Factors: ``L ← β·L + (1−β)·G·Gᵀ``, ``R ← β·R + (1−β)·Gᵀ·G`` (``β`` is
+   ``shampoo_beta``, default ``β₂``), one batched product per block shape.
+5. On refresh steps (``start_preconditioning_step`` and every
+   ``precondition_frequency`` after), every stack's eigenvectors from its previous
+   ones, one :func:`matroot.refresh_eigenbasis` call per stack; the moments rotated
+   into the new basis (:mod:`.rotation`), which serves from the next step on (SOAP's
+   order). Until the first refresh the basis is the identity: the step is AdamW's.
 
 Parameters without a factored side (vectors, scalars, and with
-``max_preconditioned_dim`` both sides too long) take step 4 with ``Q = I``: AdamW.
+``max_preconditioned_dim`` both sides too long) take step 2 with ``Q = I``: AdamW.
 Non-finite gradients follow ``nonfinite_grads`` as in Shampoo.
 """
 
@@ -186,23 +186,8 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
              for g, layout in zip(effective, plan.params)]
     runs = _runs(plan, present)
     gathered = [gather_blocks(run, views, xp) for _, _, _, run in runs]
-    factors = list(state.factors)
-    for (_, _, _, run), blocks in zip(runs, gathered):
-        factors = accumulate_factors(xp, run, blocks, factors, config.factor_beta,
-                                     in_place=in_place, step_taken=taken)
-
-    def refreshed(bases, residuals, block_m, block_v):
-        return refresh_bases(xp, plan, config, factors, bases, residuals, block_m, block_v)
-
-    def kept(*operands):
-        return tuple(list(o) for o in operands)
-
-    bases, residuals, block_m, block_v = schedule.branch(
-        schedule.refresh, refreshed, kept, state.bases, state.residuals,
-        state.block_exp_avg, state.block_exp_avg_sq) if plan.stacks else \
-        kept(state.bases, state.residuals, state.block_exp_avg, state.block_exp_avg_sq)
-    refreshes = schedule.counted(xp, state.refreshes, schedule.refresh, in_place=overwrite)
-
+    bases, block_m, block_v = state.bases, list(state.block_exp_avg), \
+        list(state.block_exp_avg_sq)
     # Adam, in one list operation per term for every unfactored parameter and every run.
     flat = [i for i in indices if plan.params[i].kind == "elementwise"]
     sides = [side_slots(bases, run) for _, _, _, run in runs]
@@ -239,6 +224,26 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
     updates: list = [None] * count
     for i, u in zip(indices, updates_present):
         updates[i] = u
+
+    # The factors take this step's gradients after the step, and a refreshed basis
+    # serves from the next step on (SOAP's order): a basis made with the gradient it
+    # then rotates would show that gradient nearly diagonal, and Adam would blow its
+    # rounding noise off the diagonal up to ±1 entries.
+    factors = list(state.factors)
+    for (_, _, _, run), blocks in zip(runs, gathered):
+        factors = accumulate_factors(xp, run, blocks, factors, config.factor_beta,
+                                     in_place=in_place, step_taken=taken)
+
+    def refreshed(bases, residuals, block_m, block_v):
+        return refresh_bases(xp, plan, config, factors, bases, residuals, block_m, block_v)
+
+    def kept(*operands):
+        return tuple(list(o) for o in operands)
+
+    bases, residuals, block_m, block_v = schedule.branch(
+        schedule.refresh, refreshed, kept, bases, state.residuals, block_m, block_v) \
+        if plan.stacks else kept(bases, state.residuals, block_m, block_v)
+    refreshes = schedule.counted(xp, state.refreshes, schedule.refresh, in_place=overwrite)
     skipped = state.skipped_steps
     if taken is not None:
         skipped = advance(xp, skipped, ~taken, in_place=overwrite)
