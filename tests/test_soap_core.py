@@ -160,3 +160,17 @@ def test_bad_options_name_the_fix():
         soap(max_precond_dim=100)
     with pytest.raises(ValueError, match="precondition_frequency"):
         SOAPConfig(precondition_frequency=0)
+
+
+def test_a_refreshed_basis_serves_from_the_next_step():
+    """Regression: the basis refreshed at step 1 (from G₁'s factors) must not rotate G₁
+    itself. In that basis G₁ is diagonal up to rounding, and Adam's normalisation made
+    its off-diagonal rounding ±1 entries: the step-1 update was noise."""
+    rng = np.random.default_rng(3)
+    params = [rng.standard_normal((6, 5))]
+    config = SOAPConfig(lr=0.1, weight_decay=0.0, start_preconditioning_step=1)
+    grads = [rng.standard_normal((6, 5))]
+    updates, state = update(grads, init(params, config), params, config)
+    np.testing.assert_allclose(updates[0], -0.1 * np.sign(grads[0]), rtol=1e-6)
+    assert state.refreshes == 1
+    assert not np.allclose(state.bases[0][0], np.eye(state.bases[0].shape[-1]))
