@@ -49,7 +49,8 @@ class SOAPConfig:
         Learning rate.
     betas : (float, float)
         ``β₁`` of the first moment, ``β₂`` of the second moment (both kept in the
-        eigenbasis).
+        eigenbasis); ``β₂ = 1`` sums the squares (AdaGrad's second moment, no bias
+        correction for it), as Distributed Shampoo's default ``betas=(0.9, 1.0)`` does.
     shampoo_beta : float, optional
         EMA factor of the Kronecker factors L, R (1 = running sums). Default ``β₂``.
     eps : float
@@ -119,7 +120,7 @@ class SOAPConfig:
             raise ValueError(f"betas must be a pair (β₁, β₂), got {self.betas!r}")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         check_real(self.betas[0], "betas[0]", 0.0, 1.0, high_open=True)
-        check_real(self.betas[1], "betas[1]", 0.0, 1.0, high_open=True)
+        check_real(self.betas[1], "betas[1]", 0.0, 1.0)
         if self.shampoo_beta is not None:
             check_real(self.shampoo_beta, "shampoo_beta", 0.0, 1.0, low_open=True)
         check_real(self.eps, "eps", 0.0)
