@@ -41,31 +41,41 @@ class ReferenceSOAP:
                      for i, (p, lay) in enumerate(zip(params, self.plan.params))
                      if lay.kind == "elementwise"}
         self.t = 0
+        self.param_t = [0] * len(params)
 
-    def _adam(self, m, v, g):
+    def _adam(self, m, v, g, t):
         m[...] = self.b1 * m + (1 - self.b1) * g
         v[...] = self.b2 * v + (1 - self.b2) * g * g
-        c1 = 1 - self.b1 ** self.t if self.correct else 1.0
-        c2 = 1 - self.b2 ** self.t if self.correct else 1.0
+        c1 = 1 - self.b1 ** t if self.correct else 1.0
+        c2 = 1 - self.b2 ** t if self.correct else 1.0
         return (m / c1) / (np.sqrt(v) / math.sqrt(c2) + self.eps)
 
     def step(self, params, grads):
+        """One step; a None gradient leaves its parameter and its state as they are
+        (its own step count drives its bias corrections)."""
         self.t += 1
+        for i, g in enumerate(grads):
+            self.param_t[i] += g is not None
         since = self.t - self.start
         refresh = since >= 0 and since % self.freq == 0
         directions = [np.zeros(p.shape) for p in params]
-        views = [g.reshape(lay.view) for g, lay in zip(grads, self.plan.params)]
+        views = [None if g is None else g.reshape(lay.view)
+                 for g, lay in zip(grads, self.plan.params)]
         out_views = [d.reshape(lay.view) for d, lay in zip(directions, self.plan.params)]
         for i, (m, v) in self.flat.items():
-            directions[i][...] = self._adam(m, v, grads[i])
+            if grads[i] is not None:
+                directions[i][...] = self._adam(m, v, grads[i], self.param_t[i])
         for param, index, s in self.blocks:
-            g = views[param][index]
-            d = self._adam(s["m"], s["v"], s["QL"].T @ g @ s["QR"])
-            out_views[param][index] = s["QL"] @ d @ s["QR"].T
-            if s["L"] is not None:
-                s["L"] = self.beta * s["L"] + (1 - self.beta) * g @ g.T
-            if s["R"] is not None:
-                s["R"] = self.beta * s["R"] + (1 - self.beta) * g.T @ g
+            # A block without a gradient keeps its moments and factors; its basis is
+            # still refreshed on schedule (from factors its last gradients changed).
+            if views[param] is not None:
+                g = views[param][index]
+                d = self._adam(s["m"], s["v"], s["QL"].T @ g @ s["QR"], self.param_t[param])
+                out_views[param][index] = s["QL"] @ d @ s["QR"].T
+                if s["L"] is not None:
+                    s["L"] = self.beta * s["L"] + (1 - self.beta) * g @ g.T
+                if s["R"] is not None:
+                    s["R"] = self.beta * s["R"] + (1 - self.beta) * g.T @ g
             if refresh:
                 pl = pr = None
                 if s["L"] is not None:
@@ -74,8 +84,9 @@ class ReferenceSOAP:
                 if s["R"] is not None:
                     new = np.linalg.eigh(s["R"])[1]
                     pr, s["QR"] = new.T @ s["QR"], new
-                pl = np.eye(g.shape[0]) if pl is None else pl
-                pr = np.eye(g.shape[1]) if pr is None else pr
+                pl = np.eye(s["m"].shape[0]) if pl is None else pl
+                pr = np.eye(s["m"].shape[1]) if pr is None else pr
                 s["m"] = pl @ s["m"] @ pr.T
                 s["v"] = (pl * pl) @ s["v"] @ (pr * pr).T
-        return [p - self.lr * (d + self.wd * p) for p, d in zip(params, directions)]
+        return [p if g is None else p - self.lr * (d + self.wd * p)
+                for p, d, g in zip(params, directions, grads)]

@@ -106,7 +106,8 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
     Parameters
     ----------
     grads : sequence of arrays or None
-        One per parameter; None leaves a parameter (and its moments) as it is.
+        One per parameter; None leaves a parameter, its moments and factors as they
+        are (a refresh still renews its bases from those factors, rotating its moments).
     state : SOAPState
         From :func:`init` or a previous ``update``; untouched unless ``in_place``.
     params : sequence of arrays or None
