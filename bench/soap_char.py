@@ -17,6 +17,7 @@ contenders, each at two learning rates:
 ``--timing`` measures the optimizer step alone on a model of 16 ``Linear(256, 256)``
 layers (16 same-size blocks on each side), matroot's and DS's SOAP with equal settings,
 20 steps a round (two refreshes), in alternating rounds; the median ratio is reported.
+Results: ``bench/results/soap.json`` (runs and timing) and ``soap.md`` (the table).
 
     PYTHONPATH=/tmp/optimizers python bench/soap_char.py --threads 1
     python bench/soap_char.py --quick
@@ -88,7 +89,9 @@ def train(kind: str, data: Data, *, lr: float, steps: int, seed: int,
 
 
 def timing(rounds: int, steps: int = 20, layers: int = 16, width: int = 256) -> dict:
-    """Median over alternating rounds of the mean step time (ms) of each SOAP."""
+    """Median over alternating rounds of each SOAP's mean step time (ms), and the
+    medians of its steps without and with a refresh (matroot refreshes at steps 1, 11,
+    21, ...; DS at 10, 20, ...)."""
     torch.manual_seed(0)
     models = {k: torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
               for k in ("matroot", "ds")}
@@ -96,7 +99,9 @@ def timing(rounds: int, steps: int = 20, layers: int = 16, width: int = 256) -> 
     opts = {k: make_optimizer(k, m.parameters(), 1e-3) for k, m in models.items()}
     x = torch.randn(64, width)
     times: dict = {"matroot": [], "ds": []}
-    for _ in range(rounds + 1):           # the first round warms up, not counted
+    each: dict = {"matroot": ([], []), "ds": ([], [])}
+    count = {"matroot": 0, "ds": 0}
+    for r in range(rounds + 1):           # the first round warms up, not counted
         for kind in ("matroot", "ds"):
             elapsed = 0.0
             for _ in range(steps):
@@ -104,12 +109,20 @@ def timing(rounds: int, steps: int = 20, layers: int = 16, width: int = 256) -> 
                 models[kind](x).square().mean().backward()
                 start = time.perf_counter()
                 opts[kind].step()
-                elapsed += time.perf_counter() - start
+                took = time.perf_counter() - start
+                elapsed += took
+                count[kind] += 1
+                t = count[kind]
+                refresh = (t - 1) % 10 == 0 if kind == "matroot" else t % 10 == 0
+                if r:
+                    each[kind][refresh].append(1e3 * took)
             times[kind].append(1e3 * elapsed / steps)
     ratios = [a / b for a, b in zip(times["matroot"][1:], times["ds"][1:])]
     return {"layers": layers, "width": width, "steps_per_round": steps, "rounds": rounds,
             "matroot_ms": times["matroot"][1:], "ds_ms": times["ds"][1:],
-            "median_ratio": statistics.median(ratios)}
+            "median_ratio": statistics.median(ratios),
+            "plain_step_ms": {k: statistics.median(v[0]) for k, v in each.items()},
+            "refresh_step_ms": {k: statistics.median(v[1]) for k, v in each.items()}}
 
 
 def main() -> None:
@@ -127,7 +140,7 @@ def main() -> None:
     if args.timing:
         result = timing(args.timing)
         print(json.dumps(result, indent=1))
-        (args.out / "soap_step.json").write_text(json.dumps(result, indent=1))
+        save(args, "step", result)
         return
     data = Data(args.quick)
     steps = 20 if args.quick else args.steps
@@ -142,8 +155,16 @@ def main() -> None:
                       f"step={run['step_ms']:.2f} ms", flush=True)
     if args.quick:
         return
-    (args.out / "soap_char.json").write_text(json.dumps(runs, indent=1))
+    save(args, "char", runs)
     write_table(runs, args)
+
+
+def save(args, key: str, value) -> None:
+    """``bench/results/soap.json``: the char runs under "char", the timing under "step"."""
+    path = args.out / "soap.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    saved[key] = value
+    path.write_text(json.dumps(saved, indent=1))
 
 
 def write_table(runs: list[dict], args) -> None:
@@ -160,7 +181,7 @@ def write_table(runs: list[dict], args) -> None:
                         f"{finals.max():.4f} | {step_ms:.2f} | {step_ms / adamw:.2f} |")
     header = ("| optimizer | lr | final eval loss (mean) | range over seeds | step ms | "
               "step / AdamW's |\n|---|---|---|---|---|---|\n")
-    (args.out / "soap_char.md").write_text(
+    (args.out / "soap.md").write_text(
         header + "\n".join(rows) + f"\n\n- {args.seeds} seeds, {args.steps} steps, torch "
         f"{torch.__version__}, {args.threads} thread(s), no weight decay; step times on a "
         "shared 2-core machine: only the ratios mean something\n")
