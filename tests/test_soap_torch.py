@@ -169,3 +169,20 @@ def test_more_same_shape_layers_cost_no_more_operations(refresh):
     few, many = _step_ops(2, refresh), _step_ops(18, refresh)
     assert many[1] == few[1]
     assert many[0] <= few[0] + (4 if refresh else 0), (few, many)
+
+
+def test_bfloat16_parameters_keep_float32_state_through_a_checkpoint():
+    model = _model().to(torch.bfloat16)
+    opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=2)
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).float().square().mean().backward()
+        opt.step()
+    assert all(p.dtype == torch.bfloat16 and torch.isfinite(p).all()
+               for p in model.parameters())
+    twin = SOAP(model.parameters(), lr=1e-2, precondition_frequency=2)
+    twin.load_state_dict(opt.state_dict())
+    state = twin._families[0].state
+    assert {a.dtype for a in state.factors + state.bases + state.block_exp_avg} == \
+        {torch.float32}
