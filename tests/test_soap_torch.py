@@ -186,3 +186,17 @@ def test_bfloat16_parameters_keep_float32_state_through_a_checkpoint():
     state = twin._families[0].state
     assert {a.dtype for a in state.factors + state.bases + state.block_exp_avg} == \
         {torch.float32}
+
+
+def test_group_values_are_read_at_every_step():
+    model = _model()
+    opt = SOAP(model.parameters(), lr=1e-2, weight_decay=0.0)
+    _train(model, opt, 2, seed=0)
+    opt.param_groups[0]["lr"] = 0.0         # as a scheduler sets it
+    before = [p.detach().clone() for p in model.parameters()]
+    _train(model, opt, 1, seed=1)
+    for p, q in zip(before, model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    opt.param_groups[0]["block_size"] = 8
+    with pytest.raises(ValueError, match="block_size changed after the first step"):
+        _train(model, opt, 1, seed=2)

@@ -104,6 +104,17 @@ class SOAP(torch.optim.Optimizer):
                 raise TypeError(f"SOAP optimizes floating parameters, got dtype {p.dtype}")
         _config_of(group)
 
+    def _shared_of(self, group) -> SOAPConfig:
+        """The group's shared config, made again only when one of its values changes (a
+        scheduler's lr), not at every step for every parameter."""
+        values = tuple(tuple(group[name]) if name == "betas" else group[name]
+                       for name in FIELDS)
+        cache = self.__dict__.setdefault("_shared_configs", {})
+        entry = cache.get(id(group))
+        if entry is None or entry[0] != values:
+            entry = cache[id(group)] = (values, _shared(_config_of(group)))
+        return entry[1]
+
     def _all_params(self) -> list:
         return list(chain.from_iterable(g["params"] for g in self.param_groups))
 
@@ -119,13 +130,14 @@ class SOAP(torch.optim.Optimizer):
             if p.grad.is_sparse:
                 raise TypeError("SOAP does not support sparse gradients (an Embedding made "
                                 "with sparse=True): make it dense")
-            shared = _shared(_config_of(group_of[id(p)]))
+            shared = self._shared_of(group_of[id(p)])
             pending.setdefault((shared, p.device), []).append(p)
         for (shared, _), params in pending.items():
             self._families.append(_Family(params, shared, init(params, shared)))
 
     def _family_config(self, family: _Family, group_of) -> SOAPConfig:
-        configs = {_shared(_config_of(group_of[id(p)])) for p in family.params}
+        groups = {id(group_of[id(p)]): group_of[id(p)] for p in family.params}
+        configs = {self._shared_of(g) for g in groups.values()}
         if len(configs) > 1:
             raise ValueError("parameter groups that share SOAP stacks must keep equal "
                              "hyperparameters other than lr and weight_decay")
@@ -201,7 +213,7 @@ class SOAP(torch.optim.Optimizer):
         families = []
         for entry in saved:
             members = [params[i] for i in entry["params"]]
-            config = _shared(_config_of(group_of[id(members[0])]))
+            config = self._shared_of(group_of[id(members[0])])
             plan = make_plan(members, config)
             fresh = init(members, config, plan=plan)
             arrays: dict[str, Any] = {name: int(entry[name]) for name in _COUNTERS}
