@@ -68,3 +68,28 @@ def test_lr_is_not_a_scale_by_soap_option():
     from matroot.optim.optax import scale_by_soap
     with pytest.raises(ValueError, match="scale_by_learning_rate"):
         scale_by_soap(lr=0.1)
+
+
+def test_inject_hyperparams_learning_rate_under_jit():
+    opt = optax.inject_hyperparams(soap, static_args=("precondition_frequency",))(
+        learning_rate=0.1, precondition_frequency=2)
+    params = {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}
+    state = opt.init(params)
+
+    def loss(p):
+        return jnp.sum((p["w"] - 2.0) ** 2) + jnp.sum(p["b"] ** 2)
+
+    @jax.jit
+    def step(params, state):
+        updates, state = opt.update(jax.grad(loss)(params), state, params)
+        return optax.apply_updates(params, updates), state
+
+    for _ in range(3):
+        params, state = step(params, state)
+    assert float(loss(params)) < 12.0
+    state.hyperparams["learning_rate"] = jnp.asarray(0.0)
+    still, _ = step(params, state)
+    assert float(loss(still)) == float(loss(params))
+    traced = optax.inject_hyperparams(soap)(learning_rate=0.1, precondition_frequency=2)
+    with pytest.raises(TypeError, match="static_args"):
+        jax.jit(traced.update)(params, traced.init(params), params)
