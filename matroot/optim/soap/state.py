@@ -9,10 +9,11 @@ keep plain Adam moments, parameter-shaped.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ... import _xp
-from ..shampoo_core.blocking import BlockPlan, plan_blocks
+from ..shampoo_core.blocking import BlockPlan, FactorStackShape, plan_blocks
 from ..shampoo_core.phases import compute_dtype_name
 from .config import SOAPConfig
 
@@ -61,15 +62,46 @@ class SOAPState(NamedTuple):
 
 
 def make_plan(params, config: SOAPConfig) -> BlockPlan:
-    """The block plan of these parameters (their shapes and dtypes only)."""
+    """The block plan of these parameters (their shapes and dtypes only): Shampoo's,
+    with the factors of one size and dtype in one stack whether their blocks are one-
+    or two-sided (Shampoo keeps them apart for their different roots; SOAP takes none).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.optim.soap import SOAPConfig, make_plan
+    >>> plan = make_plan([np.zeros((64, 64)), np.zeros((64, 50000))], SOAPConfig())
+    >>> [(s.size, s.count) for s in plan.stacks]
+    [(64, 3)]
+    """
     params = list(params)
     if not params:
         raise ValueError("params is empty")
     xp = _xp.array_namespace(*params)
-    return plan_blocks([tuple(p.shape) for p in params],
+    plan = plan_blocks([tuple(p.shape) for p in params],
                        [compute_dtype_name(xp, p.dtype) for p in params],
                        block_size=config.block_size, policy=config.factor_policy,
                        stacked=config.stacked)
+    return _one_stack_per_size(plan) if config.stacked else plan
+
+
+def _one_stack_per_size(plan: BlockPlan) -> BlockPlan:
+    keys = sorted({(s.dtype, s.size) for s in plan.stacks})
+    number = {key: i for i, key in enumerate(keys)}
+    counts = dict.fromkeys(keys, 0)
+    moved = []         # per old stack: (new stack, its first slot there)
+    for s in plan.stacks:
+        moved.append((number[(s.dtype, s.size)], counts[(s.dtype, s.size)]))
+        counts[(s.dtype, s.size)] += s.count
+    # root=0: SOAP's stacks feed eigenbases, not inverse roots.
+    stacks = tuple(FactorStackShape(size=size, root=0, dtype=dtype, count=counts[(dtype, size)])
+                   for dtype, size in keys)
+
+    def slot(side):
+        return None if side is None else (moved[side[0]][0], moved[side[0]][1] + side[1])
+
+    groups = tuple(replace(g, left=slot(g.left), right=slot(g.right)) for g in plan.groups)
+    return replace(plan, groups=groups, stacks=stacks)
 
 
 def init(params, config: SOAPConfig, *, plan: BlockPlan | None = None) -> SOAPState:
