@@ -47,7 +47,7 @@ from .rotation import accumulate_factors, from_eigenbasis, refresh_bases, side_s
     to_eigenbasis
 from .state import SOAPState, init
 
-__all__ = ["update", "soap", "all_finite", "nonfinite_params"]
+__all__ = ["update", "soap", "all_finite", "nonfinite_params", "screen"]
 
 
 def _per_param(value, default, count, name):
@@ -68,6 +68,20 @@ def nonfinite_params(xp, grads) -> list[int]:
     if not present or bool(lists.finite_flag(xp, present)):
         return []
     return [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
+
+
+def screen(xp, grads, state: SOAPState, config: SOAPConfig):
+    """Shampoo's non-finite policy on the host: None when every gradient is finite, else
+    raise (``"raise"``) or return the skipped step's zero updates and state (``"skip"``)."""
+    bad = nonfinite_params(xp, grads)
+    if not bad:
+        return None
+    if config.nonfinite_grads == "raise":
+        raise NonFiniteGradientError(f"gradients of parameters {bad} contain NaN or Inf; pass "
+                                     "nonfinite_grads='skip' to skip such steps instead")
+    return ([None if g is None else xp.zeros(g.shape, dtype=compute_dtype(xp, g),
+                                              device=_xp.device_of(g)) for g in grads],
+            state._replace(skipped_steps=state.skipped_steps + 1))
 
 
 def _runs(plan, present):
@@ -157,15 +171,9 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
         raise ValueError(DECAY_NEEDS_PARAMS)
     params = [None] * count if params is None else list(params)
     if check_grads:
-        bad = nonfinite_params(xp, grads)
-        if bad:
-            if config.nonfinite_grads == "raise":
-                raise NonFiniteGradientError(
-                    f"gradients of parameters {bad} contain NaN or Inf; pass "
-                    "nonfinite_grads='skip' to skip such steps instead")
-            return ([None if g is None else xp.zeros(g.shape, dtype=compute_dtype(xp, g),
-                                                      device=_xp.device_of(g)) for g in grads],
-                    state._replace(skipped_steps=state.skipped_steps + 1))
+        skipped = screen(xp, grads, state, config)
+        if skipped is not None:
+            return skipped
     taken = finite
     overwrite = in_place and _xp.backend_name(xp) != "jax"
     adam = config.adam

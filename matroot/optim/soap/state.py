@@ -104,8 +104,14 @@ def _one_stack_per_size(plan: BlockPlan) -> BlockPlan:
     return replace(plan, groups=groups, stacks=stacks)
 
 
-def init(params, config: SOAPConfig, *, plan: BlockPlan | None = None) -> SOAPState:
+def init(params, config: SOAPConfig, *, plan: BlockPlan | None = None,
+         elementwise=None) -> SOAPState:
     """Initial state for a sequence of parameter arrays (one namespace and device).
+
+    ``plan`` (default :func:`make_plan`) may be a part of it (a rank's share:
+    factors, bases and block moments for its blocks only); ``elementwise``, the
+    numbers of the parameters without factors whose Adam moments are kept here
+    (default: all of them).
 
     Examples
     --------
@@ -126,8 +132,9 @@ def init(params, config: SOAPConfig, *, plan: BlockPlan | None = None) -> SOAPSt
         return getattr(xp, name)
 
     exp_avg = [xp.zeros(tuple(p.shape), dtype=dtype(compute_dtype_name(xp, p.dtype)),
-                        device=device) if layout.kind == "elementwise" else None
-               for p, layout in zip(params, plan.params)]
+                        device=device) if layout.kind == "elementwise"
+               and (elementwise is None or i in elementwise) else None
+               for i, (p, layout) in enumerate(zip(params, plan.params))]
     blocks = [xp.zeros((len(g.blocks), *g.shape), dtype=dtype(g.dtype), device=device)
               for g in plan.groups]
     factors = [xp.zeros((s.count, s.size, s.size), dtype=dtype(s.dtype), device=device)

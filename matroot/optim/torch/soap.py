@@ -25,10 +25,14 @@ from itertools import chain
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from ... import _xp
+from ..distributed.core import resolve_process_group
 from ..soap import core
 from ..soap.config import FIELDS, PER_PARAMETER, SOAPConfig, check_soap_keywords
 from ..soap.state import SOAPState, init, make_plan
+from .soap_sharding import SoapSharding
 
 __all__ = ["SOAP"]
 
@@ -53,10 +57,20 @@ def _shared(config: SOAPConfig) -> SOAPConfig:
 
 
 class _Family:
-    """Parameters that share stacks, their core state and the config they were planned with."""
+    """Parameters that share stacks, their core state, the config they were planned
+    with and, when sharded, their split over the ranks."""
 
-    def __init__(self, params, config: SOAPConfig, state: SOAPState):
-        self.params, self.config, self.state = params, config, state
+    def __init__(self, params, config: SOAPConfig, state: SOAPState,
+                 sharding: SoapSharding | None = None):
+        self.params, self.config, self.state, self.sharding = params, config, state, sharding
+
+
+def _new_family(params, config: SOAPConfig, group) -> _Family:
+    if group is None:
+        return _Family(params, config, init(params, config))
+    sharding = SoapSharding(group, make_plan(params, config))
+    return _Family(params, config, init(params, config, plan=sharding.local,
+                                        elementwise=sharding.elementwise), sharding)
 
 
 class SOAP(torch.optim.Optimizer):
@@ -66,6 +80,11 @@ class SOAP(torch.optim.Optimizer):
     ----------
     params : iterable of tensors or dicts
         Parameters or parameter groups; any hyperparameter may be set per group.
+    distributed : "auto", None or ProcessGroup
+        ``"auto"``: when ``torch.distributed`` is initialised with more than one rank,
+        each rank keeps the state of its share of the blocks and the ranks sum their
+        directions (:mod:`matroot.optim.torch.soap_sharding`; every rank must see the
+        same gradients, as after DDP's all-reduce); None: never.
     **hyperparameters
         Any :class:`matroot.optim.soap.SOAPConfig` field (``lr``, ``betas``,
         ``shampoo_beta``, ``eps``, ``weight_decay``, ``precondition_frequency``,
@@ -87,11 +106,13 @@ class SOAP(torch.optim.Optimizer):
     2
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *,
+                 distributed: str | dist.ProcessGroup | None = "auto",
                  **hyperparameters: Any) -> None:
         check_soap_keywords(hyperparameters)
         config = SOAPConfig(**hyperparameters)
         self._families: list[_Family] = []
+        self._process_group = resolve_process_group(distributed)
         super().__init__(params, {name: getattr(config, name) for name in FIELDS})
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -133,7 +154,7 @@ class SOAP(torch.optim.Optimizer):
             shared = self._shared_of(group_of[id(p)])
             pending.setdefault((shared, p.device), []).append(p)
         for (shared, _), params in pending.items():
-            self._families.append(_Family(params, shared, init(params, shared)))
+            self._families.append(_new_family(params, shared, self._process_group))
 
     def _family_config(self, family: _Family, group_of) -> SOAPConfig:
         groups = {id(group_of[id(p)]): group_of[id(p)] for p in family.params}
@@ -164,15 +185,47 @@ class SOAP(torch.optim.Optimizer):
                 continue
             config = self._family_config(family, group_of)
             groups = [group_of[id(p)] for p in family.params]
-            updates, family.state = core.update(
-                grads, family.state, family.params, config,
-                lr=[float(g["lr"]) for g in groups],
-                weight_decay=[float(g["weight_decay"]) for g in groups], in_place=True)
+            lrs = [float(g["lr"]) for g in groups]
+            decays = [float(g["weight_decay"]) for g in groups]
+            if family.sharding is not None:
+                self._sharded_step(family, config, grads, lrs, decays)
+                continue
+            updates, family.state = core.update(grads, family.state, family.params, config,
+                                                lr=lrs, weight_decay=decays, in_place=True)
             pairs = [(p, u) for p, u in zip(family.params, updates) if u is not None]
             # One foreach addition for the family, not one per parameter.
             torch._foreach_add_([p for p, _ in pairs],
                                 [u if u.dtype == p.dtype else u.to(p.dtype) for p, u in pairs])
         return loss
+
+    def _sharded_step(self, family: _Family, config: SOAPConfig, grads, lrs, decays) -> None:
+        """A step of a sharded family: every rank screens every gradient (so all decide
+        alike), runs the core on its share and adds the ranks' summed directions."""
+        sharding, params = family.sharding, family.params
+        assert sharding is not None
+        xp = _xp.array_namespace(*[g for g in grads if g is not None])
+        skipped = core.screen(xp, grads, family.state, config)
+        if skipped is not None:
+            family.state = skipped[1]
+            return
+        local = sharding.local_grads(grads)
+        decoupled = config.weight_decay_type == "decoupled"
+        if any(g is not None for g in local):
+            updates, family.state = core.update(
+                local, family.state, params, config, lr=lrs,
+                weight_decay=[0.0] * len(params) if decoupled else decays, check_grads=False,
+                in_place=True)
+        else:       # this rank owns nothing of the family: its counters still advance
+            updates = [None] * len(params)
+            family.state = family.state._replace(step=family.state.step + 1)
+        summed = sharding.summed(params, updates)
+        present = [i for i, u in enumerate(summed) if u is not None]
+        decayed = [i for i in present if decoupled and lrs[i] * decays[i]]
+        if decayed:
+            torch._foreach_mul_([params[i] for i in decayed],
+                                [1.0 - lrs[i] * decays[i] for i in decayed])
+        torch._foreach_add_([params[i] for i in present],
+                            [summed[i].to(params[i].dtype) for i in present])
 
     def diagnostics(self) -> dict:
         """Steps taken, refresh rounds and skipped steps (of the first family), and the
@@ -198,6 +251,7 @@ class SOAP(torch.optim.Optimizer):
                                      "param_steps": [int(s) for s in state.param_steps]}
             entry.update({name: int(getattr(state, name)) for name in _COUNTERS})
             entry.update({name: list(getattr(state, name)) for name in _ARRAYS})
+            entry["shard"] = None if f.sharding is None else [f.sharding.world, f.sharding.rank]
             families.append(entry)
         saved["soap_families"] = families
         return saved
@@ -214,8 +268,14 @@ class SOAP(torch.optim.Optimizer):
         for entry in saved:
             members = [params[i] for i in entry["params"]]
             config = self._shared_of(group_of[id(members[0])])
-            plan = make_plan(members, config)
-            fresh = init(members, config, plan=plan)
+            family = _new_family(members, config, self._process_group)
+            shard = None if family.sharding is None else \
+                [family.sharding.world, family.sharding.rank]
+            if entry.get("shard") != shard:
+                raise ValueError(f"the state dict's SOAP family was saved on rank/world "
+                                 f"{entry.get('shard')}, this optimizer runs on {shard}: "
+                                 "load it with the world size it was saved with")
+            fresh = family.state
             arrays: dict[str, Any] = {name: int(entry[name]) for name in _COUNTERS}
             for name in _ARRAYS:
                 values = entry[name]
@@ -228,8 +288,8 @@ class SOAP(torch.optim.Optimizer):
                 arrays[name] = [None if a is None else
                                 a.detach().to(device=b.device, dtype=b.dtype, copy=True)
                                 for a, b in zip(values, expected)]
-            state = fresh._replace(param_steps=tuple(entry["param_steps"]), **arrays)
-            families.append(_Family(members, config, state))
+            family.state = fresh._replace(param_steps=tuple(entry["param_steps"]), **arrays)
+            families.append(family)
         self._families = families
 
     def __repr__(self) -> str:
