@@ -30,6 +30,7 @@ from .shampoo_core.root_options import RootOptions
 __all__ = [
     "Shampoo",
     "Muon",
+    "SOAP",
     "shampoo",
     "init",
     "update",
@@ -51,6 +52,9 @@ __all__ = [
 
 
 def __getattr__(name):
+    if name == "SOAP":
+        from .torch.soap import SOAP
+        return SOAP
     if name == "Muon":
         from .torch.muon import Muon
         return Muon

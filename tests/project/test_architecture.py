@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("matroot.polar_factor", "matroot.eigenbasis"),
     ("matroot",),
     ("matroot.optim.shampoo_core",),
-    ("matroot.optim.muon",),
+    ("matroot.optim.muon", "matroot.optim.soap"),
     ("matroot.optim.distributed",),
     ("matroot.optim.torch",),
     ("matroot.optim.optax",),

@@ -68,25 +68,35 @@ def scatter_blocks(group: BlockGroup, blocks, outputs, *, in_place: bool = True)
     return outputs
 
 
+def _area(block) -> int:
+    rows = block.rows[1] - block.rows[0]
+    return rows if block.cols is None else rows * (block.cols[1] - block.cols[0])
+
+
 def write_blocks(xp, plan: BlockPlan, runs, results, like) -> list:
     """Per parameter, its view-shaped array made of its blocks in ``results`` (one
     ``(k, *run.shape)`` array per run); None for parameters in no run.
 
     A parameter that is one block gets a view of its run's result (no copy); the
-    others are assembled, on PyTorch in one buffer per dtype by one foreach copy, so
-    the number of operations does not grow with the number of parameters.
+    others are assembled (zeros where the runs do not cover them), on PyTorch in one
+    buffer per dtype by one foreach copy, so the number of operations does not grow
+    with the number of parameters.
     ``like[i]`` is a view-shaped array of parameter ``i`` (the zeros' dtype and device
     elsewhere).
     """
     outputs: list = [None] * len(plan.params)
     count: dict = {}
+    area: dict = {}
     for run in runs:
         for b in run.blocks:
             count[b.param] = count.get(b.param, 0) + 1
+            area[b.param] = area.get(b.param, 0) + _area(b)
+    # A parameter the runs cover in part (a rank's share of it) is zero elsewhere.
+    whole = {i: a == math.prod(plan.params[i].view) for i, a in area.items()}
     pieces = []
     for run, result in zip(runs, results):
         for j, b in enumerate(run.blocks):
-            if count[b.param] == 1:
+            if count[b.param] == 1 and whole[b.param]:
                 outputs[b.param] = result[j, ...]
             else:
                 pieces.append((b, result[j, ...]))
@@ -94,7 +104,7 @@ def write_blocks(xp, plan: BlockPlan, runs, results, like) -> list:
         return outputs
     if not lists.is_foreach(xp):
         for run, result in zip(runs, results):
-            if any(count[b.param] > 1 for b in run.blocks):
+            if any(count[b.param] > 1 or not whole[b.param] for b in run.blocks):
                 for b in run.blocks:
                     if outputs[b.param] is None:
                         outputs[b.param] = xp.zeros(plan.params[b.param].view,
@@ -108,8 +118,9 @@ def write_blocks(xp, plan: BlockPlan, runs, results, like) -> list:
             by_dtype[block.dtype][b.param] = like[b.param]
     for dtype, members in by_dtype.items():
         sizes = [math.prod(plan.params[i].view) for i in members]
-        flat = xp.empty((sum(sizes),), dtype=dtype,
-                        device=_xp.device_of(next(iter(members.values()))))
+        make = xp.empty if all(whole[i] for i in members) else xp.zeros
+        flat = make((sum(sizes),), dtype=dtype,
+                    device=_xp.device_of(next(iter(members.values()))))
         start = 0
         for i, size in zip(members, sizes):
             outputs[i] = xp.reshape(flat[start:start + size], plan.params[i].view)

@@ -1,2 +1,2 @@
 """The ``torch.optim.Optimizer`` shells: ``Shampoo`` (:mod:`.shampoo`, its state in
-:mod:`.state`) and ``Muon`` (:mod:`.muon`)."""
+:mod:`.state`), ``Muon`` (:mod:`.muon`) and ``SOAP`` (:mod:`.soap`)."""

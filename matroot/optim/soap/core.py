@@ -1,0 +1,285 @@
+"""Stacked SOAP as a pair of functions, ``init`` and ``update``, on any array API.
+
+SOAP (Vyas et al., 2024, arXiv 2409.11321) is Adam run in the eigenbasis of Shampoo's
+factors (eigenvalue-corrected Shampoo, George et al., 2018). One step, for the
+parameters with a gradient, on the per-stack path Shampoo's core uses
+(:mod:`matroot.optim.shampoo_core.stack_io`, :mod:`~matroot.optim.shampoo_core.lists`):
+
+1. The effective gradient (sign for ``maximize``, L2 decay;
+   :func:`~matroot.optim.shampoo_core.grafting.effective_gradients`); the blocks of
+   each shape gathered into one ``(k, r, c)`` stack.
+2. ``G̃ = Q_Lᵀ·G·Q_R``; Adam in the eigenbasis, ``m̃ ← β₁m̃ + (1−β₁)G̃``,
+   ``ṽ ← β₂ṽ + (1−β₂)G̃²``, ``D̃ = m̂/(√v̂ + eps)`` with bias corrections
+   (:func:`~matroot.optim.shampoo_core.grafting.grafting_directions`, one list operation
+   per term for every stack and every unfactored parameter together); back,
+   ``D = Q_L·D̃·Q_Rᵀ``, written to the parameters once per block shape.
+3. ``update = −lr·(D + weight_decay·param)`` (decoupled;
+   :func:`~matroot.optim.shampoo_core.grafting.final_updates`).
+4. Factors: ``L ← β·L + (1−β)·G·Gᵀ``, ``R ← β·R + (1−β)·Gᵀ·G`` (``β`` is
+   ``shampoo_beta``, default ``β₂``), one batched product per block shape.
+5. On refresh steps (``start_preconditioning_step`` and every
+   ``precondition_frequency`` after), every stack's eigenvectors from its previous
+   ones, one :func:`matroot.refresh_eigenbasis` call per stack; the moments rotated
+   into the new basis (:mod:`.rotation`), which serves from the next step on (SOAP's
+   order). Until the first refresh the basis is the identity: the step is AdamW's.
+
+Parameters without a factored side (vectors, scalars, and with
+``max_preconditioned_dim`` both sides too long) take step 2 with ``Q = I``: AdamW.
+Non-finite gradients follow ``nonfinite_grads`` as in Shampoo.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ... import _xp
+from ..shampoo_core import lists
+from ..shampoo_core.blocking import subgroup
+from ..shampoo_core.config import NonFiniteGradientError
+from ..shampoo_core.core import DECAY_NEEDS_PARAMS, GradientTransformation
+from ..shampoo_core.counters import advance, advance_param_steps
+from ..shampoo_core.gradients import all_finite, check_gradients, nonfinite_flags
+from ..shampoo_core.grafting import effective_gradients, final_updates, grafting_directions
+from ..shampoo_core.phases import Schedule, compute_dtype
+from ..shampoo_core.stack_io import assign, gather_blocks, write_blocks
+from .config import SOAPConfig, check_soap_keywords
+from .rotation import accumulate_factors, from_eigenbasis, refresh_bases, side_slots, \
+    to_eigenbasis
+from .state import SOAPState, init
+
+__all__ = ["update", "soap", "all_finite", "nonfinite_params", "screen"]
+
+
+def _per_param(value, default, count, name):
+    if value is None:
+        value = default
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return [float(value)] * count
+    values = [float(v) for v in value]
+    if len(values) != count:
+        raise ValueError(f"{name} has {len(values)} entries for {count} parameters")
+    return values
+
+
+def nonfinite_params(xp, grads) -> list[int]:
+    """The parameters whose gradient holds NaN/Inf: one host read when all are finite
+    (on PyTorch from one foreach reduction, whatever their number)."""
+    present = [g for g in grads if g is not None]
+    if not present or bool(lists.finite_flag(xp, present)):
+        return []
+    return [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
+
+
+def screen(xp, grads, state: SOAPState, config: SOAPConfig):
+    """Shampoo's non-finite policy on the host: None when every gradient is finite, else
+    raise (``"raise"``) or return the skipped step's zero updates and state (``"skip"``)."""
+    bad = nonfinite_params(xp, grads)
+    if not bad:
+        return None
+    if config.nonfinite_grads == "raise":
+        raise NonFiniteGradientError(f"gradients of parameters {bad} contain NaN or Inf; pass "
+                                     "nonfinite_grads='skip' to skip such steps instead")
+    return ([None if g is None else xp.zeros(g.shape, dtype=compute_dtype(xp, g),
+                                              device=_xp.device_of(g)) for g in grads],
+            state._replace(skipped_steps=state.skipped_steps + 1))
+
+
+def _runs(plan, present):
+    """``(group number, start, stop, run)`` for every run of consecutive blocks of a
+    group whose parameters have a gradient."""
+    out = []
+    for g, group in enumerate(plan.groups):
+        start = None
+        for j, block in enumerate(group.blocks + (None,)):
+            if block is not None and present[block.param]:
+                start = j if start is None else start
+            elif start is not None:
+                whole = start == 0 and j == len(group.blocks)
+                out.append((g, start, j, group if whole else subgroup(group, start, j)))
+                start = None
+    return out
+
+
+def _run_step(xp, this_step, run, like):
+    """The bias-correction step of a run: one count shared by its blocks, else one per
+    block, broadcast over the block's entries."""
+    steps = [this_step[b.param] for b in run.blocks]
+    first = steps[0]
+    if all(s is first for s in steps) or (isinstance(first, numbers.Integral) and all(
+            isinstance(s, numbers.Integral) and s == first for s in steps)):
+        return first
+    column = xp.stack([xp.asarray(s, dtype=like.dtype, device=_xp.device_of(like))
+                       for s in steps])
+    return xp.reshape(column, (len(steps),) + (1,) * (like.ndim - 1))
+
+
+def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weight_decay=None,
+           check_grads: bool = True, in_place: bool = False, refresh=None, finite=None):
+    """One SOAP step: the updates to add to the parameters, and the advanced state.
+
+    Parameters
+    ----------
+    grads : sequence of arrays or None
+        One per parameter; None leaves a parameter, its moments and factors as they
+        are (a refresh still renews its bases from those factors, rotating its moments).
+    state : SOAPState
+        From :func:`init` or a previous ``update``; untouched unless ``in_place``.
+    params : sequence of arrays or None
+        The current parameters (for weight decay); None when it is 0 everywhere.
+    config : SOAPConfig
+    lr, weight_decay : float or sequence of float, optional
+        Per-parameter overrides of ``config.lr`` / ``config.weight_decay``.
+    check_grads : bool
+        Apply ``config.nonfinite_grads`` on the host (one read per step).
+    in_place : bool
+        Overwrite the state's moments and factors (NumPy, CuPy, PyTorch).
+    refresh : bool or 0-d boolean array, optional
+        Whether this step refreshes the bases, decided by the caller from a host-side
+        count; default ``config.refreshes_at(step)``.
+    finite : 0-d boolean array, optional
+        Whether every gradient is finite, on the device (:func:`all_finite`): where
+        False the step is skipped without a host read (``check_grads=False``).
+
+    Returns
+    -------
+    updates : list of arrays or None
+    state : SOAPState
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.optim.soap import SOAPConfig, init, update
+    >>> config = SOAPConfig(lr=0.1, precondition_frequency=2)
+    >>> w = np.ones((3, 2))
+    >>> state = init([w], config)
+    >>> for _ in range(3):
+    ...     updates, state = update([2 * w], state, [w], config)
+    ...     w = w + updates[0]
+    >>> state.step, state.refreshes, bool(np.all(w < 1))
+    (3, 2, True)
+    """
+    plan = state.plan
+    grads = check_gradients(grads, plan)
+    count = len(plan.params)
+    present_arrays = [g for g in grads if g is not None]
+    if not present_arrays:
+        return [None] * count, state
+    xp = _xp.array_namespace(*present_arrays)
+    lrs = _per_param(lr, config.lr, count, "lr")
+    decays = _per_param(weight_decay, config.weight_decay, count, "weight_decay")
+    if params is None and any(decays):
+        raise ValueError(DECAY_NEEDS_PARAMS)
+    params = [None] * count if params is None else list(params)
+    if check_grads:
+        skipped = screen(xp, grads, state, config)
+        if skipped is not None:
+            return skipped
+    taken = finite
+    overwrite = in_place and _xp.backend_name(xp) != "jax"
+    adam = config.adam
+    present = [g is not None for g in grads]
+    step = advance(xp, state.step, taken, in_place=overwrite)
+    this_step, param_steps = advance_param_steps(xp, state.param_steps, present, taken,
+                                                 in_place=overwrite)
+    schedule = Schedule(config.refreshes_at(step) if refresh is None else refresh, True)
+
+    indices = [i for i in range(count) if present[i]]
+    gs = [xp.astype(grads[i], compute_dtype(xp, grads[i]), copy=False) for i in indices]
+    if taken is not None:   # a skipped step's NaN must not reach a product
+        gs = lists.zero_unless(xp, taken, gs)
+    effective: list = [None] * count
+    for i, g in zip(indices, effective_gradients(xp, gs, [params[i] for i in indices],
+                                                 [decays[i] for i in indices], adam)):
+        effective[i] = g
+    views = [None if g is None else xp.reshape(g, layout.view)
+             for g, layout in zip(effective, plan.params)]
+    runs = _runs(plan, present)
+    gathered = [gather_blocks(run, views, xp) for _, _, _, run in runs]
+    bases, block_m, block_v = state.bases, list(state.block_exp_avg), \
+        list(state.block_exp_avg_sq)
+    # Adam, in one list operation per term for every unfactored parameter and every run.
+    flat = [i for i in indices if plan.params[i].kind == "elementwise"]
+    sides = [side_slots(bases, run) for _, _, _, run in runs]
+    rotated = [to_eigenbasis(xp, blocks, *qs) for blocks, qs in zip(gathered, sides)]
+    whole = [a == 0 and b == len(plan.groups[g].blocks) for g, a, b, _ in runs]
+    run_m = [block_m[g] if w else block_m[g][a:b, ...] for (g, a, b, _), w in zip(runs, whole)]
+    run_v = [block_v[g] if w else block_v[g][a:b, ...] for (g, a, b, _), w in zip(runs, whole)]
+    new_m, new_v, _, directions = grafting_directions(
+        xp, [effective[i] for i in flat] + rotated,
+        [state.exp_avg[i] for i in flat] + run_m, [state.exp_avg_sq[i] for i in flat] + run_v,
+        [this_step[i] for i in flat] + [_run_step(xp, this_step, run, blocks)
+                                        for (_, _, _, run), blocks in zip(runs, rotated)],
+        adam, in_place=in_place, step_taken=taken)
+    exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
+    for j, i in enumerate(flat):
+        exp_avg[i], exp_avg_sq[i] = new_m[j], new_v[j]
+    out: list = [None] * count
+    for j, i in enumerate(flat):
+        out[i] = directions[j]
+    offset = len(flat)
+    for r, ((g, a, b, _), w) in enumerate(zip(runs, whole)):
+        m, v = new_m[offset + r], new_v[offset + r]
+        block_m[g] = m if w else assign(block_m[g], (slice(a, b), ...), m, in_place=in_place)
+        block_v[g] = v if w else assign(block_v[g], (slice(a, b), ...), v, in_place=in_place)
+    back = [from_eigenbasis(xp, d, *qs) for d, qs in zip(directions[offset:], sides)]
+    written = write_blocks(xp, plan, [run for _, _, _, run in runs], back, views)
+    for i, layout in enumerate(plan.params):
+        if written[i] is not None:
+            out[i] = xp.reshape(written[i], layout.shape)
+    updates_present, _ = final_updates(
+        xp, [out[i] for i in indices], [None] * len(indices), [params[i] for i in indices],
+        [lrs[i] for i in indices], [decays[i] for i in indices], adam, in_place=in_place,
+        step_taken=taken)
+    updates: list = [None] * count
+    for i, u in zip(indices, updates_present):
+        updates[i] = u
+
+    # The factors take this step's gradients after the step, and a refreshed basis
+    # serves from the next step on (SOAP's order): a basis made with the gradient it
+    # then rotates would show that gradient nearly diagonal, and Adam would blow its
+    # rounding noise off the diagonal up to ±1 entries.
+    factors = list(state.factors)
+    for (_, _, _, run), blocks in zip(runs, gathered):
+        factors = accumulate_factors(xp, run, blocks, factors, config.factor_beta,
+                                     in_place=in_place, step_taken=taken)
+
+    def refreshed(bases, residuals, block_m, block_v):
+        return refresh_bases(xp, plan, config, factors, bases, residuals, block_m, block_v)
+
+    def kept(*operands):
+        return tuple(list(o) for o in operands)
+
+    bases, residuals, block_m, block_v = schedule.branch(
+        schedule.refresh, refreshed, kept, bases, state.residuals, block_m, block_v) \
+        if plan.stacks else kept(bases, state.residuals, block_m, block_v)
+    refreshes = schedule.counted(xp, state.refreshes, schedule.refresh, in_place=overwrite)
+    skipped = state.skipped_steps
+    if taken is not None:
+        skipped = advance(xp, skipped, ~taken, in_place=overwrite)
+    return updates, state._replace(
+        step=step, param_steps=param_steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
+        block_exp_avg=block_m, block_exp_avg_sq=block_v, factors=factors, bases=bases,
+        residuals=residuals, refreshes=refreshes, skipped_steps=skipped)
+
+
+def soap(**hyperparameters) -> GradientTransformation:
+    """An optax-style ``(init, update)`` pair for fixed hyperparameters (any array library).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.optim.soap import soap
+    >>> opt = soap(lr=0.05, precondition_frequency=2, weight_decay=0.0)
+    >>> params = [np.ones((4, 3)), np.zeros(3)]
+    >>> state = opt.init(params)
+    >>> for _ in range(3):
+    ...     updates, state = opt.update([2 * params[0], params[1] - 1], state, params)
+    ...     params = [p + u for p, u in zip(params, updates)]
+    >>> bool(np.all(params[0] < 1)), state.refreshes
+    (True, 2)
+    """
+    check_soap_keywords(hyperparameters, "soap")
+    config = SOAPConfig(**hyperparameters)
+    return GradientTransformation(lambda params: init(params, config),
+                                  lambda grads, state, params=None:
+                                  update(grads, state, params, config))
