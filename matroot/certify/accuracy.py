@@ -26,7 +26,7 @@ __all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "CHECK_RESOLUTION", "ESTIMATE_UNDER
            "MEASURED_UNSEEN", "SMALL_MATRIX_UNSEEN", "measured_unseen",
            "FLOAT32_INVERSE_TOLERANCE", "KAPPA_BUCKETS", "LOW_PRECISION_ROWS",
            "RTOL_FLOOR_UNITS", "check_rtol", "is_converged", "row_target", "rtol_allowance",
-           "unit_roundoff"]
+           "unit_roundoff", "within_rtol"]
 
 #: Upper ends of the κ(A + eps·I) buckets of the table.
 KAPPA_BUCKETS: tuple[float, ...] = (1e2, 1e4, 1e6)
@@ -242,6 +242,23 @@ def rtol_allowance(rtol: float | Array, kappa: Array, p, unit: float,
     unseen = rtol - kappa * (CHECK_RESOLUTION * unit / p)
     return xp.where(unseen > 0, unseen / ESTIMATE_UNDERSHOOT, -float("inf"))
 
+
+def within_rtol(error_estimate: Array, rtol: float, kappa: Array, p, unit: float) -> Array:
+    """Per matrix, whether a first-order ``error_estimate`` certifies ``rtol``:
+    ``error_estimate ≤`` :func:`rtol_allowance` (the same test, in two operations:
+    ``estimate + CHECK_RESOLUTION·u·κ/(p·ESTIMATE_UNDERSHOOT) < rtol/ESTIMATE_UNDERSHOOT``
+    for a non-negative estimate, stricter only at equality).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.certify.accuracy import within_rtol
+    >>> within_rtol(np.array([4e-3, 4e-3, 0.0]), 1e-2, np.array([1e2, 1e6, 1e6]), 1,
+    ...             2.0 ** -24).tolist()
+    [True, False, False]
+    """
+    slope = CHECK_RESOLUTION * unit / (p * ESTIMATE_UNDERSHOOT)
+    return _xp.add_scaled(error_estimate, slope, kappa) < rtol / ESTIMATE_UNDERSHOOT
 
 
 def is_converged(stopped: Array, usable: Array, error_estimate: Array,

@@ -16,7 +16,7 @@ from . import stack_solve
 from .verdict import repair, repair_on_device, solve_fixed, warn_cast
 from .._checks import check_bound, check_choice, check_stack
 from .._typing import Array
-from .call import RootCall, resolve_call
+from .call import VERDICTS, RootCall, resolve_call
 from .gradient import inv_root_derivative
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
 from ..solvers import get_solver
@@ -25,13 +25,6 @@ from ..certify.verify import DEFAULT_CERTIFICATE
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
            "default_tol", "default_max_iter", "usable_roots", "VERDICTS"]
-
-#: Where a call's verdict is decided: read once on the host at the end of the call
-#: ("host": non-finite input raises, warnings, the fallback re-solves only the
-#: matrices that failed), or left on the device ("device": no host read at all;
-#: non-finite input gives NaN roots with converged=False, the fallback is solved for
-#: the whole stack and taken with a per-matrix select).
-VERDICTS = ("host", "device")
 
 
 def default_tol(method: str, compute_dtype: str) -> float:

@@ -13,11 +13,14 @@ import warnings
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import _xp
-from .._checks import (COMPUTE_DTYPES, FALLBACKS, SCALINGS, check_choice, check_matmul_dtype,
-                      check_max_iter, check_nonnegative, check_p)
-from ..certify.accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, measured_unseen,
-                       check_rtol, row_target, rtol_allowance, unit_roundoff)
+from .._checks import (COMPUTE_DTYPES, FALLBACKS, MATMUL_DTYPES, SCALINGS, check_choice,
+                       check_matmul_dtype, check_max_iter, check_nonnegative, check_p)
+from ..certify.accuracy import (BUCKET_SLACK, KAPPA_BUCKETS, check_rtol, is_converged,
+                                measured_unseen, row_target, rtol_allowance, unit_roundoff,
+                                within_rtol)
 from ..spectrum.lambda_max_bounds import BOUND_CERTIFICATES, DEFAULT_BOUND_CERTIFICATE
 from ..certify.probes import FROBENIUS_FACTOR
 from .result import ConvergenceWarning
@@ -28,7 +31,7 @@ from ..spectrum.lambda_max_bounds import schatten_overestimate
 from ..solvers.registry import SolverSpec, check_method, require_dtypes, require_support
 from ..certify.verify import CERTIFICATES, DEFAULT_CERTIFICATE
 
-__all__ = ["RootCall", "resolve_call"]
+__all__ = ["RootCall", "resolve_call", "check_keywords", "STEPS", "VERDICTS"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,15 @@ class RootCall:
         """u of the compute dtype."""
         return unit_roundoff(xp, getattr(xp, self.work_dtype))
 
+    def certifies(self, error_estimate, kappa, n: int):
+        """Per matrix, whether ``error_estimate`` is within :meth:`accuracy` (in two
+        operations for a target ``rtol`` and a first-order estimate:
+        :func:`matroot.certify.accuracy.within_rtol`)."""
+        if self.rtol is not None and self.solver.iterative:
+            return within_rtol(error_estimate, self.rtol, kappa, self.p,
+                               self.unit_roundoff(_xp.array_namespace(kappa)))
+        return is_converged(True, True, error_estimate, self.accuracy(kappa, n))
+
     def accuracy(self, kappa, n: int):
         """Per matrix of size ``n``, the error estimate ``converged`` allows.
 
@@ -153,6 +165,68 @@ class RootCall:
 ROOT_SCALINGS = (*SCALINGS, "schatten")
 
 
+#: Where a call's verdict is decided: read once on the host at the end of the call
+#: ("host": non-finite input raises, warnings, the fallback re-solves only the
+#: matrices that failed), or left on the device ("device": no host read at all;
+#: non-finite input gives NaN roots with converged=False, the fallback is solved for
+#: the whole stack and taken with a per-matrix select).
+VERDICTS = ("host", "device")
+#: ``steps`` values: the fixed-step rule where the call allows it on an accelerator
+#: ("auto"), always ("fixed": a ValueError where the call does not allow it), never.
+STEPS = ("auto", "fixed", "adaptive")
+#: The keywords that take one of a list of values, and their lists.
+_CHOICES = {"scaling": ROOT_SCALINGS, "matmul_dtype": MATMUL_DTYPES,
+            "compute_dtype": COMPUTE_DTYPES, "fallback": FALLBACKS,
+            "certificate": CERTIFICATES, "bound_certificate": BOUND_CERTIFICATES,
+            "steps": STEPS, "verdict": VERDICTS}
+
+
+def check_keywords(**keywords) -> dict:
+    """The checks of :func:`matroot.inv_root`'s keywords that need no array, for the
+    keywords given (``scaling``, ``tol``, ``rtol``, ``max_iter``, ``matmul_dtype``,
+    ``compute_dtype``, ``fallback``, ``certificate``, ``bound_certificate``, ``steps``,
+    ``verdict``): the values, ``tol`` and ``rtol`` as floats and ``max_iter`` as an int.
+
+    ``rtol`` is held to the floor of ``compute_dtype`` where it is given, else of
+    float64 (the call checks it again against the dtype it computes in). Every caller
+    that takes these keywords ahead of a call (:class:`matroot.optim.RootOptions`)
+    checks them here, as the call does.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A value :func:`matroot.inv_root` refuses, or a keyword it does not take.
+
+    Examples
+    --------
+    >>> from matroot.roots.call import check_keywords
+    >>> check_keywords(tol=0, steps="fixed")
+    {'tol': 0.0, 'steps': 'fixed'}
+    >>> check_keywords(verdict="later")
+    Traceback (most recent call last):
+    ...
+    ValueError: verdict='later' is not one of 'host', 'device'
+    """
+    checked = dict(keywords)
+    for name, value in keywords.items():
+        if name in _CHOICES:
+            if not (name == "scaling" and value is None):
+                check_choice(value, name, _CHOICES[name])
+        elif name == "tol":
+            checked[name] = None if value is None else check_nonnegative(value, "tol")
+        elif name == "max_iter":
+            checked[name] = check_max_iter(value)
+        elif name == "rtol":
+            if value is not None:
+                dtype = keywords.get("compute_dtype") or "float64"
+                checked[name] = check_rtol(value, unit_roundoff(np, getattr(np, dtype)))
+        else:
+            raise TypeError(f"{name!r} is not a keyword of inv_root these checks cover")
+    if keywords.get("matmul_dtype") is not None and keywords.get("compute_dtype") == "float64":
+        check_matmul_dtype(np, keywords["matmul_dtype"], "float64")
+    return checked
+
+
 def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
                  scaling: str | None = None,
                  tol: float | None = None, rtol: float | None = None,
@@ -160,7 +234,8 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
                  compute_dtype: str | None = None, fallback: str | None = None,
                  certificate: str = DEFAULT_CERTIFICATE,
                  bound_certificate: str = DEFAULT_BOUND_CERTIFICATE,
-                 caller_bounds: bool = False, steps: str = "auto") -> RootCall:
+                 caller_bounds: bool = False, steps: str = "auto",
+                 fixed_on_any_device: bool = False) -> RootCall:
     """Validate an ``inv_root`` call's options and decide everything they leave open.
 
     Parameters
@@ -177,6 +252,9 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
         Whether the caller gave λmax or λmin bounds (then the adaptive path runs).
     steps : {"auto", "fixed", "adaptive"}
         As in :func:`matroot.inv_root`.
+    fixed_on_any_device : bool
+        Let ``steps="auto"`` choose fixed steps on a CPU too (the optimizer's rule:
+        :mod:`matroot.optim.shampoo_core.root_options`).
 
     Returns
     -------
@@ -191,16 +269,11 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
     p = check_p(p)
     require_support(method, p)
     eps = check_nonnegative(eps, "eps")
-    if scaling is not None:
-        check_choice(scaling, "scaling", ROOT_SCALINGS)
-    check_choice(compute_dtype, "compute_dtype", COMPUTE_DTYPES)
-    check_choice(fallback, "fallback", FALLBACKS)
-    check_choice(certificate, "certificate", CERTIFICATES)
-    check_choice(bound_certificate, "bound_certificate", BOUND_CERTIFICATES)
-    check_choice(steps, "steps", STEPS)
-    max_iter = check_max_iter(max_iter)
-    if tol is not None:
-        tol = check_nonnegative(tol, "tol")
+    checked = check_keywords(scaling=scaling, tol=tol, max_iter=max_iter,
+                             compute_dtype=compute_dtype, fallback=fallback,
+                             certificate=certificate, bound_certificate=bound_certificate,
+                             steps=steps)
+    tol, max_iter = checked.get("tol"), checked.get("max_iter")
     explicit_tol = tol
     if compute_dtype == "float64" and not _xp.has_float64(xp):
         raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
@@ -236,7 +309,8 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
     plan = _resolve_steps(xp, a, steps, solver, p, rtol=rtol, tol=tol,
                           explicit_tol=explicit_tol, max_iter=max_iter,
                           matmul_dtype=matmul_dtype, certificate=certificate,
-                          scaling=scaling, caller_bounds=caller_bounds, work_dtype=work_dtype)
+                          scaling=scaling, caller_bounds=caller_bounds, work_dtype=work_dtype,
+                          any_device=fixed_on_any_device)
     if scaling is None:
         scaling = "schatten" if plan is not None else "power"
     return RootCall(solver=solver, p=p, eps=eps, scaling=scaling, tol=tol, rtol=rtol,
@@ -246,13 +320,9 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
                     fallback=fallback, fixed=plan)
 
 
-#: ``steps`` values: the fixed-step rule where the call allows it on an accelerator
-#: ("auto"), always ("fixed": a ValueError where the call does not allow it), never.
-STEPS = ("auto", "fixed", "adaptive")
-
-
 def _resolve_steps(xp, a, steps: str, solver, p, *, rtol, tol, explicit_tol, max_iter,
-                   matmul_dtype, certificate, scaling, caller_bounds, work_dtype):
+                   matmul_dtype, certificate, scaling, caller_bounds, work_dtype,
+                   any_device: bool = False):
     """The fixed plan of this call, or None for the adaptive loop."""
     if steps == "adaptive":
         return None
@@ -267,7 +337,7 @@ def _resolve_steps(xp, a, steps: str, solver, p, *, rtol, tol, explicit_tol, max
          scaling not in (None, "schatten")),
         ("no lambda_max_upper= or lambda_min_lower=", caller_bounds)) if missing]
     if steps == "auto" and (needs or work_dtype != "float32"
-                            or not _xp.is_accelerator(xp, a)):
+                            or not (any_device or _xp.is_accelerator(xp, a))):
         return None
     if needs:
         raise ValueError("steps='fixed' needs " + "; ".join(needs))

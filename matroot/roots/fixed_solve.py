@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from .. import _xp
 from .._typing import Array
-from ..certify.accuracy import is_converged, unit_roundoff
+from ..certify.accuracy import unit_roundoff
 from ..certify.product_check import product_check
 from ..solvers.fixed_runs import run_fixed
 from ..spectrum.lambda_max_bounds import schatten_lambda_max
@@ -126,7 +126,7 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
         root=returned,
         residual=check.residual,
         iterations=_xp.constant_vector(xp, plan.total, b, xp.int32, dev),
-        converged=is_converged(True, True, estimate, call.accuracy(check.kappa, n)),
+        converged=call.certifies(estimate, check.kappa, n),
         lambda_max=scale / inverse,
         matmuls=_xp.constant_vector(xp, matmul.count, b, xp.int32, dev),
         method=call.method,

@@ -12,9 +12,12 @@ the next product's ``alpha`` instead of being applied. Operations per step on to
 ==============  ===========  ===============================
 method          first step   later steps
 ==============  ===========  ===============================
-minimax         3            5 (``ZY − I``, ``I + cD``, ``q``, ``Y·q``, ``q·Z``)
-newton_db       2            3 (``E``, ``Y·E``, ``E·Z``)
-coupled_newton  1 + log₂p+1  2 + ⌊log₂p⌋ + popcount(p) (``N``, ``X·N``, ``N^p·M``)
+minimax         3            5 (``ZY − I``, ``I + cD``, ``q``, ``Y·q``, ``q·Z``); a
+                             stage's last step forms only ``Z`` (last stage)
+                             or ``Y`` (the others): 4
+newton_db       2            3 (``E``, ``Y·E``, ``E·Z``); a stage's last: 2
+coupled_newton  1 + log₂p+1  2 + ⌊log₂p⌋ + popcount(p) (``N``, ``X·N``, ``N^p·M``);
+                             the last: 2 (``N``, ``X·N``)
 ==============  ===========  ===============================
 
 Each run returns the root of the scaled stack as ``(matrix, host_factor)``: the root is
@@ -35,12 +38,15 @@ def _identity_like(a):
     return _xp.shared_identity(xp, a.shape[-1], a.dtype, _xp.device_of(a))
 
 
-def _minimax_stage(a, a_factor, rows, eye, matmul):
+def _minimax_stage(a, a_factor, rows, eye, matmul, *, last: bool):
     """One square-root stage of ``c = a_factor·a``: ``(Y, y_factor, Z)`` with
     ``y_factor·Y → c^(1/2)`` and ``Z → c^(-1/2)``, by the stage's quintics
-    ``q = α + βD + γD²`` about ``D = ZY − I``, written ``αI + β·D·(I + (γ/β)·D)``."""
+    ``q = α + βD + γD²`` about ``D = ZY − I``, written ``αI + β·D·(I + (γ/β)·D)``.
+    The last step forms only what is used next: ``Z`` in the ``last`` stage (Y is
+    None), ``Y`` in the others (Z is None)."""
     y = z = None
     y_factor = a_factor
+    final = len(rows) - 1
     for k, (alpha, beta, gamma) in enumerate(rows):
         if k == 0:
             # From Z = I, Y = c: q(c) = c₀I + c₁c + c₂c² = c₀·(I + (c₁/c₀)·c) + c₂·c²
@@ -48,7 +54,7 @@ def _minimax_stage(a, a_factor, rows, eye, matmul):
             c0, c1, c2 = alpha - beta + gamma, beta - 2 * gamma, gamma
             inner = _xp.add_scaled(eye, c1 * a_factor / c0, a)
             q = matmul.added(inner, a, a, beta=c0, alpha=c2 * a_factor ** 2)
-            y, z = matmul(a, q), q
+            y, z = (None if k == final and last else matmul(a, q)), q
             continue
         d = matmul.added(eye, z, y, beta=-1.0, alpha=y_factor)
         if beta != 0:
@@ -56,39 +62,45 @@ def _minimax_stage(a, a_factor, rows, eye, matmul):
             q = matmul.added(eye, d, inner, beta=alpha, alpha=beta)
         else:
             q = matmul.added(eye, d, d, beta=alpha, alpha=gamma)
-        y, z = matmul(y, q), matmul(q, z)
+        y = None if k == final and last else matmul(y, q)
+        z = None if k == final and not last else matmul(q, z)
     return y, y_factor, z
 
 
 def _minimax(a, a_factor, p, plan: FixedPlan, matmul):
     eye = _identity_like(a)
-    for rows in plan.coefficients:
-        a, a_factor, z = _minimax_stage(a, a_factor, rows, eye, matmul)
+    final = len(plan.coefficients) - 1
+    for stage, rows in enumerate(plan.coefficients):
+        a, a_factor, z = _minimax_stage(a, a_factor, rows, eye, matmul, last=stage == final)
     if p == 1:
         return matmul(z, z), 1.0
     return z, 1.0
 
 
-def _newton_schulz_stage(a, a_factor, steps, eye, matmul):
+def _newton_schulz_stage(a, a_factor, steps, eye, matmul, *, last: bool):
     """``(Y, y_factor, Z, z_factor)`` for ``c = a_factor·a``: ``E = (3I − ZY)/2``,
     ``Y ← YE``, ``Z ← EZ``; ``E`` is formed as ``I − ZY/3`` and its 3/2 carried on
-    the host into the next products, as are the factors of ``Y`` and ``Z``."""
+    the host into the next products, as are the factors of ``Y`` and ``Z``. The last
+    step forms only what is used next (``Z`` in the ``last`` stage, else ``Y``)."""
     y, z, y_factor, z_factor = a, None, a_factor, 1.0
     for k in range(steps):
         if k == 0:
             e = _xp.add_scaled(eye, -a_factor / 3.0, a)
         else:
             e = matmul.added(eye, z, y, alpha=-y_factor * z_factor / 3.0)
-        y = matmul(y, e)
-        z = e if k == 0 else matmul(e, z)
+        final = k == steps - 1
+        y = None if final and last else matmul(y, e)
+        z = e if k == 0 else (None if final and not last else matmul(e, z))
         y_factor, z_factor = y_factor * 1.5, z_factor * 1.5
     return y, y_factor, z, z_factor
 
 
 def _newton_db(a, a_factor, p, plan: FixedPlan, matmul):
     eye = _identity_like(a)
-    for steps in plan.steps:
-        a, a_factor, z, z_factor = _newton_schulz_stage(a, a_factor, steps, eye, matmul)
+    final = len(plan.steps) - 1
+    for stage, steps in enumerate(plan.steps):
+        a, a_factor, z, z_factor = _newton_schulz_stage(a, a_factor, steps, eye, matmul,
+                                                        last=stage == final)
     if p == 1:
         return matmul(z, z), z_factor * z_factor
     return z, z_factor
@@ -102,12 +114,13 @@ def _coupled_newton(a, a_factor, p, plan: FixedPlan, matmul):
     grow = (p + 1) / p
     x, x_factor = None, t ** (1.0 / p)
     m, m_factor = a, t * a_factor
-    for _ in range(plan.steps[0]):
+    for step in range(plan.steps[0]):
         n = _xp.add_scaled(eye, -m_factor / (p + 1), m)
         x = n if x is None else matmul(x, n)
         x_factor *= grow
-        m = matmul(matrix_power(n, p, matmul), m)
-        m_factor *= grow ** p
+        if step < plan.steps[0] - 1:  # the last step's M is not used
+            m = matmul(matrix_power(n, p, matmul), m)
+            m_factor *= grow ** p
     return x, x_factor
 
 

@@ -27,10 +27,11 @@ from matroot.testing.launch_count import LaunchCount  # noqa: E402
 #: DASH's cheapest configuration reaching 5e-3 on this stack (issue 35: coupled Newton,
 #: Frobenius scaling, 14–16 steps), in operations per solve.
 DASH_OPS = {2: 140, 4: 138}
-#: The budgets these tests hold: minimax (what auto runs on an accelerator with rtol)
-#: at p = 2 within issue 35's ≤ 0.6× DASH; at p = 4 its two square-root stages cost more.
-BUDGETS = {("minimax", 2): 84, ("minimax", 4): 104, ("newton_db", 2): 112,
-           ("newton_db", 4): 152, ("coupled_newton", 2): 127, ("coupled_newton", 4): 142}
+#: The budgets these tests hold (the counts of docs/launches.rst plus one): minimax (what
+#: auto runs on an accelerator with rtol) at p = 2 within issue 35's ≤ 0.6× DASH; at p = 4
+#: its two square-root stages cost more (docs/launches.rst says why 85 is not reached).
+BUDGETS = {("minimax", 2): 77, ("minimax", 4): 96, ("newton_db", 2): 105,
+           ("newton_db", 4): 144, ("coupled_newton", 2): 119, ("coupled_newton", 4): 133}
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +69,9 @@ def test_operations_and_syncs_per_solve(problem, method, p):
 @pytest.mark.parametrize("p", [2, 4])
 def test_minimax_within_the_issue_ratio_at_p2(problem, p):
     """The method auto runs on an accelerator: ≤ 0.6× DASH's operations at p = 2
-    (issue 35's goal), ≤ 0.76× at p = 4 (two square-root stages)."""
+    (issue 35's goal), ≤ 0.7× at p = 4 (two square-root stages)."""
     host, _ = _counted(problem[2], p, "minimax", "host")
-    assert host.ops <= (0.6 if p == 2 else 0.76) * DASH_OPS[p], host.ops
+    assert host.ops <= (0.6 if p == 2 else 0.7) * DASH_OPS[p], host.ops
 
 
 def test_auto_picks_minimax_for_fixed_steps_on_an_accelerator(monkeypatch):

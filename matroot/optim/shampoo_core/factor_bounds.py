@@ -43,6 +43,7 @@ __all__ = [
     "advance_bounds_in_place",
     "SkipFactors",
     "carried_lambda_max",
+    "tight_rows",
     "bounds_after_refresh",
 ]
 
@@ -174,10 +175,17 @@ def carried_lambda_max(bounds, eps: float):
     upper : array, shape (count,)
     """
     xp = _xp.array_namespace(bounds)
+    upper = bounds[:, UPPER]
+    return (xp.all(tight_rows(bounds)),
+            (upper + eps) * (1.0 + 2 * unit_roundoff(xp, bounds.dtype)))
+
+
+def tight_rows(bounds):
+    """Per factor, whether its carried bound is finite and within :data:`CARRY_SLACK`
+    of its floor (boolean array of shape ``(count,)``)."""
     upper, floor = bounds[:, UPPER], bounds[:, FLOOR]
     # ``upper < inf`` is isfinite for a non-negative bound (NaN compares False).
-    tight = xp.all((upper < xp.inf) & (upper <= CARRY_SLACK * floor))
-    return tight, (upper + eps) * (1.0 + 2 * unit_roundoff(xp, bounds.dtype))
+    return (upper < float("inf")) & (upper <= CARRY_SLACK * floor)
 
 
 def bounds_after_refresh(bounds, result, ok, *, eps: float, margin_traces, carried: bool):

@@ -235,7 +235,8 @@ def _solve(ctx: StepContext, stacks: FactorStacks, s: int, roots, failures, boun
     config = ctx.config
     return refresh_inverse_roots(ctx.plan.stacks[s], stacks.factors[s], roots, failures,
                                  bounds, method=config.root_method, eps=config.matrix_eps,
-                                 options=config.root_options)[:3]
+                                 options=config.root_options,
+                                 no_sync=config.nonfinite_grads == "skip")[:3]
 
 
 def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:

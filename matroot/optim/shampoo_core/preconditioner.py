@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ... import _xp
+from ...certify.accuracy import unit_roundoff
 from ...roots.api import InvRootResult, inv_root_info, usable_roots
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
@@ -34,6 +35,8 @@ from .factor_bounds import (
     bounds_after_refresh,
     carried_lambda_max,
     rounding_margin,
+    tight_rows,
+    unknown_bounds,
     zero_bounds,
 )
 
@@ -236,16 +239,26 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
 
 
 def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failures, bounds, *,
-                          method: str, eps: float, options) -> RootRefresh:
+                          method: str, eps: float, options, no_sync: bool = False
+                          ) -> RootRefresh:
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
-    The stack's carried λmax bounds are passed as ``lambda_max_upper`` where they
-    are tight (:func:`~matroot.optim.shampoo_core.factor_bounds.carried_lambda_max`), so the
-    solver spends nothing to find its own; otherwise the solver finds them, and
-    they restart the carried ones. Matrices whose new root is non-finite (in the
-    roots' storage dtype too) or did not converge keep their previous root
-    (identity before the first success, or when ``roots`` is None) and have their
-    failure count raised by one.
+    The call's keywords are ``options`` with the optimizer's defaults filled in
+    (:meth:`~matroot.optim.shampoo_core.root_options.RootOptions.solve_keywords`): by
+    default a fixed-step solve certified to ``rtol``, its verdict left on the device.
+    Matrices whose new root is non-finite (in the roots' storage dtype too) or did not
+    converge keep their previous root (identity before the first success, or when
+    ``roots`` is None) and have their failure count raised by one, by a select: the
+    refresh reads nothing on the host unless the call's verdict does.
+
+    A fixed-step solve scales each matrix by its own Schatten bound and takes no
+    carried λmax bound (the bounds go on advancing, unchanged by the refresh). An
+    adaptive solve is given the carried bounds
+    (:func:`~matroot.optim.shampoo_core.factor_bounds.carried_lambda_max`): with the
+    host verdict, where every bound of the stack is tight, else the solver finds its
+    own (which restart the carried ones); with the device verdict, per matrix, the
+    carried bound where it is tight and the factor's Frobenius bound elsewhere, so
+    no host read chooses.
 
     Parameters
     ----------
@@ -262,7 +275,10 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
     eps : float
         Ridge: the roots are of ``factor + eps·I``.
     options : RootOptions
-        Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``, ...).
+        The ``root_options``.
+    no_sync : bool
+        The step reads nothing on the host (``nonfinite_grads="skip"``): the default
+        verdict is then the device's for every method.
 
     Returns
     -------
@@ -271,26 +287,21 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
     xp = _xp.array_namespace(factors)
     if factors.ndim == 2:
         factors = unpack(factors, stack_shape.size)
+    p = stack_shape.root
+    keywords = options.solve_keywords(factors, p, method=method, eps=eps, no_sync=no_sync)
 
     def solve(upper=None):
         # The one place the optimizer calls the solver (every refresh, kept roots or
-        # not, torch and optax shells alike): the device-verdict mode of issue 35 (no
-        # host read, ``converged`` judged on the device) is a keyword of this call.
-        return inv_root_info(factors, stack_shape.root, method=method, eps=eps, check_finite=False,
-                             lambda_max_upper=upper, **options.keywords())
+        # not, torch and optax shells alike).
+        return inv_root_info(factors, p, method=method, eps=eps, check_finite=False,
+                             lambda_max_upper=upper, **keywords)
 
-    tight, upper = carried_lambda_max(bounds, eps)
-    if _xp.is_traced(tight):
-        carried = tight
-        result = _xp.cond(tight, solve, lambda _: solve(), upper)
+    if keywords["steps"] == "fixed":
+        result = solve()
+        ok, new_bounds = result.converged, bounds
     else:
-        carried = bool(tight)
-        result = solve(upper if carried else None)
-    ok = usable_roots(result, options.tol)
-    margin = rounding_margin(xp, factors.dtype, stack_shape.size, stack_shape.size)
-    new_bounds = bounds_after_refresh(
-        bounds, result, ok, eps=eps, carried=carried,
-        margin_traces=margin * xp.sum(xp.linalg.diagonal(factors), axis=-1))
+        result, ok, new_bounds = _adaptive_refresh(
+            solve, factors, bounds, eps, on_device=keywords["verdict"] == "device")
     packed = roots is not None and roots.ndim == 2
     if roots is None:
         # The fallback of a stack with no kept roots: one identity, broadcast by the
@@ -306,6 +317,32 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
     else:
         new_roots = _xp.batched_where(ok, root, roots)
     return RootRefresh(new_roots, failures + xp.astype(~ok, xp.int32), new_bounds, result)
+
+
+def _adaptive_refresh(solve, factors, bounds, eps: float, *, on_device: bool):
+    """``(result, ok, bounds)`` of an adaptive solve given the carried λmax bounds
+    (:func:`refresh_inverse_roots`)."""
+    xp = _xp.array_namespace(factors)
+    n = factors.shape[-1]
+    margin_traces = rounding_margin(xp, factors.dtype, n, n) * \
+        xp.sum(xp.linalg.diagonal(factors), axis=-1)
+    tight, upper = carried_lambda_max(bounds, eps)
+    if on_device or _xp.is_traced(tight):
+        # Per matrix, no host read: the carried bound where it is tight, else
+        # λmax(F + eps·I) ≤ ‖F‖_F + eps, widened by the norm's rounding.
+        fresh = (_xp.frobenius_norm(factors) + eps) * \
+            (1.0 + 2 * n * n * unit_roundoff(xp, factors.dtype))
+        result = solve(xp.where(tight_rows(bounds), upper, fresh))
+        ok = result.converged
+        # A tight bound whose root failed is made unknown; the others go on advancing.
+        failed = tight_rows(bounds) & ~ok
+        return result, ok, xp.where(failed[:, None], unknown_bounds(
+            bounds.shape[0], xp, bounds.dtype, _xp.device_of(bounds)), bounds)
+    carried = bool(tight)
+    result = solve(upper if carried else None)
+    ok = result.converged
+    return result, ok, bounds_after_refresh(bounds, result, ok, eps=eps, carried=carried,
+                                            margin_traces=margin_traces)
 
 
 def precondition_blocks(group: BlockGroup, blocks, roots):
