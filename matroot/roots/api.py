@@ -10,13 +10,12 @@ import math
 import warnings
 from typing import Any
 
-
 from .. import _xp
 from . import stack_solve
 from .verdict import repair, repair_on_device, solve_fixed, warn_cast
 from .._checks import check_bound, check_choice, check_stack
 from .._typing import Array
-from .call import VERDICTS, RootCall, resolve_call
+from .call import VERDICTS, RootCall, default_max_iter, resolve_call
 from .gradient import inv_root_derivative
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
 from ..solvers import get_solver
@@ -50,27 +49,6 @@ def default_tol(method: str, compute_dtype: str) -> float:
     solver = get_solver(method)
     check_choice(compute_dtype, "compute_dtype", solver.compute_dtypes)
     return solver.default_tol[compute_dtype]
-
-
-def default_max_iter(method: str) -> int:
-    """The iteration cap (degree cap for chebyshev) used when none is given.
-
-    Parameters
-    ----------
-    method : str
-        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
-
-    Returns
-    -------
-    int
-
-    Examples
-    --------
-    >>> import matroot
-    >>> matroot.default_max_iter("coupled_newton")
-    60
-    """
-    return get_solver(method).default_max_iter
 
 
 def _with_signature_of(source):

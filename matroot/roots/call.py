@@ -31,7 +31,8 @@ from ..spectrum.lambda_max_bounds import schatten_overestimate
 from ..solvers.registry import SolverSpec, check_method, require_dtypes, require_support
 from ..certify.verify import CERTIFICATES, DEFAULT_CERTIFICATE
 
-__all__ = ["RootCall", "resolve_call", "check_keywords", "STEPS", "VERDICTS"]
+__all__ = ["RootCall", "resolve_call", "check_keywords", "default_max_iter", "STEPS",
+           "VERDICTS"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,27 @@ class RootCall:
         loose = xp.where(unmeasured, rtol_allowance(self.tol, kappa, self.p, unit, True),
                          self.tol - measured_unseen(n) * unit * kappa / self.p)
         return xp.where(self.tol > target, xp.maximum(guarded, loose), guarded)
+
+
+def default_max_iter(method: str) -> int:
+    """The iteration cap (degree cap for chebyshev) used when none is given.
+
+    Parameters
+    ----------
+    method : str
+        A registered solver name (not ``"auto"``), e.g. ``"minimax"``.
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> import matroot
+    >>> matroot.default_max_iter("coupled_newton")
+    60
+    """
+    return get_solver(method).default_max_iter
 
 
 #: ``scaling`` values of a root call: the Krylov-based bound, the Frobenius norm, and

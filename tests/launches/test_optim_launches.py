@@ -5,9 +5,9 @@ budgets are asserted, not timed.
 The model is issue 35's (16 × Linear(256, 256), 4 × Linear(512, 256), odd shapes and a
 conv; block_size 256, coupled Newton, a refresh every third step): the step between
 refreshes within twice AdamW(foreach)'s operations, 16 more same-shape layers adding
-at most 10, no host sync with ``nonfinite_grads="skip"`` and one with "raise"; at a
-refresh, the step's own work outside the solver calls is bounded per stack and reads
-the host no more than between refreshes.
+at most 10, no host sync with ``nonfinite_grads="skip"`` and one with "raise"; the
+refresh step within half of Distributed Shampoo's, its work outside the solver calls
+bounded per stack, reading the host no more than between refreshes.
 """
 
 from __future__ import annotations
@@ -59,23 +59,40 @@ def test_adamw_is_the_yardstick_the_issue_measured(counts):
     assert counts["adamw"][0] == 103
 
 
+#: Meta's Distributed Shampoo at a refresh step on this model (issue 35's table, its
+#: default eigh): the refresh step's budget is half of it.
+DISTRIBUTED_SHAMPOO_REFRESH_OPS = 3280
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_the_refresh_step_within_half_of_distributed_shampoo(counts, policy):
+    """With the defaults (fixed-step solves certified to rtol, verdicts on the device)
+    the refresh step is within issue 35's 0.5× Distributed Shampoo, reads the host no
+    more than a step between refreshes (none with "skip"), and 16 more same-shape
+    layers add nothing (they join the 256 stack: the same solves)."""
+    ops, syncs = counts[policy, 0][REFRESH]
+    assert ops <= 0.5 * DISTRIBUTED_SHAMPOO_REFRESH_OPS, ops
+    assert syncs == counts[policy, 0][BETWEEN][1] == (1 if policy == "raise" else 0)
+    more_ops, more_syncs = counts[policy, 16][REFRESH]
+    assert more_ops - ops <= 10 and more_syncs == syncs
+
+
 def test_a_refresh_adds_only_the_solves_and_their_bookkeeping():
     """At a refresh, the operations outside the inv_root_info calls (factor update,
-    preconditioning, the refresh's selects and carried bounds) stay within a fixed
-    number per stack, and the step itself reads the host no more than between
-    refreshes: the solver's own reads are the solve's business (issue 35's
-    device-verdict mode)."""
-    inside = []
+    preconditioning, the refresh's selects) stay within a fixed number per stack, every
+    solve is a fixed-step one with its verdict on the device, and nothing reads the
+    host (issue 35's device-verdict mode)."""
+    inside, calls = [], []
     solve = preconditioner.inv_root_info
 
     def counted(*args, **kwargs):
         with LaunchCount() as c:
             result = solve(*args, **kwargs)
         inside.append((c.ops, c.syncs))
+        calls.append(kwargs)
         return result
 
     model = launch_model()
-    opt_counts = []
     original = preconditioner.inv_root_info
     preconditioner.inv_root_info = counted
     try:
@@ -84,12 +101,12 @@ def test_a_refresh_adds_only_the_solves_and_their_bookkeeping():
         preconditioner.inv_root_info = original
     stacks = 6      # sizes 10, 16, 27, 37, 100, 256
     assert len(inside) == stacks
+    assert all(k["steps"] == "fixed" and k["verdict"] == "device" and k["rtol"] == 1e-2
+               for k in calls), calls
     ops, syncs = opt_counts[REFRESH]
     solver_ops, solver_syncs = (sum(c[k] for c in inside) for k in (0, 1))
     between_ops, between_syncs = opt_counts[BETWEEN]
-    # Per stack: unpacking the factors, the carried-bound test, the new bounds, the
-    # failure counts and the select of the kept roots (26 on this model).
-    assert ops - solver_ops - between_ops <= 27 * stacks, (ops, solver_ops, between_ops)
-    # The one read outside the solver: whether a stack's carried λmax bounds are
-    # tight enough to hand to it (a host branch per stack; see docs/optimizer.rst).
-    assert syncs - solver_syncs == stacks and between_syncs == 0
+    # Per stack: unpacking the factors, the failure counts and the select of the kept
+    # roots (6 on this model; the carried bounds are not touched by a fixed-step solve).
+    assert ops - solver_ops - between_ops <= 8 * stacks, (ops, solver_ops, between_ops)
+    assert syncs == solver_syncs == between_syncs == 0

@@ -104,9 +104,17 @@ class ShampooConfig:
     matrix_eps : float
         Ridge of the factors: roots of ``L + matrix_eps·I``.
     root_options : RootOptions or dict, optional
-        Further :func:`matroot.inv_root` keywords (``tol``, ``max_iter``,
-        ``scaling``, ``matmul_dtype``, ``compute_dtype``), checked now and kept as a
-        :class:`~matroot.optim.RootOptions`.
+        Further :func:`matroot.inv_root` keywords (``rtol``, ``tol``, ``max_iter``,
+        ``scaling``, ``matmul_dtype``, ``compute_dtype``, ``certificate``,
+        ``bound_certificate``, ``steps``, ``verdict``, ``fallback``), checked now by
+        inv_root's own checks and kept as a :class:`~matroot.optim.RootOptions`. The
+        optimizer's defaults (:mod:`matroot.optim.shampoo_core.root_options`): every
+        kept root is certified to ``rtol=1e-2`` (relative Frobenius error against the
+        exact root; a factor too ill-conditioned for that in float32, κ beyond about
+        3e5 at p = 2 and 7e5 at p = 4, keeps its previous root and counts a failure),
+        solved in fixed steps wherever the method has a rule, its verdict on the
+        device (no host read) except for an adaptive loop under
+        ``nonfinite_grads="raise"``.
     root_storage_dtype : {None, "float32", "bfloat16", "float16"}
         dtype the inverse roots are kept in between refreshes (None: the factors'
         dtype). Factors and all arithmetic stay float32 (float64 for float64
@@ -219,6 +227,7 @@ class ShampooConfig:
             object.__setattr__(self, name, group)
             for f in group_fields(group_type):    # as the group normalised them
                 object.__setattr__(self, f, getattr(group, f))
+        self.root_options.check_with(self.root_method, self.matrix_eps)
         if self.keep_roots is False and self.precondition_frequency != 1:
             raise ValueError("keep_roots=False solves the inverse roots at every step: "
                              f"it needs precondition_frequency=1, got "

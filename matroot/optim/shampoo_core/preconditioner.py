@@ -11,7 +11,8 @@ rank owns:
    slots of the stacks, and the factors' carried λmax bounds
    (:mod:`matroot.optim.shampoo_core.factor_bounds`) advanced with them.
 2. :func:`refresh_inverse_roots` — one :func:`matroot.inv_root_info` call per
-   stack, given the carried bounds where they are tight; matrices whose root
+   stack, by default in fixed steps certified to the optimizer's ``rtol`` with no
+   host read (:mod:`matroot.optim.shampoo_core.root_options`); matrices whose root
    failed keep their previous root.
 3. :func:`precondition_blocks` — ``L^(-1/4) M R^(-1/4)`` (``L^(-1/2) m`` for
    vector blocks) for all blocks of a group; :func:`matroot.optim.shampoo_core.grafting.graft`
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 
 from ... import _xp
 from ...certify.accuracy import unit_roundoff
-from ...roots.api import InvRootResult, inv_root_info, usable_roots
+from ...roots.api import InvRootResult, inv_root_info
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
 from .stack_io import assign, gather_blocks, scatter_blocks, write_blocks
@@ -56,7 +57,6 @@ __all__ = [
     "assign",
     "update_factors",
     "refresh_inverse_roots",
-    "usable_roots",
     "precondition_blocks",
 ]
 

@@ -30,11 +30,15 @@ The optimizer's defaults (the fields left None), stated here once:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import numpy as np
+
 from ... import _xp
+from ...certify.accuracy import RTOL_FLOOR_UNITS, unit_roundoff
 from ...roots.call import check_keywords, resolve_call
 
 __all__ = ["RootOptions", "ROOT_OPTIONS", "DEFAULT_RTOL"]
@@ -164,6 +168,34 @@ class RootOptions:
             verdict = "host" if adaptive_loop and not no_sync else "device"
         keywords["verdict"] = verdict
         return keywords
+
+    def check_with(self, method: str, eps: float) -> None:
+        """Raise the ValueError a refresh with ``method`` (not ``"auto"``, which picks
+        by device) would raise, now: the same resolution on a small float32 stack
+        (float64 where ``compute_dtype`` or an ``rtol`` below float32's floor asks for
+        it), at both root orders the optimizer uses.
+
+        Examples
+        --------
+        >>> RootOptions(steps="fixed").check_with("evd", 1e-8)
+        Traceback (most recent call last):
+        ...
+        ValueError: steps='fixed' needs a method with a fixed-step rule (not 'evd')
+        """
+        if method != "auto":
+            _check_with(self, method, float(eps))
+
+
+@functools.lru_cache(maxsize=64)
+def _check_with(options: RootOptions, method: str, eps: float) -> None:
+    """:meth:`RootOptions.check_with`, once per value (a config is rebuilt whenever a
+    scheduler changes a group's lr)."""
+    wide = options.compute_dtype == "float64" or (
+        options.compute_dtype is None and options.rtol is not None
+        and options.rtol < RTOL_FLOOR_UNITS * unit_roundoff(np, np.float32))
+    probe = np.eye(2, dtype=np.float64 if wide else np.float32)[None]
+    for p in (2, 4):
+        options.solve_keywords(probe, p, method=method, eps=eps, no_sync=False)
 
 
 #: The :func:`matroot.inv_root` keywords that ``root_options`` may set.
