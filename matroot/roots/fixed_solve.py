@@ -13,7 +13,7 @@ The call chose the plan on the host (:class:`~matroot.roots.call.RootCall` ``.fi
 3. the plan's steps (:func:`~matroot.solvers.fixed_runs.run_fixed`);
 4. the root symmetrised and checked in products
    (:func:`~matroot.certify.product_check.product_check`);
-5. the verdict :func:`~matroot.certify.accuracy.is_converged`, with the call's accuracy
+5. the verdict (:meth:`~matroot.roots.call.RootCall.certifies`), with the call's accuracy
    (a target ``rtol``: :func:`~matroot.certify.accuracy.rtol_allowance`).
 
 It returns the result and the per-matrix masks a host verdict reads
