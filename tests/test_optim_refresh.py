@@ -192,3 +192,34 @@ def test_a_new_users_shampoo_run_trains_in_a_fresh_process():
                          timeout=HANG_GUARD_S)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("ok")
+
+
+# --- compiled steps ------------------------------------------------------------------------
+
+def test_the_default_refresh_under_jax_jit_matches_the_numpy_core():
+    """A fixed-step refresh traced by jax.jit (the plan is a host constant, the verdict a
+    select): the same updates as the NumPy core to float32 rounding, no failed root."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    pytest.importorskip("optax")
+    from matroot.optim import init, update
+    from matroot.optim.optax import shampoo
+
+    hyper = dict(block_size=8, precondition_frequency=2, root_method="minimax",
+                 root_options={"rtol": 2e-2})
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((12, 8)).astype(np.float32)}
+    opt = shampoo(1e-2, **hyper)
+    state = opt.init({"w": jnp.asarray(params["w"])})
+    step = jax.jit(opt.update)
+    config = ShampooConfig(lr=1e-2, **hyper)
+    core = init([params["w"]], config)
+    for k in range(4):
+        g = rng.standard_normal((12, 8)).astype(np.float32)
+        updates, state = step({"w": jnp.asarray(g)}, state, {"w": jnp.asarray(params["w"])})
+        expected, core = update([g], core, [params["w"]], config)
+        np.testing.assert_allclose(np.asarray(updates["w"]), expected[0], rtol=2e-3,
+                                   atol=1e-6)
+    inner = state[0]
+    assert int(inner.root_refreshes) == 2
+    assert sum(int(f.sum()) for f in inner.root_failures) == 0
