@@ -214,7 +214,7 @@ def test_the_default_refresh_under_jax_jit_matches_the_numpy_core():
     step = jax.jit(opt.update)
     config = ShampooConfig(lr=1e-2, **hyper)
     core = init([params["w"]], config)
-    for k in range(4):
+    for _ in range(4):
         g = rng.standard_normal((12, 8)).astype(np.float32)
         updates, state = step({"w": jnp.asarray(g)}, state, {"w": jnp.asarray(params["w"])})
         expected, core = update([g], core, [params["w"]], config)
