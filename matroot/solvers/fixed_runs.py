@@ -12,13 +12,14 @@ the next product's ``alpha`` instead of being applied. Operations per step on to
 ==============  ===========  ===============================
 method          first step   later steps
 ==============  ===========  ===============================
-minimax         3            5 (``ZY − I``, ``I + cD``, ``q``, ``Y·q``, ``q·Z``); a
-                             stage's last step forms only ``Z`` (last stage)
-                             or ``Y`` (the others): 4
-newton_db       2            3 (``E``, ``Y·E``, ``E·Z``); a stage's last: 2
-coupled_newton  1 + log₂p+1  2 + ⌊log₂p⌋ + popcount(p) (``N``, ``X·N``, ``N^p·M``);
-                             the last: 2 (``N``, ``X·N``)
+minimax         3            5 (``ZY − I``, ``I + cD``, ``q``, ``Y·q``, ``q·Z``)
+newton_db       2            3 (``E``, ``Y·E``, ``E·Z``)
+coupled_newton  1 + log₂p+1  2 + ⌊log₂p⌋ + popcount(p) (``N``, ``X·N``, ``N^p·M``)
 ==============  ===========  ===============================
+
+A stage's last step forms only what is used next (``Z`` in the last stage, ``Y`` in
+the others): one product fewer for minimax and newton_db; coupled Newton's last step
+forms no new ``M`` (``log₂p + 1`` products fewer at p a power of two).
 
 Each run returns the root of the scaled stack as ``(matrix, host_factor)``: the root is
 ``host_factor · matrix``, a Python float the caller folds into its unscaling.
