@@ -43,7 +43,6 @@ __all__ = [
     "advance_bounds_in_place",
     "SkipFactors",
     "carried_lambda_max",
-    "tight_rows",
     "bounds_after_refresh",
 ]
 
@@ -165,27 +164,20 @@ def advance_bounds_in_place(bounds, statistic, factor_diagonals, beta2: float,
 
 
 def carried_lambda_max(bounds, eps: float):
-    """Whether a stack's carried bounds are tight enough to use, and the bounds on
+    """Which carried bounds are tight enough to use, and the bounds on
     ``λmax(factor + eps·I)`` to pass as ``lambda_max_upper``.
 
     Returns
     -------
-    tight : 0-d boolean array
-        Every factor's bound is finite and within :data:`CARRY_SLACK` of its floor.
+    tight : boolean array, shape (count,)
+        Per factor: its bound is finite and within :data:`CARRY_SLACK` of its floor.
     upper : array, shape (count,)
     """
     xp = _xp.array_namespace(bounds)
-    upper = bounds[:, UPPER]
-    return (xp.all(tight_rows(bounds)),
-            (upper + eps) * (1.0 + 2 * unit_roundoff(xp, bounds.dtype)))
-
-
-def tight_rows(bounds):
-    """Per factor, whether its carried bound is finite and within :data:`CARRY_SLACK`
-    of its floor (boolean array of shape ``(count,)``)."""
     upper, floor = bounds[:, UPPER], bounds[:, FLOOR]
     # ``upper < inf`` is isfinite for a non-negative bound (NaN compares False).
-    return (upper < float("inf")) & (upper <= CARRY_SLACK * floor)
+    tight = (upper < float("inf")) & (upper <= CARRY_SLACK * floor)
+    return tight, (upper + eps) * (1.0 + 2 * unit_roundoff(xp, bounds.dtype))
 
 
 def bounds_after_refresh(bounds, result, ok, *, eps: float, margin_traces, carried: bool):

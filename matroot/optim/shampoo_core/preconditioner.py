@@ -36,7 +36,6 @@ from .factor_bounds import (
     bounds_after_refresh,
     carried_lambda_max,
     rounding_margin,
-    tight_rows,
     unknown_bounds,
     zero_bounds,
 )
@@ -324,23 +323,22 @@ def _adaptive_refresh(solve, factors, bounds, eps: float, *, on_device: bool):
     (:func:`refresh_inverse_roots`)."""
     xp = _xp.array_namespace(factors)
     n = factors.shape[-1]
-    margin_traces = rounding_margin(xp, factors.dtype, n, n) * \
-        xp.sum(xp.linalg.diagonal(factors), axis=-1)
     tight, upper = carried_lambda_max(bounds, eps)
     if on_device or _xp.is_traced(tight):
         # Per matrix, no host read: the carried bound where it is tight, else
         # λmax(F + eps·I) ≤ ‖F‖_F + eps, widened by the norm's rounding.
         fresh = (_xp.frobenius_norm(factors) + eps) * \
             (1.0 + 2 * n * n * unit_roundoff(xp, factors.dtype))
-        result = solve(xp.where(tight_rows(bounds), upper, fresh))
+        result = solve(xp.where(tight, upper, fresh))
         ok = result.converged
         # A tight bound whose root failed is made unknown; the others go on advancing.
-        failed = tight_rows(bounds) & ~ok
-        return result, ok, xp.where(failed[:, None], unknown_bounds(
+        return result, ok, xp.where((tight & ~ok)[:, None], unknown_bounds(
             bounds.shape[0], xp, bounds.dtype, _xp.device_of(bounds)), bounds)
-    carried = bool(tight)
+    carried = bool(xp.all(tight))
     result = solve(upper if carried else None)
     ok = result.converged
+    margin_traces = rounding_margin(xp, factors.dtype, n, n) * \
+        xp.sum(xp.linalg.diagonal(factors), axis=-1)
     return result, ok, bounds_after_refresh(bounds, result, ok, eps=eps, carried=carried,
                                             margin_traces=margin_traces)
 
