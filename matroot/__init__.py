@@ -15,7 +15,6 @@ from .roots.api import (
     default_tol,
     inv_root,
     inv_root_info,
-    usable_roots,
 )
 from .spectrum.scaling import (
     SpectralBounds,
@@ -40,7 +39,6 @@ __all__ = [
     "ConvergenceWarning",
     "default_tol",
     "default_max_iter",
-    "usable_roots",
     "choose_method",
     "power_iteration",
     "lambda_max_bound",

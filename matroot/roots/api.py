@@ -23,7 +23,7 @@ from ..spectrum.lambda_max_bounds import DEFAULT_BOUND_CERTIFICATE
 from ..certify.verify import DEFAULT_CERTIFICATE
 
 __all__ = ["inv_root", "inv_root_info", "InvRootResult", "ConvergenceWarning",
-           "default_tol", "default_max_iter", "usable_roots", "VERDICTS"]
+           "default_tol", "default_max_iter", "VERDICTS"]
 
 
 def default_tol(method: str, compute_dtype: str) -> float:
@@ -353,29 +353,11 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
     if _xp.is_traced(result.root) or options.get("verdict") == "device":
         return result.root  # no host read: inv_root_info says which failed
     if count is None:
-        failed = ~usable_roots(result, options.get("tol"))
-        count = int(xp.sum(xp.astype(failed, xp.int32)))
+        count = int(xp.sum(xp.astype(~result.converged, xp.int32)))
     if count:
         warnings.warn(
-            f"inv_root(method={result.method!r}): {count} of {math.prod(failed.shape)} "
+            f"inv_root(method={result.method!r}): {count} of "
+            f"{math.prod(result.converged.shape)} "
             "matrices did not converge or are not positive definite; "
             "inv_root_info tells which", ConvergenceWarning, stacklevel=2)
     return result.root
-
-
-def usable_roots(result: InvRootResult, tol: float | None = None) -> Array:
-    """Per-matrix mask of the roots in ``result`` that are fit to use: ``result.converged``.
-
-    Every root is judged by the same check, fixed step counts (``tol=0``)
-    included: a root is fit to use when it converged. ``tol`` is accepted for
-    the callers of earlier versions and not needed.
-
-    Examples
-    --------
-    >>> import numpy as np, matroot
-    >>> res = matroot.inv_root_info(np.eye(2)[None], 2, method="newton_db", tol=0,
-    ...                             max_iter=3)
-    >>> res.converged.tolist(), matroot.usable_roots(res).tolist()
-    ([True], [True])
-    """
-    return result.converged
