@@ -300,7 +300,7 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
     if compute_dtype == "float64" and not _xp.has_float64(xp):
         raise ValueError("compute_dtype='float64' needs JAX's float64: enable it with "
                          "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1)")
-    work_dtype = compute_dtype or ("float64" if a.dtype == xp.float64 else "float32")
+    work_dtype = compute_dtype or _xp.work_dtype_name(xp, a.dtype)
     matmul_dtype = check_matmul_dtype(xp, matmul_dtype, work_dtype)
     if method == "auto":
         method = choose_method(xp, a, p, matmul_dtype=matmul_dtype,

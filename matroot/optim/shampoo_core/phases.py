@@ -132,7 +132,7 @@ def compute_dtype_name(xp, dtype) -> str:
     """
     if not xp.isdtype(dtype, "real floating"):
         raise TypeError(f"Shampoo optimizes real floating parameters, got dtype {dtype}")
-    return "float64" if dtype == xp.float64 else "float32"
+    return _xp.work_dtype_name(xp, dtype)
 
 
 def compute_dtype(xp, array):
