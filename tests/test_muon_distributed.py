@@ -87,14 +87,18 @@ def _local_bytes(state) -> int:
     return total
 
 
-def _fsdp_model(world):
+def _fsdp_model(world, mesh_shape=None):
+    """An FSDP2 model and its unsharded twin; a 2-D ``mesh_shape`` (replicas, shards)
+    makes it HSDP."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     reference, sharded = Net(), Net()
     sharded.load_state_dict(reference.state_dict())
-    mesh = init_device_mesh("cpu", (world,))
+    mesh_shape = mesh_shape or (world,)
+    mesh = init_device_mesh("cpu", mesh_shape,
+                            mesh_dim_names=("replicate", "shard")[-len(mesh_shape):])
     for layer in (sharded.embed, sharded.hidden, sharded.narrow, sharded.head):
         fully_shard(layer, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
@@ -109,7 +113,7 @@ def _extras(mesh):
     plain, replicated = torch.randn(12, 6, generator=gen), torch.randn(6, 12, generator=gen)
     mine = [("extra.plain", torch.nn.Parameter(plain.clone())),
             ("extra.replicated", torch.nn.Parameter(
-                distribute_tensor(replicated.clone(), mesh, [Replicate()])))]
+                distribute_tensor(replicated.clone(), mesh, [Replicate()] * mesh.ndim)))]
     twins = [(n, torch.nn.Parameter(t.clone())) for n, t in
              zip(("extra.plain", "extra.replicated"), (plain, replicated))]
     return mine, twins
@@ -126,13 +130,20 @@ def _extra_grads(named, step):
                   if isinstance(p, DTensor) else grad)
 
 
-def _fsdp_equality(world):
+def _groups(named, extras):
+    """The model and the ``Replicate`` extra split by the rule; the plain extra in a
+    Muon group of its own, cut into 3 blocks of 4 rows (a fused QKV's ``split``)."""
+    return [{"params": [*named, extras[1]]}, {"params": [extras[0][1]], "use_muon": True,
+                                               "split": 3}]
+
+
+def _fsdp_equality(world, mesh_shape=None):
     from torch.distributed.tensor import DTensor
 
-    model, reference, mesh = _fsdp_model(world)
+    model, reference, mesh = _fsdp_model(world, mesh_shape)
     extras, twins = _extras(mesh)
-    opt = Muon([*model.named_parameters(), *extras], **OPTIONS)
-    ref = Muon([*reference.named_parameters(), *twins], distributed=None, **OPTIONS)
+    opt = Muon(_groups(list(model.named_parameters()), extras), **OPTIONS)
+    ref = Muon(_groups(list(reference.named_parameters()), twins), distributed=None, **OPTIONS)
     params = [p for g in opt.param_groups for p in g["params"]]
     ref_params = [p for g in ref.param_groups for p in g["params"]]
     initial = [q.detach().clone() for q in ref_params]
@@ -150,6 +161,7 @@ def _fsdp_equality(world):
                          for p, q in zip(params, ref_params)))
     sharded = opt._sharded
     return {"diffs": diffs, "use_muon": [g["use_muon"] for g in opt.param_groups],
+            "placements": sorted({str(p.placements) for p in params if isinstance(p, DTensor)}),
             "row_sharded": sum(sharded.row_sharded),
             "dtensors": sum(isinstance(p, DTensor) for p in params),
             "owned": len([m for m in sharded.owners.matrices if m.owner == sharded.rank]),
@@ -261,12 +273,12 @@ def test_fsdp2_and_mixed_parameters_equal_one_process(ranks):
         eq = r["fsdp"]
         # Embedding, head and biases to AdamW, the hidden matrices and the extras to Muon;
         # all of the model's FSDP2 parameters take the row-sharded route.
-        assert eq["use_muon"] == [True, False] and eq["dtensors"] == 9, f"rank {rank}"
+        assert eq["use_muon"] == [True, False, True] and eq["dtensors"] == 9, f"rank {rank}"
         assert eq["row_sharded"] == 8, f"rank {rank}"
         assert eq["moved"] > 100 * ROUNDING_ATOL     # the run really trained
         assert max(eq["diffs"]) <= ROUNDING_ATOL, f"rank {rank}: {eq['diffs']}"
     # Every matrix has one owner, and every rank owns some (the work is split).
-    assert sum(r["fsdp"]["owned"] for r in results) == results[0]["fsdp"]["matrices"] == 10
+    assert sum(r["fsdp"]["owned"] for r in results) == results[0]["fsdp"]["matrices"] == 12
     assert all(r["fsdp"]["owned"] > 0 for r in results)
     assert all(r["fsdp"]["digest"] == results[0]["fsdp"]["digest"] for r in results)
 
@@ -285,6 +297,54 @@ def test_per_rank_state_is_a_world_share_of_one_process_state(ranks):
         eq = r["fsdp"]
         assert eq["state_bytes"] <= 1.1 / world * eq["single_state_bytes"], \
             f"rank {rank}: {eq['state_bytes']} of {eq['single_state_bytes']} bytes"
+
+
+def test_dcp_checkpoint_saved_at_two_ranks_resumes_in_one_process(two_ranks, base):
+    import torch.distributed.checkpoint as dcp
+
+    from matroot.optim.distributed.muon_checkpoint import load_muon_dcp_state_dict
+
+    assert not dist.is_initialized()
+    model = Net()
+    opt = Muon(model.named_parameters(), **OPTIONS)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(base / "dcp"))
+    model.load_state_dict(state["model"])
+    load_muon_dcp_state_dict(opt, str(base / "dcp"))
+    _steps(model, opt, SAVED_AT, RESUMED)
+    diff = max(float((p.detach() - torch.tensor(q)).abs().max())
+               for p, q in zip(model.parameters(), two_ranks[0]["dcp"]))
+    assert diff <= ROUNDING_ATOL
+    with pytest.raises(ValueError, match="no Muon state under 'optimizer'"):
+        load_muon_dcp_state_dict(opt, str(base / "dcp"), key="optimizer")
+
+
+def _hsdp_scenarios(rank, world, tmpdir):
+    return {"hsdp": _fsdp_equality(world, HSDP_MESH)}
+
+
+#: HSDP: two replicas of a model sharded over two ranks each.
+HSDP_MESH = (2, 2)
+
+
+@pytest.fixture(scope="module")
+def hsdp_ranks(base):
+    tmpdir = base / "hsdp"
+    tmpdir.mkdir()
+    return [r["hsdp"] for r in run_on_ranks(_hsdp_scenarios, 4, str(tmpdir))]
+
+
+def test_hsdp_run_equals_one_process(hsdp_ranks):
+    """HSDP (a 2×2 mesh) takes the whole-parameter route: its gradients are made whole,
+    its state and matrices are split over all four ranks of the default group."""
+    for rank, r in enumerate(hsdp_ranks):
+        assert "(Replicate(), Shard(dim=0))" in r["placements"] and r["row_sharded"] == 0
+        assert max(r["diffs"]) <= ROUNDING_ATOL, f"rank {rank}: {r['diffs']}"
+        # First dimensions of 6 and 10 rows cut in chunks of 2 and 3 over four ranks:
+        # rank 0 keeps 1/3 of those parameters' state, not 1/4.
+        assert r["state_bytes"] <= 0.3 * r["single_state_bytes"], f"rank {rank}"
+    assert all(r["digest"] == hsdp_ranks[0]["digest"] for r in hsdp_ranks)
+    assert sum(r["owned"] for r in hsdp_ranks) == hsdp_ranks[0]["matrices"]
 
 
 def test_dcp_checkpoint_saved_at_two_ranks_resumes_at_three(two_ranks, three_ranks):
