@@ -233,9 +233,25 @@ def _dcp(world, base):
     return [_whole(p).tolist() for p in model.parameters()]
 
 
+def _mismatch(rank):
+    """A parameter with a gradient on rank 0 only: every rank raises, none hangs."""
+    from matroot.optim.distributed.core import GradientMismatchError
+
+    a, b = torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.eye(4))
+    opt = Muon([("w.a", a), ("w.b", b)])
+    a.grad = torch.ones(4, 4)
+    if rank == 0:
+        b.grad = torch.ones(4, 4)
+    try:
+        opt.step()
+    except GradientMismatchError as err:
+        return str(err)
+    return "stepped"
+
+
 def _scenarios(rank, world, tmpdir):
     out = {"fsdp": _fsdp_equality(world), "ddp": _ddp_equality(world, rank),
-           "dcp": _dcp(world, os.path.dirname(tmpdir))}
+           "dcp": _dcp(world, os.path.dirname(tmpdir)), "mismatch": _mismatch(rank)}
     dist.barrier()
     return out
 
@@ -281,6 +297,12 @@ def test_fsdp2_and_mixed_parameters_equal_one_process(ranks):
     assert sum(r["fsdp"]["owned"] for r in results) == results[0]["fsdp"]["matrices"] == 12
     assert all(r["fsdp"]["owned"] > 0 for r in results)
     assert all(r["fsdp"]["digest"] == results[0]["fsdp"]["digest"] for r in results)
+
+
+def test_a_gradient_on_some_ranks_only_raises_on_every_rank(ranks):
+    _, results = ranks
+    for r in results:
+        assert "parameters [1] have a gradient on only some" in r["mismatch"], r["mismatch"]
 
 
 def test_ddp_ranks_on_batch_shares_equal_one_process_on_the_batch(ranks):
@@ -354,3 +376,58 @@ def test_dcp_checkpoint_saved_at_two_ranks_resumes_at_three(two_ranks, three_ran
         diff = max(float((torch.tensor(a) - torch.tensor(b)).abs().max())
                    for a, b in zip(r["dcp"], uninterrupted))
         assert diff <= ROUNDING_ATOL, f"rank {rank}: {diff}"
+
+
+# Quick tier: the split and the checkpoint format, in this process.
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_rows_are_cut_as_fully_shard_cuts_them_and_every_matrix_has_one_owner(world):
+    from matroot.optim.distributed.muon_owners import MatrixOwners, row_ranges
+
+    for rows in range(14):
+        chunks = [len(c) for c in torch.arange(rows).chunk(world)] if rows else []
+        sizes = [b - a for a, b in row_ranges(rows, world)]
+        assert sizes == chunks + [0] * (world - len(chunks)), rows
+    shapes = [(24, 8), (10, 24), (6, 8, 8), (12, 6), (16, 2, 3, 3)]
+    splits = [1, 1, 1, 3, 1]
+    owners = [MatrixOwners(shapes, ["float32"] * 5, splits, world, r) for r in range(world)]
+    matrices = owners[0].matrices
+    assert all(o.matrices == matrices for o in owners)     # every rank plans alike
+    # One matrix per 2-D parameter, six experts, three 4×6 blocks, a conv as 16×18.
+    assert [sum(m.param == i for m in matrices) for i in range(5)] == [1, 1, 6, 3, 1]
+    assert {(m.param, m.rows[1] - m.rows[0], m.cols) for m in matrices if m.param > 2} == \
+        {(3, 4, 6), (4, 16, 18)}
+    assert sorted(m.owner for m in matrices) == [m.owner for m in sorted(
+        matrices, key=lambda m: (m.owner, m.param, m.rows))]
+    if world > 1:
+        assert len({m.owner for m in matrices}) > 1
+
+
+def test_a_checkpoint_of_one_process_resumes_the_same_trajectory(tmp_path):
+    """muon_dcp_state_dict / load_muon_dcp_state_dict without a process group."""
+    import torch.distributed.checkpoint as dcp
+
+    from matroot.optim.distributed.muon_checkpoint import (load_muon_dcp_state_dict,
+                                                           muon_dcp_state_dict)
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = Muon(model.named_parameters(), distributed=None, **OPTIONS)
+    _steps(model, opt, 0, SAVED_AT)
+    dcp.save({"model": model.state_dict(), "optim": muon_dcp_state_dict(opt)},
+             checkpoint_id=str(tmp_path))
+    twin = Net()
+    state = {"model": twin.state_dict()}
+    dcp.load(state, checkpoint_id=str(tmp_path))
+    twin.load_state_dict(state["model"])
+    resumed = Muon(twin.named_parameters(), distributed=None, **OPTIONS)
+    load_muon_dcp_state_dict(resumed, str(tmp_path))
+    assert [s["step"] for s in resumed.state.values()] == [SAVED_AT] * len(resumed.state)
+    _steps(model, opt, SAVED_AT, RESUMED)
+    _steps(twin, resumed, SAVED_AT, RESUMED)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="holds state of parameter"):
+        load_muon_dcp_state_dict(Muon([("w", torch.nn.Parameter(torch.ones(3, 3)))],
+                                      distributed=None), str(tmp_path))

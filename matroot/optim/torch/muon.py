@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
                          is_unnamed, matrix_stack_shape, muon_directions,
                          unnamed_matrices_warning)
 from ..distributed.core import resolve_process_group
+from ..distributed.dtensor import is_dtensor
 from ..distributed.muon_step import ShardedMuon
 from .state import with_missing_group_keys
 
@@ -204,6 +206,17 @@ class Muon(torch.optim.Optimizer):
         # scheduler then cycles Muon's μ, as it does torch.optim.Muon's.
         super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True,
                                       momentum=self.config.momentum))
+        if self._process_group is None and any(
+                is_dtensor(p) for g in self.param_groups for p in g["params"]):
+            if distributed is None or distributed is False or not (
+                    dist.is_available() and dist.is_initialized()):
+                raise ValueError(
+                    "Muon got DTensor parameters (FSDP2's fully_shard, distribute_tensor) "
+                    "with distributed=None: pass distributed='auto' (the default) or the "
+                    "process group of the ranks they are spread over")
+            # A world of one: the sharded step still makes the DTensors whole.
+            self._process_group = (distributed if isinstance(distributed, dist.ProcessGroup)
+                                   else dist.group.WORLD)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
