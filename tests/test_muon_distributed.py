@@ -17,6 +17,7 @@ misplaced block moves its entries by about ``lr/√n`` ≈ 5e-3 (lr = 0.02, n �
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -137,6 +138,16 @@ def _groups(named, extras):
                                                "split": 3}]
 
 
+def _rows(p, world, rank):
+    from matroot.optim.distributed.muon_owners import row_ranges
+
+    return row_ranges(p.shape[0], world)[rank]
+
+
+def _flags(opt):
+    return [g["use_muon"] for g in opt.param_groups for _ in g["params"]]
+
+
 def _fsdp_equality(world, mesh_shape=None):
     from torch.distributed.tensor import DTensor
 
@@ -160,7 +171,19 @@ def _fsdp_equality(world, mesh_shape=None):
         diffs.append(max(float((_whole(p) - q.detach()).abs().max())
                          for p, q in zip(params, ref_params)))
     sharded = opt._sharded
-    return {"diffs": diffs, "use_muon": [g["use_muon"] for g in opt.param_groups],
+    o = sharded.owners
+    # To the owners: this rank's rows of others' matrices; back: others' rows of its own.
+    expected = 4 * sum(o._elements(m, o.rank) if m.owner != o.rank else
+                       sum(o._elements(m, r) for r in range(world) if r != o.rank)
+                       for m in o.matrices)
+    spread = [p for p, flag in zip(params, sharded.row_sharded) if not flag]
+    largest = max(sum((b - a) * math.prod(p.shape[1:]) for p in spread
+                      for a, b in [_rows(p, world, r)])
+                  for r in range(world))
+    return {"sent": o.sent_bytes / STEPS, "expected_sent": expected,
+            "gathered": sharded.gathered_bytes / STEPS, "expected_gathered": 4 * world * largest,
+            "muon_elements": sum(p.numel() for p, u in zip(params, _flags(opt)) if u),
+            "diffs": diffs, "use_muon": [g["use_muon"] for g in opt.param_groups],
             "placements": sorted({str(p.placements) for p in params if isinstance(p, DTensor)}),
             "row_sharded": sum(sharded.row_sharded),
             "dtensors": sum(isinstance(p, DTensor) for p in params),
@@ -319,6 +342,18 @@ def test_per_rank_state_is_a_world_share_of_one_process_state(ranks):
         eq = r["fsdp"]
         assert eq["state_bytes"] <= 1.1 / world * eq["single_state_bytes"], \
             f"rank {rank}: {eq['state_bytes']} of {eq['single_state_bytes']} bytes"
+
+
+def test_only_the_rows_an_owner_lacks_travel(ranks):
+    """Bytes a rank sends in the exchanges with the owners, per step: its rows of the
+    matrices others own, and the other ranks' rows of its own matrices, nothing more;
+    the whole (plain, Replicate) parameters' updates come back in one all-gather,
+    padded to the largest rank's rows."""
+    _, results = ranks
+    for rank, r in enumerate(results):
+        eq = r["fsdp"]
+        assert eq["sent"] == eq["expected_sent"] > 0, f"rank {rank}"
+        assert eq["gathered"] == eq["expected_gathered"], f"rank {rank}"
 
 
 def test_dcp_checkpoint_saved_at_two_ranks_resumes_in_one_process(two_ranks, base):

@@ -99,6 +99,8 @@ class MatrixOwners:
 
     def __init__(self, shapes, dtypes, splits, world: int, rank: int):
         self.world, self.rank = world, rank
+        #: Bytes this rank sent to other ranks in the exchanges so far.
+        self.sent_bytes = 0
         self.shapes = [tuple(s) for s in shapes]
         self.dtypes = list(dtypes)
         layouts: list[ParamLayout] = []
@@ -150,6 +152,8 @@ class MatrixOwners:
         each rank sent here, split by ``sizes_in[r]`` (lists of element counts)."""
         send = [torch.cat([p.reshape(-1) for p in pieces]) if pieces else
                 torch.empty(0, dtype=dtype, device=device) for pieces in pieces_out]
+        self.sent_bytes += sum(t.numel() * t.element_size()
+                               for r, t in enumerate(send) if r != self.rank)
         recv = torch.empty(sum(sum(s) for s in sizes_in), dtype=dtype, device=device)
         dist.all_to_all_single(recv, torch.cat(send), output_split_sizes=[sum(s) for s in sizes_in],
                                input_split_sizes=[t.numel() for t in send], group=group)

@@ -72,6 +72,8 @@ class ShardedMuon:
                                    [_dtype_name(params[i].dtype) for i in self.muon],
                                    [splits[i] for i in self.muon], self.world, self.rank)
         self.mesh = DeviceMesh.from_group(group, self.device.type)
+        #: Bytes the all-gathers of whole parameters' updates returned here so far.
+        self.gathered_bytes = 0
 
     @staticmethod
     def key_of(params, use_muon, splits) -> tuple:
@@ -195,6 +197,7 @@ class ShardedMuon:
             recv = torch.empty(self.world * padded, dtype=dtype, device=self.device)
             _check_device(self.group, self.device)
             _all_gather(recv, send, self.group)
+            self.gathered_bytes += recv.numel() * recv.element_size()
             recv = recv.view(self.world, padded)
             for k in members:
                 out[k] = torch.empty(params[k].shape, dtype=dtype, device=self.device)
