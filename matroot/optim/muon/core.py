@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -278,10 +278,12 @@ def muon_init(params: Sequence[Any], use_muon: Sequence[bool]) -> MuonState:
     return MuonState(zeros, second, [0] * len(params))
 
 
-def orthogonalized(inputs: dict[int, Any], config: MuonConfig,
-                    splits: dict[int, int]) -> dict[int, Any]:
+def orthogonalized(inputs: dict[Any, Any], config: MuonConfig, splits: dict[Any, int],
+                   place: Callable[[Any], Any] | None = None) -> dict[Any, Any]:
     """``scale·polar(U)`` for every Muon input (keyed by any id; ``splits`` by the same
-    ids, 1 where absent), one polar call per matrix shape and dtype."""
+    ids, 1 where absent), one polar call per matrix shape and dtype. ``place``, when
+    given, is applied to each ``(count, m, n)`` stack before and after its polar call
+    (the optax shell's ``stack_sharding``: the stack axis split over devices)."""
     groups: dict[tuple, list[int]] = {}
     shapes = {i: matrix_stack_shape(u.shape, splits.get(i, 1)) for i, u in inputs.items()}
     for i, u in inputs.items():
@@ -294,6 +296,8 @@ def orthogonalized(inputs: dict[int, Any], config: MuonConfig,
             continue
         stacks = [xp.reshape(inputs[i], shapes[i]) for i in members]
         stack = stacks[0] if len(stacks) == 1 else xp.concat(stacks, axis=0)
+        if place is not None:
+            stack = place(stack)
         method = config.polar_method
         if method == "auto":
             method = ("gram_newton_schulz" if max(m, n) >= GRAM_SIDE_ASPECT * min(m, n)
@@ -302,6 +306,8 @@ def orthogonalized(inputs: dict[int, Any], config: MuonConfig,
                             max_iter=config.steps, matmul_dtype=config.matmul_dtype,
                             check_finite=False).root
         factor = factor * shape_scale(m, n, config.shape_scale)
+        if place is not None:
+            factor = place(factor)
         start = 0
         for i, piece in zip(members, stacks):
             out[i] = xp.reshape(factor[start:start + piece.shape[0]], inputs[i].shape)
@@ -312,7 +318,8 @@ def orthogonalized(inputs: dict[int, Any], config: MuonConfig,
 def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[bool],
                     config: MuonConfig, *, momentum: Sequence[float] | None = None,
                     betas: Sequence[tuple[float, float]] | None = None,
-                    split: Sequence[int] | None = None) -> tuple[list, MuonState]:
+                    split: Sequence[int] | None = None,
+                    place: Callable[[Any], Any] | None = None) -> tuple[list, MuonState]:
     """The unit-learning-rate directions ``D`` and the new state, for every parameter.
 
     ``grads[i]`` None leaves parameter i and its state as they are (its
@@ -321,7 +328,7 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
     parameter, replace ``config``'s: the torch shell's per-group values, which
     schedulers such as ``OneCycleLR`` change. ``split`` (one entry per parameter,
     1 by default) cuts a Muon parameter's matrices into blocks of rows
-    (:func:`matrix_stack_shape`).
+    (:func:`matrix_stack_shape`); ``place`` goes to :func:`orthogonalized`.
 
     Examples
     --------
@@ -346,7 +353,7 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
         new, inputs = muon_momentum([grads[i] for i in muon], [buffers[i] for i in muon],
                                     [mus[i] for i in muon], config.nesterov)
         splits = {} if split is None else {i: split[i] for i in muon}
-        factors = orthogonalized(dict(zip(muon, inputs)), config, splits)
+        factors = orthogonalized(dict(zip(muon, inputs)), config, splits, place)
         for i, b in zip(muon, new):
             buffers[i], directions[i] = b, factors[i]
     adamw = [i for i in live if not use_muon[i]]
