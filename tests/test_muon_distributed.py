@@ -221,7 +221,18 @@ def _ddp_equality(world, rank):
         ref.step()
         diffs.append(max(float((p - q).abs().max()) for p, q in
                          zip(local.parameters(), reference.parameters())))
-    return {"diffs": diffs}
+    # The single process's state dict, given to a sharded Muon: each rank keeps its rows.
+    resumed = Muon(local.named_parameters(), **OPTIONS)
+    resumed.load_state_dict(ref.state_dict())
+    for o in (resumed, ref):
+        o.zero_grad()
+    torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    resumed.step()
+    ref.step()
+    diffs.append(max(float((p - q).abs().max()) for p, q in
+                     zip(local.parameters(), reference.parameters())))
+    return {"diffs": diffs, "steps": [s["step"] for s in resumed.state.values()]}
 
 
 def _steps(model, opt, start, count):
@@ -332,6 +343,7 @@ def test_ddp_ranks_on_batch_shares_equal_one_process_on_the_batch(ranks):
     _, results = ranks
     for rank, r in enumerate(results):
         assert max(r["ddp"]["diffs"]) <= ROUNDING_ATOL, f"rank {rank}: {r['ddp']['diffs']}"
+        assert r["ddp"]["steps"] == [STEPS + 1] * 4     # resumed from the state dict
 
 
 def test_per_rank_state_is_a_world_share_of_one_process_state(ranks):

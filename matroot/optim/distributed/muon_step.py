@@ -106,6 +106,21 @@ class ShardedMuon:
         return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False,
                                   shape=p.shape, stride=torch.empty(p.shape).stride())
 
+    def _own_rows(self, i: int, p, s: dict) -> None:
+        """Cut whole state tensors (a single-process state dict given to
+        ``load_state_dict``) to this rank's rows, in place in ``s``."""
+        for key in ("momentum_buffer", "exp_avg_sq"):
+            value = s.get(key)
+            if value is None or is_dtensor(value) or self.scalar[i]:
+                continue
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"the state's {key!r} of a parameter of shape "
+                                 f"{tuple(p.shape)} has shape {tuple(value.shape)}")
+            kept = self.zeros(i, p)
+            start, stop = self.rows(p)
+            _local(kept).copy_(value[start:stop])
+            s[key] = kept
+
     def _local_grad(self, i: int, p, grad):
         if self.row_sharded[i]:
             if tuple(grad.placements) != tuple(p.placements):
@@ -119,13 +134,14 @@ class ShardedMuon:
     def step(self, params, groups, state, config: MuonConfig) -> None:
         """One step of every parameter with a gradient (``groups[i]``: its group dict,
         ``state[p]``: its state, made here at its first gradient)."""
-        present = agree_on_gradients(
+        # Raises on every rank if some lack a gradient; NaN/Inf go through, as in one
+        # process, so its other answer is not used.
+        agree_on_gradients(
             [None if p.grad is None else (p.grad.to_local() if is_dtensor(p.grad) else p.grad)
-             for p in params], self.group, self.device)  # raises if some ranks lack one
+             for p in params], self.group, self.device)
         live = [i for i, p in enumerate(params) if p.grad is not None]
         if not live:
             return
-        del present                 # NaN/Inf go through, as in one process
         for i in live:
             s = state[params[i]]
             if not s:
@@ -133,6 +149,7 @@ class ShardedMuon:
                 s["momentum_buffer"] = self.zeros(i, params[i])
                 if not self.use_muon[i]:
                     s["exp_avg_sq"] = self.zeros(i, params[i])
+            self._own_rows(i, params[i], s)
         grads = {i: self._local_grad(i, params[i], params[i].grad) for i in live}
         buffers = {i: _local(state[params[i]]["momentum_buffer"]) for i in live}
         for i in live:
