@@ -46,6 +46,18 @@ def muon_dcp_state_dict(optimizer) -> dict:
     Returns
     -------
     dict
+
+    Examples
+    --------
+    >>> import torch
+    >>> from matroot.optim import Muon
+    >>> from matroot.optim.distributed.muon_checkpoint import muon_dcp_state_dict
+    >>> w = torch.nn.Parameter(torch.ones(4, 3))
+    >>> opt = Muon([("layer.weight", w)], distributed=None)
+    >>> w.grad = torch.ones(4, 3)
+    >>> opt.step()
+    >>> {k: sorted(v) for k, v in muon_dcp_state_dict(opt).items()}
+    {'0': ['momentum_buffer', 'step']}
     """
     out = {}
     for k, p in enumerate(_params(optimizer)):
@@ -75,6 +87,27 @@ def load_muon_dcp_state_dict(optimizer, checkpoint_id, *, key: str = "optim") ->
     ValueError
         If the checkpoint has no Muon state under ``key``, or names a parameter
         position this optimizer does not have.
+
+    Examples
+    --------
+    >>> import tempfile, warnings
+    >>> import torch, torch.distributed.checkpoint as dcp
+    >>> from matroot.optim import Muon
+    >>> from matroot.optim.distributed.muon_checkpoint import (
+    ...     load_muon_dcp_state_dict, muon_dcp_state_dict)
+    >>> w = torch.nn.Parameter(torch.ones(4, 3))
+    >>> opt = Muon([("layer.weight", w)], distributed=None)
+    >>> w.grad = torch.ones(4, 3)
+    >>> opt.step()
+    >>> path = tempfile.mkdtemp()
+    >>> with warnings.catch_warnings():   # DCP says it runs without a process group
+    ...     warnings.simplefilter("ignore")
+    ...     _ = dcp.save({"optim": muon_dcp_state_dict(opt)}, checkpoint_id=path)
+    ...     fresh = Muon([("layer.weight", w)], distributed=None)
+    ...     load_muon_dcp_state_dict(fresh, path)
+    >>> fresh.state[w]["step"], torch.equal(fresh.state[w]["momentum_buffer"],
+    ...                                     opt.state[w]["momentum_buffer"])
+    (1, True)
     """
     import torch.distributed.checkpoint as dcp
 
