@@ -104,7 +104,7 @@ class ShardedMuon:
         start, stop = self.rows(p)
         local = torch.zeros((stop - start, *p.shape[1:]), dtype=p.dtype, device=p.device)
         return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False,
-                                  shape=p.shape, stride=torch.empty(p.shape).stride())
+                                  shape=p.shape, stride=_contiguous_strides(p.shape))
 
     def _own_rows(self, i: int, p, s: dict) -> None:
         """Cut whole state tensors (a single-process state dict given to
@@ -224,6 +224,11 @@ class ShardedMuon:
                     a, b = row_ranges(params[k].shape[0], self.world)[r]
                     out[k][a:b] = part.view((b - a, *params[k].shape[1:]))
         return out
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
+    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
 
 
 def _row_size(p) -> int:
