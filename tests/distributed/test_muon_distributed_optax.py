@@ -1,7 +1,7 @@
 """The optax Muon shell under ``jax.sharding``: the stack axis split over devices.
 
 The suite's JAX is initialised with one CPU device, so the two-device run happens in a
-fresh process (``tests/muon_sharded_jax_run.py``, with
+fresh process (``tests/distributed/muon_sharded_jax_run.py``, with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` and JAX's defaults otherwise):
 parameters sharded on their first dimension over a 2-device mesh, ``stack_sharding``
 putting every same-shape stack's first axis on the same mesh axis, five jitted steps
@@ -33,7 +33,7 @@ SCRIPT = Path(__file__).with_name("muon_sharded_jax_run.py")
 @pytest.fixture(scope="module")
 def two_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               PYTHONPATH=os.pathsep.join([str(SCRIPT.parents[1]),
+               PYTHONPATH=os.pathsep.join([str(SCRIPT.parents[2]),
                                            os.environ.get("PYTHONPATH", "")]))
     env.pop("JAX_ENABLE_X64", None)
     done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True,

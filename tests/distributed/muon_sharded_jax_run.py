@@ -1,7 +1,7 @@
-"""Run by tests/test_muon_distributed_optax.py in a fresh process with two host devices
-(``XLA_FLAGS=--xla_force_host_platform_device_count=2``, set before JAX starts): the
-optax Muon shell with ``stack_sharding`` against the same steps on one device. Prints
-one JSON line."""
+"""Run by tests/distributed/test_muon_distributed_optax.py in a fresh process with two
+host devices (``XLA_FLAGS=--xla_force_host_platform_device_count=2``, set before JAX
+starts): the optax Muon shell with ``stack_sharding`` against the same steps on one
+device. Prints one JSON line."""
 
 from __future__ import annotations
 
