@@ -85,6 +85,15 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
     ("tests/backends/test_torch_compile.py::*", "torch.compile traces and compiles"),
     ("tests/distributed/test_fsdp.py::*", "spawns gloo process groups (FSDP2, DCP)"),
     ("tests/distributed/test_distributed.py::*ranks]", "spawns a gloo process group"),
+    ("tests/distributed/test_muon_distributed.py::*ranks]",
+     "spawns gloo process groups (FSDP2, DDP, DCP)"),
+    ("tests/distributed/test_muon_distributed.py::test_dcp_checkpoint_saved_at_two_ranks*",
+     "spawns gloo process groups (FSDP2, DCP)"),
+    ("tests/distributed/test_muon_distributed.py::test_hsdp_*",
+     "spawns a 4-rank gloo process group"),
+    *((f"tests/distributed/test_muon_distributed_optax.py::{name}", "a fresh JAX process "
+       "with two host devices compiles sharded and single-device Muon steps")
+      for name in ("test_stack_sharded_*", "test_each_device_*", "test_state_stays_*")),
     ("tests/distributed/test_distributed.py::test_memory_per_rank_is_below_single_process[3]",
      "spawns a gloo process group (the 2-rank case stays quick)"),
     ("tests/distributed/test_distributed.py::test_memory_per_rank_is_below_single_process[4]",

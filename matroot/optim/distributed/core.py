@@ -145,7 +145,7 @@ def agree_on_parameters(params, group, is_split) -> None:
     everyone = torch.empty(3 * world, dtype=torch.float64, device=device)
     _all_gather(everyone, mine, group)
     rows = everyone.reshape(world, 3).tolist()
-    advice = ("sharded Shampoo (distributed='auto') splits one model's blocks over "
+    advice = ("a sharded optimizer (distributed='auto') splits one model's work over "
               "data-parallel replicas; for pipeline, tensor or expert parallelism or "
               "per-rank models pass distributed=None, or a process group of replicas")
     if any(row[:2] != rows[0][:2] for row in rows):
@@ -198,7 +198,7 @@ def agree_on_gradients(grads, group, device):
     if uneven:
         raise GradientMismatchError(
             f"parameters {uneven} have a gradient on only some of the {world} ranks "
-            f"(on {[flags[i] for i in uneven]} ranks); sharded Shampoo needs the same "
+            f"(on {[flags[i] for i in uneven]} ranks); a sharded optimizer needs the same "
             "parameters to have gradients on every rank (set unused gradients to zeros)")
     return [flags[count + i] > 0 for i in range(count)]
 

@@ -234,7 +234,7 @@ def _elementwise_owners(plan: BlockPlan, memory: list[float]) -> tuple[tuple[int
     return tuple(sorted(owners))
 
 
-def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
+def shard_plan(plan: BlockPlan, world_size: int, costs=None) -> ShardPlan:
     """Cut the blocks of ``plan``, in model order, into ``world_size`` balanced runs, and
     give each elementwise parameter one owner.
 
@@ -254,6 +254,9 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     ----------
     plan : BlockPlan
     world_size : int
+    costs : sequence of int, optional
+        One block's compute per group, in place of :func:`group_cost` (Muon's
+        groups have no factors: :mod:`matroot.optim.distributed.muon_owners`).
 
     Returns
     -------
@@ -278,7 +281,7 @@ def shard_plan(plan: BlockPlan, world_size: int) -> ShardPlan:
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    unit = [group_cost(g) for g in plan.groups]
+    unit = [group_cost(g) for g in plan.groups] if costs is None else list(costs)
     held = [factor_bytes(g) + moment_bytes(math.prod(g.shape), g.dtype) for g in plan.groups]
     order = _model_order(plan)
     counts = [[0] * world_size for _ in plan.groups]

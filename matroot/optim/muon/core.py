@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -39,7 +39,8 @@ from ..shampoo_core.config import check_keywords
 
 __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
            "matrix_stack_shape", "shape_scale", "default_use_muon", "check_muon_keywords",
-           "is_unnamed", "unnamed_matrices_warning"]
+           "is_unnamed", "unnamed_matrices_warning", "muon_momentum", "adamw_directions",
+           "orthogonalized"]
 
 #: Aspect ratio from which ``polar_method="auto"`` iterates on the Gram side
 #: (``gram_newton_schulz``, the same steps): measured against the 5-step quintic on
@@ -277,9 +278,12 @@ def muon_init(params: Sequence[Any], use_muon: Sequence[bool]) -> MuonState:
     return MuonState(zeros, second, [0] * len(params))
 
 
-def _orthogonalized(inputs: dict[int, Any], config: MuonConfig,
-                    splits: dict[int, int]) -> dict[int, Any]:
-    """``scale·polar(U)`` for every Muon input, one polar call per matrix shape."""
+def orthogonalized(inputs: dict[Any, Any], config: MuonConfig, splits: dict[Any, int],
+                   place: Callable[[Any], Any] | None = None) -> dict[Any, Any]:
+    """``scale·polar(U)`` for every Muon input (keyed by any id; ``splits`` by the same
+    ids, 1 where absent), one polar call per matrix shape and dtype. ``place``, when
+    given, is applied to each ``(count, m, n)`` stack before and after its polar call
+    (the optax shell's ``stack_sharding``: the stack axis split over devices)."""
     groups: dict[tuple, list[int]] = {}
     shapes = {i: matrix_stack_shape(u.shape, splits.get(i, 1)) for i, u in inputs.items()}
     for i, u in inputs.items():
@@ -292,6 +296,8 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig,
             continue
         stacks = [xp.reshape(inputs[i], shapes[i]) for i in members]
         stack = stacks[0] if len(stacks) == 1 else xp.concat(stacks, axis=0)
+        if place is not None:
+            stack = place(stack)
         method = config.polar_method
         if method == "auto":
             method = ("gram_newton_schulz" if max(m, n) >= GRAM_SIDE_ASPECT * min(m, n)
@@ -300,6 +306,8 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig,
                             max_iter=config.steps, matmul_dtype=config.matmul_dtype,
                             check_finite=False).root
         factor = factor * shape_scale(m, n, config.shape_scale)
+        if place is not None:
+            factor = place(factor)
         start = 0
         for i, piece in zip(members, stacks):
             out[i] = xp.reshape(factor[start:start + piece.shape[0]], inputs[i].shape)
@@ -310,7 +318,8 @@ def _orthogonalized(inputs: dict[int, Any], config: MuonConfig,
 def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[bool],
                     config: MuonConfig, *, momentum: Sequence[float] | None = None,
                     betas: Sequence[tuple[float, float]] | None = None,
-                    split: Sequence[int] | None = None) -> tuple[list, MuonState]:
+                    split: Sequence[int] | None = None,
+                    place: Callable[[Any], Any] | None = None) -> tuple[list, MuonState]:
     """The unit-learning-rate directions ``D`` and the new state, for every parameter.
 
     ``grads[i]`` None leaves parameter i and its state as they are (its
@@ -319,7 +328,7 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
     parameter, replace ``config``'s: the torch shell's per-group values, which
     schedulers such as ``OneCycleLR`` change. ``split`` (one entry per parameter,
     1 by default) cuts a Muon parameter's matrices into blocks of rows
-    (:func:`matrix_stack_shape`).
+    (:func:`matrix_stack_shape`); ``place`` goes to :func:`orthogonalized`.
 
     Examples
     --------
@@ -339,31 +348,48 @@ def muon_directions(grads: Sequence[Any], state: MuonState, use_muon: Sequence[b
     live = [i for i, g in enumerate(grads) if g is not None]
     for i in live:
         steps[i] += 1
-    # Each moment update is one operation over all parameters of a half
-    # (_xp.each: torch's foreach kernels), not one per parameter.
     muon = [i for i in live if use_muon[i]]
     if muon:
-        g = [grads[i] for i in muon]
-        mu = [mus[i] for i in muon]
-        new = _xp.each("lerp", [buffers[i] for i in muon], g, [1 - m for m in mu])
-        inputs = _xp.each("lerp", g, new, mu) if config.nesterov else new
+        new, inputs = muon_momentum([grads[i] for i in muon], [buffers[i] for i in muon],
+                                    [mus[i] for i in muon], config.nesterov)
         splits = {} if split is None else {i: split[i] for i in muon}
-        factors = _orthogonalized(dict(zip(muon, inputs)), config, splits)
+        factors = orthogonalized(dict(zip(muon, inputs)), config, splits, place)
         for i, b in zip(muon, new):
             buffers[i], directions[i] = b, factors[i]
     adamw = [i for i in live if not use_muon[i]]
     if adamw:
-        g = [grads[i] for i in adamw]
-        beta1 = [all_betas[i][0] for i in adamw]
-        beta2 = [all_betas[i][1] for i in adamw]
-        first = _xp.each("lerp", [buffers[i] for i in adamw], g, [1 - b for b in beta1])
-        squares = _xp.each("lerp", [second[i] for i in adamw], _xp.each("mul", g, g),
-                           [1 - b for b in beta2])
-        first_hat = _xp.each("div", first, [1 - b ** steps[i] for b, i in zip(beta1, adamw)])
-        second_hat = _xp.each("div", squares,
-                              [1 - b ** steps[i] for b, i in zip(beta2, adamw)])
-        denominators = _xp.each("add", _xp.each("sqrt", second_hat), config.eps)
-        for i, m, v, d in zip(adamw, first, squares,
-                              _xp.each("div", first_hat, denominators)):
+        first, squares, steps_taken = adamw_directions(
+            [grads[i] for i in adamw], [buffers[i] for i in adamw],
+            [second[i] for i in adamw], [steps[i] for i in adamw],
+            [all_betas[i] for i in adamw], config.eps)
+        for i, m, v, d in zip(adamw, first, squares, steps_taken):
             buffers[i], second[i], directions[i] = m, v, d
     return directions, MuonState(buffers, second, steps)
+
+
+# Each moment update below is one operation over all parameters of a half
+# (_xp.each: torch's foreach kernels), not one per parameter. Elementwise, so a rank
+# may run them on its rows of the parameters (matroot.optim.distributed.muon_step).
+def muon_momentum(grads: Sequence[Any], buffers: Sequence[Any], mus: Sequence[float],
+                  nesterov: bool) -> tuple[list, list]:
+    """The new momentum buffers ``B ← μ·B + (1 − μ)·G`` and the polar inputs ``U``
+    (``(1 − μ)·G + μ·B`` with Nesterov, else ``B``), one per gradient."""
+    new = _xp.each("lerp", list(buffers), list(grads), [1 - m for m in mus])
+    inputs = _xp.each("lerp", list(grads), new, list(mus)) if nesterov else new
+    return new, inputs
+
+
+def adamw_directions(grads: Sequence[Any], first: Sequence[Any], second: Sequence[Any],
+                     steps: Sequence[int], betas: Sequence[tuple[float, float]],
+                     eps: float) -> tuple[list, list, list]:
+    """AdamW's new moments and directions ``m̂/(√v̂ + eps)``; ``steps`` counts this one."""
+    beta1 = [b[0] for b in betas]
+    beta2 = [b[1] for b in betas]
+    grads = list(grads)
+    new_first = _xp.each("lerp", list(first), grads, [1 - b for b in beta1])
+    squares = _xp.each("lerp", list(second), _xp.each("mul", grads, grads),
+                       [1 - b for b in beta2])
+    first_hat = _xp.each("div", new_first, [1 - b ** t for b, t in zip(beta1, steps)])
+    second_hat = _xp.each("div", squares, [1 - b ** t for b, t in zip(beta2, steps)])
+    denominators = _xp.each("add", _xp.each("sqrt", second_hat), eps)
+    return new_first, squares, _xp.each("div", first_hat, denominators)

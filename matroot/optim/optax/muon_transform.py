@@ -68,8 +68,25 @@ def _muon_leaves(tree, use_muon, warn: bool = False) -> list[bool]:
     return flags
 
 
+def _stack_placement(sharding) -> Callable[[Any], Any] | None:
+    """The constraint that puts a ``(count, m, n)`` stack's first axis where
+    ``sharding`` says (a ``NamedSharding`` whose spec names the stack axis' mesh
+    axes; the matrix axes stay whole)."""
+    if sharding is None:
+        return None
+    if not isinstance(sharding, jax.sharding.NamedSharding) or len(sharding.spec) != 1:
+        raise ValueError(
+            "stack_sharding must be a jax.sharding.NamedSharding whose spec names the "
+            "stack axis only, e.g. NamedSharding(mesh, PartitionSpec('data')), got "
+            f"{sharding!r}")
+    spec = jax.sharding.PartitionSpec(sharding.spec[0], None, None)
+    placed = jax.sharding.NamedSharding(sharding.mesh, spec)
+    return lambda stack: jax.lax.with_sharding_constraint(stack, placed)
+
+
 def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
                   split: Callable[[str, Any], int] | None = None,
+                  stack_sharding: Any = None,
                   **config: Any) -> optax.GradientTransformation:
     """The Muon/AdamW direction ``+D`` of every leaf, without learning rate or decay.
 
@@ -90,6 +107,13 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         a Muon leaf is orthogonalized as (3 for a fused QKV kernel stored
         ``(3·d, d)``; :func:`~matroot.optim.muon.core.matrix_stack_shape`); 1 when
         omitted.
+    stack_sharding : jax.sharding.NamedSharding, optional
+        Where the stack axis of each same-shape stack of Muon matrices goes, e.g.
+        ``NamedSharding(mesh, PartitionSpec("data"))``: each device then
+        orthogonalizes its share of the matrices whole, and XLA moves their rows
+        in and out (all-to-all) from wherever the gradients and moments are
+        (replicated, or sharded like the parameters). For ``jax.jit`` over a
+        mesh; the updates equal the unsharded ones to rounding.
     **config
         :class:`~matroot.optim.muon.core.MuonConfig` fields.
     """
@@ -99,6 +123,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
     # array the core applies as it is; the config keeps its default.
     momentum = config.pop("momentum") if _xp.is_traced(config.get("momentum")) else None
     settings = MuonConfig(**config)
+    place = _stack_placement(stack_sharding)
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
@@ -118,7 +143,8 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         core = MuonState(state.momentum, state.exp_avg_sq, [state.count] * len(leaves))
         directions, new = muon_directions(
             leaves, core, muon, settings,
-            momentum=None if momentum is None else [momentum] * len(leaves), split=splits)
+            momentum=None if momentum is None else [momentum] * len(leaves), split=splits,
+            place=place)
         directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
         return (treedef.unflatten(directions),
                 MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq))
@@ -128,7 +154,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
 def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
          weight_decay_mask: Any = None, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
-         split: Callable[[str, Any], int] | None = None,
+         split: Callable[[str, Any], int] | None = None, stack_sharding: Any = None,
          **config: Any) -> optax.GradientTransformation:
     """Stacked Muon for optax: ``scale_by_muon``, decoupled weight decay, learning rate.
 
@@ -144,7 +170,7 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
         ``optax.contrib.muon``'s ``weight_decay_mask``): a pytree of bools like the
         parameters, or a function of the parameters returning one; e.g. leave out
         biases and norms, as the torch shell's AdamW part does by default.
-    use_muon, adamw_lr_ratio, split, **config
+    use_muon, adamw_lr_ratio, split, stack_sharding, **config
         As :func:`scale_by_muon`.
 
     Returns
@@ -175,7 +201,8 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
                                                            mask=weight_decay_mask)]
     settings = host_values("muon", config, traced_ok=("momentum",))
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
-                                     split=split, **settings),
+                                     split=split, stack_sharding=stack_sharding,
+                                     **settings),
                        *decay, optax.scale_by_learning_rate(learning_rate))
 
 

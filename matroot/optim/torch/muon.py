@@ -21,10 +21,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
                          is_unnamed, matrix_stack_shape, muon_directions,
                          unnamed_matrices_warning)
+from ..distributed.core import resolve_process_group
+from ..distributed.dtensor import is_dtensor
+from ..distributed.muon_step import ShardedMuon
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
@@ -165,6 +169,12 @@ class Muon(torch.optim.Optimizer):
         Muon's step size and decoupled weight decay.
     adamw_lr, adamw_weight_decay : float
         The same for the AdamW parameters.
+    distributed : "auto", None or ProcessGroup
+        Split the work over the ranks of this process group (``"auto"``: the default
+        group when ``torch.distributed`` runs more than one rank): each rank keeps
+        the state of its rows of every parameter and orthogonalizes the matrices it
+        owns whole (:mod:`matroot.optim.distributed.muon_step`); DDP, FSDP2
+        (``fully_shard``) and other DTensor parameters, mixed. None: one process.
     **config
         :class:`~matroot.optim.muon.core.MuonConfig` fields (momentum, nesterov,
         shape_scale, polar_method, polar_lower, polar_steps, matmul_dtype,
@@ -184,15 +194,29 @@ class Muon(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, weight_decay: float = 0.0,
-                 adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, **config: Any):
+                 adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0,
+                 distributed: Any = "auto", **config: Any):
         check_muon_keywords(config)
         self.config = MuonConfig(**config)
+        self._process_group = resolve_process_group(distributed)
+        self._sharded: ShardedMuon | None = None
         self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
         groups = _split_groups(params, *self._split_defaults)
         # "betas" is in every group but not in the defaults: a momentum-cycling
         # scheduler then cycles Muon's μ, as it does torch.optim.Muon's.
         super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True,
                                       momentum=self.config.momentum))
+        if self._process_group is None and any(
+                is_dtensor(p) for g in self.param_groups for p in g["params"]):
+            if distributed is None or distributed is False or not (
+                    dist.is_available() and dist.is_initialized()):
+                raise ValueError(
+                    "Muon got DTensor parameters (FSDP2's fully_shard, distribute_tensor) "
+                    "with distributed=None: pass distributed='auto' (the default) or the "
+                    "process group of the ranks they are spread over")
+            # A world of one: the sharded step still makes the DTensors whole.
+            self._process_group = (distributed if isinstance(distributed, dist.ProcessGroup)
+                                   else dist.group.WORLD)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
@@ -215,6 +239,9 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._process_group is not None:
+            self._sharded_step()
+            return loss
         prepared = self._prepare_step()
         if prepared is None:
             return loss
@@ -245,6 +272,54 @@ class Muon(torch.optim.Optimizer):
         return loss
 
     @torch.compiler.disable
+    def _sharded_step(self) -> None:
+        """The step over the ranks of the process group
+        (:mod:`matroot.optim.distributed.muon_step`), eager even inside ``torch.compile``."""
+        pairs = [(p, g) for g in self.param_groups for p in g["params"]]
+        sharded = self._sharding(pairs)
+        self._check_states(pairs)
+        sharded.step([p for p, _ in pairs], [g for _, g in pairs], self.state, self.config)
+
+    def _sharding(self, pairs) -> ShardedMuon:
+        """The split of the current parameters over the ranks (made again after
+        ``add_param_group`` changed them)."""
+        params = [p for p, _ in pairs]
+        use_muon = [bool(g["use_muon"]) for _, g in pairs]
+        splits = [int(g.get("split", 1)) if g["use_muon"] else 1 for _, g in pairs]
+        if self._sharded is None or \
+                self._sharded.key != ShardedMuon.key_of(params, use_muon, splits):
+            self._sharded = ShardedMuon(params, use_muon, splits, self._process_group)
+        return self._sharded
+
+    def _make_states(self, params) -> None:
+        """Zero state for each of ``params`` that has none (to load a checkpoint into),
+        laid out as a step would make it."""
+        pairs = [(p, g) for g in self.param_groups for p in g["params"]]
+        sharded = None if self._process_group is None else self._sharding(pairs)
+        wanted = {id(p) for p in params}
+        for i, (p, group) in enumerate(pairs):
+            if id(p) in wanted and not self.state[p]:
+                self.state[p] = {"step": 0} | {
+                    key: torch.zeros_like(p) if sharded is None else sharded.zeros(i, p)
+                    for key in ("momentum_buffer",) + (() if group["use_muon"]
+                                                       else ("exp_avg_sq",))}
+
+    def _check_states(self, pairs) -> None:
+        """Refuse sparse gradients and a state made under the other half's rule."""
+        for p, group in pairs:
+            if p.grad is not None and p.grad.is_sparse:
+                raise TypeError("Muon does not support sparse gradients (an Embedding made "
+                                "with sparse=True): make it dense, or give it to a sparse "
+                                "optimizer")
+            state = self.state[p]
+            if state and ("exp_avg_sq" in state) == bool(group["use_muon"]):
+                raise ValueError(
+                    f"use_muon of the group of a parameter of shape {tuple(p.shape)} changed "
+                    f"after its first step, and its state is "
+                    f"{'AdamW' if 'exp_avg_sq' in state else 'Muon'}'s: to restart it with "
+                    "the new rule, del optimizer.state[param] first")
+
+    @torch.compiler.disable
     def _prepare_step(self):
         """The host side of a step, eager even inside ``torch.compile``: the parameters
         with gradients, their state (made at the first gradient), step counts and group
@@ -252,9 +327,7 @@ class Muon(torch.optim.Optimizer):
         new lr or momentum is an input of the graph, not a guard that recompiles it."""
         pairs = [(p, group) for group in self.param_groups for p in group["params"]
                  if p.grad is not None]
-        if any(p.grad.is_sparse for p, _ in pairs):
-            raise TypeError("Muon does not support sparse gradients (an Embedding made with "
-                            "sparse=True): make it dense, or give it to a sparse optimizer")
+        self._check_states(pairs)
         if not pairs:
             return None
         for p, group in pairs:
@@ -264,12 +337,6 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p)
                 if not group["use_muon"]:
                     state["exp_avg_sq"] = torch.zeros_like(p)
-            elif ("exp_avg_sq" in state) == bool(group["use_muon"]):
-                raise ValueError(
-                    f"use_muon of the group of a parameter of shape {tuple(p.shape)} changed "
-                    f"after its first step, and its state is "
-                    f"{'AdamW' if 'exp_avg_sq' in state else 'Muon'}'s: to restart it with "
-                    "the new rule, del optimizer.state[param] first")
         groups = [group for _, group in pairs]
         # State dicts saved before groups carried momentum and betas lack them.
         return ([p for p, _ in pairs], [self.state[p] for p, _ in pairs],
