@@ -113,6 +113,29 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "six 8 × 384² solves under the dispatcher count"),
     ("tests/launches/test_launch_budgets.py::test_operations_and_syncs_per_solve[coupled_newton-*",
      "six 8 × 384² solves under the dispatcher count"),
+    # The heaviest quick tests of this round (measured under --durations; each repeats
+    # what a quicker test of the same module already exercises).
+    ("tests/eigenbasis/test_eigenbasis.py::test_torch_compile_matches_eager",
+     "torch.compile of the refresh"),
+    ("tests/launches/test_optim_launches.py::*",
+     "counts sixteen Shampoo steps on issue 35's model"),
+    ("tests/optim/test_optim_factor_bounds.py::test_optax_carries_the_bounds_under_jit",
+     "compiles a Shampoo step"),
+    ("tests/optim/test_optim_refresh.py::test_the_default_refresh_under_jax_jit_matches*",
+     "compiles a Shampoo step"),
+    ("tests/distributed/test_distributed.py::test_memory_per_rank_is_below_single_process*",
+     "starts process groups"),
+    ("tests/optim/test_optim_torch.py::test_shampoo_solves_an_ill_conditioned_quadratic*",
+     "trains to a tolerance"),
+    ("tests/project/test_optim_bench.py::test_benchmark_times_the_compiled_step_against_eager",
+     "compiles a Shampoo step"),
+    ("tests/optim/test_optax_conventions.py::test_optax_apply_if_finite_wraps_shampoo_eagerly",
+     "eager JAX, op by op"),
+    ("tests/distributed/test_soap_distributed.py::*", "starts process groups"),
+    ("tests/launches/test_launch_budgets.py::test_fixed_steps_keep_the_promise[*-8]",
+     "repeats p = 4's search at p = 8"),
+    ("tests/optim/test_soap_optax.py::test_inject_hyperparams_learning_rate_under_jit",
+     "compiles a SOAP step"),
 )
 
 
