@@ -227,24 +227,36 @@ def _iterate(stack, *, start, iterations: int, rtol: float, method: str, block: 
     steps, finite, scaled stack)``; NaN results for non-finite matrices."""
     xp = _xp.array_namespace(stack)
     n = stack.shape[-1]
-    eye = _xp.identity_stack(xp, n, stack.dtype, _xp.device_of(stack))
-    finite = _xp.finite_matrices(stack)
-    usable = finite & _xp.finite_matrices(start)
-    stack = _xp.symmetric_part(_xp.batched_where(finite, stack, xp.zeros_like(stack)))
-    start = _xp.batched_where(usable, start, xp.zeros_like(start) + eye)
-    scale = _xp.power_of_two_scale(stack)
-    scaled = stack / scale[:, None, None]
     traced = _xp.is_traced(stack)
+    # max|a_ij| per matrix gives the scale and, being NaN or Inf exactly when an entry
+    # is, which matrices are finite (inductor may drop NaN from a traced max: there
+    # the entries are checked one by one).
+    peak = xp.maximum(xp.max(stack, axis=(-2, -1)), -xp.min(stack, axis=(-2, -1)))
+    finite = (_xp.finite_matrices(stack) if traced and _xp.is_torch_namespace(xp)
+              else xp.isfinite(peak))
+    usable = finite & _xp.finite_matrices(start)
+    # Eagerly one host read spares the selects of the (usual) all-finite call.
+    clean = not traced and bool(xp.all(usable))
+    if not clean:
+        peak = xp.where(finite, peak, xp.zeros_like(peak))
+        stack = _xp.batched_where(finite, stack, xp.zeros_like(stack))
+        eye = _xp.identity_stack(xp, n, stack.dtype, _xp.device_of(stack))
+        start = _xp.batched_where(usable, start, xp.zeros_like(start) + eye)
+    scale = _xp.power_of_two_scale(peak[:, None, None])
+    scaled = stack / scale[:, None, None]  # exact (a power of two); entries below 2
+    scaled = (scaled + xp.matrix_transpose(scaled)) * 0.5
     if method == "block":
         q, d, residual, converged, steps = block_rotation(
             scaled, start, iterations=iterations, rtol=rtol, block=block, traced=traced)
     else:
         q, d, residual, converged, steps = orthogonal_iteration(
             scaled, start, iterations=iterations, rtol=rtol, traced=traced)
-    nan = xp.asarray(math.nan, dtype=stack.dtype, device=_xp.device_of(stack))
-    q = _xp.batched_where(finite, q, xp.zeros_like(q) + nan)
-    w = xp.where(finite[:, None], d * scale[:, None], nan)
-    residual = xp.where(finite, residual, nan)
+    w = d * scale[:, None]
+    if not clean:
+        nan = xp.asarray(math.nan, dtype=stack.dtype, device=_xp.device_of(stack))
+        q = _xp.batched_where(finite, q, xp.zeros_like(q) + nan)
+        w = xp.where(finite[:, None], w, nan)
+        residual = xp.where(finite, residual, nan)
     return q, w, residual, converged & finite, steps, finite, scaled, scale
 
 
