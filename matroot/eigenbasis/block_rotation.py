@@ -60,29 +60,30 @@ def _rows(x, index):
 
 
 def _quotients_and_residual(qt, zt):
-    """Per row the Rayleigh quotient ``qᵢ·zᵢ / qᵢ·qᵢ`` (0 for a zero row), and per matrix
-    ``‖Zᵀ − diag(d)·Qᵀ‖_F`` (not yet divided by ‖A‖_F)."""
+    """Per row the quotient ``dᵢ = qᵢ·zᵢ`` (the rows are unit vectors up to the
+    orthogonality the certificate bounds; the residual below holds for any ``d``), and
+    per matrix ``‖Zᵀ − diag(d)·Qᵀ‖_F`` (not yet divided by ‖A‖_F)."""
     xp = _xp.array_namespace(qt)
-    squares = xp.sum(qt * qt, axis=-1)
-    d = xp.sum(qt * zt, axis=-1) / xp.where(squares > 0, squares, xp.ones_like(squares))
-    return d, _xp.frobenius_norm(zt - d[..., None] * qt)
+    d = xp.sum(qt * zt, axis=-1)
+    return d, _xp.frobenius_norm(_xp.add_scaled(zt, -d[..., None], qt))
 
 
 def _block_step(a, shift, qt_t, zt_t, qt_r, zt_r):
     """One block step on the rows ``(Q_t, Z_t)`` (top) and ``(Q_r, Z_r)`` (rest)."""
     xp = _xp.array_namespace(a)
     mt = xp.matrix_transpose
-    y = _xp.lapack_in_order(xp.linalg.qr, mt(zt_t + shift * qt_t))[0]
+    y = _xp.lapack_in_order(xp.linalg.qr, mt(_xp.add_scaled(zt_t, shift, qt_t)))[0]
     w = a @ y
     h = mt(y) @ w
     v = _xp.lapack_in_order(xp.linalg.eigh, (h + mt(h)) / 2)[1]
     top, z_top = y @ v, w @ v
     u, c, vh = _xp.lapack_in_order(xp.linalg.svd, qt_t @ top)
     f = (qt_r @ top) @ mt(vh)
-    damping = (1 / (1 + c))[:, :, None]
-    ft, ut = mt(f), mt(u)
-    qt_r = qt_r - f @ ((ft @ qt_r) * damping + ut @ qt_t)
-    zt_r = zt_r - f @ ((ft @ zt_r) * damping + ut @ zt_t)
+    # Q_r − F·(diag(1/(1 + c))·Fᵀ·Q_r + Uᵀ·Q_t), the same for Z_r; the subtraction is
+    # folded into the product (one pass over the rest fewer on torch).
+    damped, ut, minus_f = mt(f) * (1 / (1 + c))[:, :, None], mt(u), -f
+    qt_r = _xp.add_product(qt_r, minus_f, _xp.add_product(ut @ qt_t, damped, qt_r))
+    zt_r = _xp.add_product(zt_r, minus_f, _xp.add_product(ut @ zt_t, damped, zt_r))
     return mt(top), mt(z_top), qt_r, zt_r
 
 
@@ -110,28 +111,31 @@ def block_rotation(a, basis, *, iterations: int, rtol: float, block: int, traced
     # The one sort of the call: the top block is the k rows of largest quotient.
     order = xp.argsort(xp.sum(qt * zt, axis=-1), axis=-1, descending=True)
     top, rest = order[:, :block], order[:, block:]
-    state = (_rows(qt, top), _rows(zt, top), _rows(qt, rest), _rows(zt, rest),
+    rows = (_rows(qt, top), _rows(zt, top), _rows(qt, rest), _rows(zt, rest))
+    state = (*rows, xp.zeros((b, block), dtype=a.dtype, device=device),
+             xp.zeros((b, n - block), dtype=a.dtype, device=device),
              xp.full((b,), math.inf, dtype=a.dtype, device=device),
              xp.zeros((b,), dtype=xp.bool, device=device),
              xp.zeros((b,), dtype=xp.int32, device=device))
 
     def step(state, k):
-        *rows, residual, done, steps = state
-        new = _block_step(a, shift, *rows)
-        r_top = _quotients_and_residual(new[0], new[1])[1]
-        r_rest = _quotients_and_residual(new[2], new[3])[1]
+        *old, residual, done, steps = state
+        new = _block_step(a, shift, *old[:4])
+        d_top, r_top = _quotients_and_residual(new[0], new[1])
+        d_rest, r_rest = _quotients_and_residual(new[2], new[3])
+        new = (*new, d_top, d_rest)
         new_residual = xp.sqrt(r_top * r_top + r_rest * r_rest) / safe_norm[:, 0]
         if not (isinstance(k, int) and k == 0):  # before the first step none is done
-            new = tuple(_xp.batched_where(done, old, now) for old, now in zip(rows, new))
+            new = tuple(xp.where(xp.reshape(done, (-1,) + (1,) * (now.ndim - 1)), was, now)
+                        for was, now in zip(old, new))
             new_residual = xp.where(done, residual, new_residual)
         steps = xp.where(done, steps, steps + 1)
         return (*new, new_residual, done | (new_residual + allowance <= rtol), steps)
 
-    qt_t, zt_t, qt_r, zt_r, residual, _, steps = _xp.bounded_loop(
-        step, state, max_iter=iterations, running=lambda s: ~xp.all(s[5]), check_every=1,
+    qt_t, _, qt_r, _, d_top, d_rest, residual, _, steps = _xp.bounded_loop(
+        step, state, max_iter=iterations, running=lambda s: ~xp.all(s[7]), check_every=1,
         traced=traced)
-    d = xp.concat([_quotients_and_residual(qt_t, zt_t)[0],
-                   _quotients_and_residual(qt_r, zt_r)[0]], axis=-1)
+    d = xp.concat([d_top, d_rest], axis=-1)
     order = xp.argsort(d, axis=-1)
     q = xp.matrix_transpose(_rows(xp.concat([qt_t, qt_r], axis=-2), order))
     d = xp.take_along_axis(d, order, axis=-1)
