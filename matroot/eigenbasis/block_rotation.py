@@ -138,7 +138,7 @@ def block_rotation(a, basis, *, iterations: int, rtol: float, block: int, traced
     d = xp.concat([d_top, d_rest], axis=-1)
     order = xp.argsort(d, axis=-1)
     q = xp.matrix_transpose(_rows(xp.concat([qt_t, qt_r], axis=-2), order))
-    d = xp.take_along_axis(d, order, axis=-1)
+    d = _rows(d[:, :, None], order)[:, :, 0]
     # The steps keep Q orthonormal only as far as the start was: bound what it is now.
     residual = residual + orthogonality_bound(q)
     return q, d, residual, residual + allowance <= rtol, steps
