@@ -19,7 +19,7 @@ rows, and no step re-sorts (subspace iteration keeps the top block dominant). On
    basis is exact without another n×n product.
 
 Cost: the first product ``A·Q`` and about ``6·k/n`` of one per step (k = n/8: 1.75
-products per one-step refresh; an eigh costs about ten on the CPUs measured,
+products per one-step refresh; a float32 eigh costs 6–9 on the CPU measured,
 bench/results/eigenbasis.md). What it does not turn: couplings within the rest; a
 factor whose mass lies beyond its top ``k`` directions needs a larger ``block`` (or
 orthogonal iteration, ``method="orthogonal"``). The basis must be orthonormal: the
