@@ -197,8 +197,8 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     work = _xp.dtype_from_name(xp, _xp.work_dtype_name(xp, a.dtype))
     if b == 0 or n == 0:
         return _empty(xp, a, batch, n)
-    stack = xp.reshape(xp.astype(a, work), (b, n, n))
-    start = xp.reshape(xp.astype(basis, work), (b, n, n))
+    stack = xp.reshape(xp.astype(a, work, copy=False), (b, n, n))
+    start = xp.reshape(xp.astype(basis, work, copy=False), (b, n, n))
     traced = _xp.is_traced(stack) or _xp.is_traced(start)
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(EigenbasisResult)
@@ -216,9 +216,9 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     q, w, residual, converged, steps, fell_back = parts
     dtype = a.dtype
     return EigenbasisResult(
-        xp.reshape(xp.astype(q, dtype), (*batch, n, n)),
-        xp.reshape(xp.astype(w, dtype), (*batch, n)),
-        xp.reshape(xp.astype(residual, dtype), batch),
+        xp.reshape(xp.astype(q, dtype, copy=False), (*batch, n, n)),
+        xp.reshape(xp.astype(w, dtype, copy=False), (*batch, n)),
+        xp.reshape(xp.astype(residual, dtype, copy=False), batch),
         xp.reshape(converged, batch), xp.reshape(steps, batch), xp.reshape(fell_back, batch))
 
 
@@ -227,24 +227,43 @@ def _iterate(stack, *, start, iterations: int, rtol: float, method: str, block: 
     steps, finite, scaled stack)``; NaN results for non-finite matrices."""
     xp = _xp.array_namespace(stack)
     n = stack.shape[-1]
-    eye = _xp.identity_stack(xp, n, stack.dtype, _xp.device_of(stack))
-    finite = _xp.finite_matrices(stack)
-    usable = finite & _xp.finite_matrices(start)
-    stack = _xp.symmetric_part(_xp.batched_where(finite, stack, xp.zeros_like(stack)))
-    start = _xp.batched_where(usable, start, xp.zeros_like(start) + eye)
-    scale = _xp.power_of_two_scale(stack)
-    scaled = stack / scale[:, None, None]
     traced = _xp.is_traced(stack)
+    # max|a_ij| per matrix gives the scale and, being NaN or Inf exactly when an entry
+    # is, which matrices are finite (inductor may drop NaN from a traced max: there
+    # the entries are checked one by one).
+    peak = xp.maximum(xp.max(stack, axis=(-2, -1)), -xp.min(stack, axis=(-2, -1)))
+    finite = (_xp.finite_matrices(stack) if traced and _xp.is_torch_namespace(xp)
+              else xp.isfinite(peak))
+    # A sum is NaN or Inf where an entry is (or where it overflows: then the start,
+    # not the promise, is lost).
+    usable = finite & xp.isfinite(xp.sum(start, axis=(-2, -1)))
+    # Eagerly one host read spares the selects of the (usual) all-finite call.
+    clean = not traced and bool(xp.all(usable))
+    if not clean:
+        peak = xp.where(finite, peak, xp.zeros_like(peak))
+        stack = _xp.batched_where(finite, stack, xp.zeros_like(stack))
+        eye = _xp.identity_stack(xp, n, stack.dtype, _xp.device_of(stack))
+        start = _xp.batched_where(usable, start, xp.zeros_like(start) + eye)
+    # (A + Aᵀ)/2 scaled by a power of two in two passes: A/2^e + (A/2^e)ᵀ = sym(A)/2^(e−1)
+    # with 2^e just above max|a_ij| (exact divisions; at the top of the range 2^e = 2^(e−1)
+    # and the entries stay below 4).
+    below = _xp.power_of_two_scale(peak[:, None, None])
+    double = xp.where(below < float(xp.finfo(stack.dtype).max) / 2, 2 * below, below)
+    scaled = stack / double[:, None, None]
+    scaled = scaled + xp.matrix_transpose(scaled)
+    scale = double / 2
     if method == "block":
         q, d, residual, converged, steps = block_rotation(
             scaled, start, iterations=iterations, rtol=rtol, block=block, traced=traced)
     else:
         q, d, residual, converged, steps = orthogonal_iteration(
             scaled, start, iterations=iterations, rtol=rtol, traced=traced)
-    nan = xp.asarray(math.nan, dtype=stack.dtype, device=_xp.device_of(stack))
-    q = _xp.batched_where(finite, q, xp.zeros_like(q) + nan)
-    w = xp.where(finite[:, None], d * scale[:, None], nan)
-    residual = xp.where(finite, residual, nan)
+    w = d * scale[:, None]
+    if not clean:
+        nan = xp.asarray(math.nan, dtype=stack.dtype, device=_xp.device_of(stack))
+        q = _xp.batched_where(finite, q, xp.zeros_like(q) + nan)
+        w = xp.where(finite[:, None], w, nan)
+        residual = xp.where(finite, residual, nan)
     return q, w, residual, converged & finite, steps, finite, scaled, scale
 
 
