@@ -75,13 +75,7 @@ def repair_on_device(stack, result, usable, call: RootCall, solve: Callable):
             return _xp.batched_where(mask, xp.astype(new, old.dtype), old)
         return xp.where(mask, xp.astype(new, old.dtype), old)
 
-    return result._replace(
-        root=merged(fix.root, result.root), residual=merged(fix.residual, result.residual),
-        converged=merged(fix.converged, result.converged),
-        error_estimate=merged(fix.error_estimate, result.error_estimate),
-        lambda_max=merged(fix.lambda_max, result.lambda_max),
-        check_matmuls=merged(fix.check_matmuls, result.check_matmuls),
-        repaired=mask)
+    return _with_repairs(result, fix, merged, mask)
 
 
 def repair(stack, result, usable, call: RootCall, solve: Callable):
@@ -107,6 +101,12 @@ def repair(stack, result, usable, call: RootCall, solve: Callable):
             return _xp.batched_where(mask, taken, old)
         return xp.where(mask, xp.astype(taken, old.dtype), old)
 
+    return _with_repairs(result, fix, merged, mask)
+
+
+def _with_repairs(result, fix, merged: Callable, mask):
+    """``result`` with the fields a fallback re-solve replaces taken from ``fix`` by
+    ``merged(new, old)``, and ``repaired`` set to ``mask``."""
     return result._replace(
         root=merged(fix.root, result.root), residual=merged(fix.residual, result.residual),
         converged=merged(fix.converged, result.converged),

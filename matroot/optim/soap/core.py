@@ -36,7 +36,7 @@ from ... import _xp
 from ..shampoo_core import lists
 from ..shampoo_core.blocking import subgroup
 from ..shampoo_core.config import NonFiniteGradientError
-from ..shampoo_core.core import DECAY_NEEDS_PARAMS, GradientTransformation
+from ..shampoo_core.core import DECAY_NEEDS_PARAMS, GradientTransformation, _per_param
 from ..shampoo_core.counters import advance, advance_param_steps
 from ..shampoo_core.gradients import all_finite, check_gradients, nonfinite_flags
 from ..shampoo_core.grafting import effective_gradients, final_updates, grafting_directions
@@ -48,17 +48,6 @@ from .rotation import accumulate_factors, from_eigenbasis, refresh_bases, side_s
 from .state import SOAPState, init
 
 __all__ = ["update", "soap", "all_finite", "nonfinite_params", "screen"]
-
-
-def _per_param(value, default, count, name):
-    if value is None:
-        value = default
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return [float(value)] * count
-    values = [float(v) for v in value]
-    if len(values) != count:
-        raise ValueError(f"{name} has {len(values)} entries for {count} parameters")
-    return values
 
 
 def nonfinite_params(xp, grads) -> list[int]:
