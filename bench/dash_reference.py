@@ -33,7 +33,7 @@ bounds both libraries at these sizes goes away); on a CPU the default mode.
 Compilation is not timed (each contender is warmed up first), as for a training
 loop that solves the same shapes again and again.
 
-Run ``python bench/dash_reference.py [--quick]`` from anywhere; results go to
+Run ``python -m bench dash_reference [--quick]`` from the repository root; results go to
 ``bench/results/dash_reference.{json,md}`` beside this script (``--out`` to
 change), with the load average during the run; ``--device cuda`` times them on a
 GPU instead of one CPU thread.
@@ -52,10 +52,9 @@ from pathlib import Path
 import numpy as np
 
 import matroot
-from matroot.testing import scaled_spd_stack
-from matroot.bench.timing import interleaved_times, timed_call
-from matroot.testing import SPDCase, relative_error
-from matroot.bench.dash import DASH_STEPS, dash_call, load_dash_solvers
+from bench.dash import DASH_STEPS, dash_call, load_dash_solvers
+from matroot.cli.timing import interleaved_times, timed_call
+from matroot.testing import SPDCase, relative_error, scaled_spd_stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -328,7 +327,7 @@ def _device_name(device):
 
 def main(argv=None) -> int:
     """Run the comparison and write ``bench/results/dash_reference.{json,md}``."""
-    parser = argparse.ArgumentParser(prog="python bench/dash_reference.py",
+    parser = argparse.ArgumentParser(prog="python -m bench dash_reference",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 128, κ = 1e2 only")
     parser.add_argument("--out", type=Path, default=RESULTS)

@@ -8,7 +8,7 @@ of ``L' = 0.95·L + 0.05·G·Gᵀ``. Times are medians of alternating rounds (ei
 each refresh setting), with the library's default thread count. Accuracy is graded by
 ``matroot.testing.eigenbasis_errors`` against the float64 eigh oracle.
 
-Usage: ``python bench/eigenbasis_refresh.py`` (8 × 384², a few rounds);
+Usage: ``python -m bench eigenbasis_refresh`` (8 × 384², a few rounds);
 ``--large`` adds 16 × 1024² (minutes). Writes bench/results/eigenbasis.{json,md}
 (``--only-large``: 16 × 1024² alone, into eigenbasis_large.{json,md}).
 """

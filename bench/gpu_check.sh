@@ -124,9 +124,9 @@ if [ "$dry_run" = 1 ]; then
   step demo 90 "$PYTHON" -m matroot demo --quick --out "$out/demo.png" \
     --json "$out/demo.json" ${GPU_CHECK_DEMO_ARGS:-}
   # shellcheck disable=SC2086  # the options are a word list on purpose
-  step bench-solvers 120 "$PYTHON" -m matroot bench solvers $solvers_args
+  step bench-solvers 120 "$PYTHON" -m bench solvers $solvers_args
   # shellcheck disable=SC2086
-  step bench-optim 120 "$PYTHON" -m matroot bench optim $optim_args
+  step bench-optim 120 "$PYTHON" -m bench optim $optim_args
 else
   solvers_args="${GPU_CHECK_SOLVERS_ARGS:---quick --backends torch-cuda cupy --out $out/bench-solvers}"
   optim_args="${GPU_CHECK_OPTIM_ARGS:---backend torch-cuda --out $out/bench-optim/optim.json}"
@@ -138,11 +138,11 @@ else
           torch.get_float32_matmul_precision())' || true"
   # Time to 5e-3 against DASH's own solvers on the GPU, eager and compiled (CUDA
   # graphs; skipped without its wheel). Compilations take most of the step.
-  step dash 240 "$PYTHON" bench/dash_reference.py --device cuda --compile --goals 5e-3 \
+  step dash 240 "$PYTHON" -m bench dash_reference --device cuda --compile --goals 5e-3 \
     --out "$out/dash"
   # The eager solve (fixed steps, host and device verdict; adaptive) against DASH at
   # the larger size of issue 35's goal, 16 × 1024², κ = 1e4 (no compile: eager only).
-  step dash-1024 150 "$PYTHON" bench/dash_reference.py --device cuda --goals 5e-3 \
+  step dash-1024 150 "$PYTHON" -m bench dash_reference --device cuda --goals 5e-3 \
     --n 1024 --batch 16 --kappas 1e4 --out "$out/dash-1024"
   # The tests on the GPU backends (torch-cuda, cupy), quick tier: the CPU backends'
   # tests run on every CI machine already. JAX on the GPU compiles every shape for
@@ -159,11 +159,11 @@ else
   step demo 40 "$PYTHON" -m matroot demo --out "$out/demo.png" --json "$out/demo.json" \
     ${GPU_CHECK_DEMO_ARGS:-}
   # Host<->device syncs per solve, per method (the design allows only batched checks).
-  step syncs 60 "$PYTHON" bench/gpu_syncs.py --out "$out/syncs.json"
+  step syncs 60 "$PYTHON" -m bench gpu_syncs --out "$out/syncs.json"
   # shellcheck disable=SC2086
-  step bench-optim 60 "$PYTHON" -m matroot bench optim $optim_args
+  step bench-optim 60 "$PYTHON" -m bench optim $optim_args
   # shellcheck disable=SC2086
-  step bench-solvers 60 "$PYTHON" -m matroot bench solvers $solvers_args
+  step bench-solvers 60 "$PYTHON" -m bench solvers $solvers_args
 fi
 
 echo

@@ -9,7 +9,7 @@ times the solve (median of a few runs, synchronised) and reports its
 iterations, at 16 × 256² (dispatch-bound on a large GPU) and 8 × 1024²
 (closer to bound by products). Run on a machine with a CUDA GPU::
 
-    python bench/gpu_syncs.py [--out FILE.json]
+    python -m bench gpu_syncs [--out FILE.json]
 
 Rows go to stdout and, with ``--out``, to a JSON file.
 """
@@ -97,7 +97,7 @@ def rows(batch: int = 16, n: int = 256, kappa: float = 1e4) -> list[dict]:
 
 def main(argv=None) -> int:
     """Count and print; exit 2 without a CUDA GPU."""
-    parser = argparse.ArgumentParser(prog="python bench/gpu_syncs.py",
+    parser = argparse.ArgumentParser(prog="python -m bench gpu_syncs",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

@@ -1,8 +1,8 @@
 """Operations and host syncs per optimizer step on issue 35's model, counted through
-torch's dispatcher (matroot/bench/optim_launches.py), as a table; with ``--out`` also
+torch's dispatcher (bench/optim_launches.py), as a table; with ``--out`` also
 as JSON. Deterministic: the numbers are the same on every CPU.
 
-    python bench/launches_step.py [--out bench/results/launches_step.json]
+    python -m bench launches_step [--out bench/results/launches_step.json]
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from matroot.bench.optim_launches import step_rows
+from bench.optim_launches import step_rows
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ weight decay anywhere. The contenders:
 
 Not installed and not a test: run it by hand::
 
-    python bench/muon_char.py --threads 1                # the table and the figure
-    python bench/muon_char.py --quick                    # a smoke run, seconds
+    python -m bench muon_char --threads 1                # the table and the figure
+    python -m bench muon_char --quick                    # a smoke run, seconds
 """
 
 from __future__ import annotations

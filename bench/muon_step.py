@@ -11,7 +11,7 @@ alike; reported are the medians and their ratios. Operations are counted with is
 
 Not installed and not a test::
 
-    python bench/muon_step.py --threads 1 --repeats 7
+    python -m bench muon_step --threads 1 --repeats 7
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ absolute times:
   large matrices; on well-conditioned stacks (float32 meets the accuracy table)
   and at κ = 1e4 (evd then solves in float64, as the table needs).
 
-Run ``python bench/overheads.py [--quick]`` from anywhere; results go to
+Run ``python -m bench overheads [--quick]`` from the repository root; results go to
 ``bench/results/overheads.{json,md}`` beside this script (``--out`` to change).
 """
 
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 import matroot
-from matroot.testing import scaled_spd_stack
-from matroot.bench.timing import interleaved_times, timed_call
+from matroot.cli.timing import interleaved_times, timed_call
 from matroot.solvers import SOLVERS
+from matroot.testing import scaled_spd_stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (batch, n) of the evd comparison: the issue's small-batch shapes and one large one.
@@ -151,7 +151,7 @@ def _markdown(result):
 
 def main(argv=None) -> int:
     """Run both comparisons and write ``bench/results/overheads.{json,md}``."""
-    parser = argparse.ArgumentParser(prog="python bench/overheads.py",
+    parser = argparse.ArgumentParser(prog="python -m bench overheads",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 256 only, fewer repeats")
     parser.add_argument("--out", type=Path, default=RESULTS)

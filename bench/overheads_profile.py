@@ -22,7 +22,7 @@ With ``--evd``, evd against a plain float32 eigh root (``Q·diag(λ^(-1/p))·Q�
 on well-conditioned (κ = 10), moderate (κ = 1e2) and κ = 1e4 stacks, interleaved
 (each round runs every variant once; the minimum over rounds is kept).
 
-Run ``python bench/overheads_profile.py --help``; times are the minimum of
+Run ``python -m bench overheads_profile --help``; times are the minimum of
 ``--repeats`` runs; ratios, not absolute times, are the result.
 """
 

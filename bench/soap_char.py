@@ -19,8 +19,8 @@ layers (16 same-size blocks on each side), matroot's and DS's SOAP with equal se
 20 steps a round (two refreshes), in alternating rounds; the median ratio is reported.
 Results: ``bench/results/soap.json`` (runs and timing) and ``soap.md`` (the table).
 
-    PYTHONPATH=/tmp/optimizers python bench/soap_char.py --threads 1
-    python bench/soap_char.py --quick
+    PYTHONPATH=/tmp/optimizers python -m bench soap_char --threads 1
+    python -m bench soap_char --quick
 """
 
 from __future__ import annotations

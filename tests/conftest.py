@@ -30,6 +30,11 @@ from __future__ import annotations
 import os
 import sys
 
+# The benchmarks (the repository's bench/ package) are not installed with matroot: their
+# tests import them from this checkout, whose root goes on sys.path (last, so an
+# installed matroot is not shadowed where one is tested).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # One BLAS/OpenMP thread per process unless MATROOT_TEST_THREADS says otherwise: on a
 # shared 2-core machine multi-threaded BLAS oversubscribes and runs 10-40x slower.
 # Set before numpy/torch load their thread pools; threadpoolctl covers those already loaded.

@@ -1,11 +1,12 @@
 """The ``matroot`` command line: one dispatcher for every verb.
 
-``matroot [demo]``, ``matroot info``, ``matroot bench solvers|optim|plots|report``
-and ``matroot plan``. Each verb lives in a module of this package with a
-``configure(parser)`` that declares its options and the function that runs it;
-every verb checks all of its input before doing any work, and bad input is one
-line on stderr with exit code 2. Heavy imports happen inside the verbs, so
-``matroot --help`` is instant.
+``matroot [demo]``, ``matroot info`` and ``matroot plan``. Each verb lives in a module
+of this package with a ``configure(parser)`` that declares its options and the function
+that runs it; every verb checks all of its input before doing any work, and bad input is
+one line on stderr with exit code 2. Heavy imports happen inside the verbs, so
+``matroot --help`` is instant. The measuring the demo does (``demo_run``, ``contenders``,
+``timing``, ``threads``, ``progress``) is shared with the benchmarks, which are not
+installed: they run from a checkout of the repository (``python -m bench --help``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import sys
 
 import matroot
 
-from . import bench, demo, info, plan
+from . import demo, info, plan
 from .common import OneLineParser, UsageError, fail
 
 __all__ = ["main", "build_parser", "VERBS"]
 
 #: The top-level verbs, in the order ``matroot --help`` lists them.
-VERBS = ("demo", "info", "bench", "plan")
+VERBS = ("demo", "info", "plan")
+#: Where ``matroot bench``, a verb of earlier versions, went.
+BENCH_MOVED = ("the benchmarks are not installed with the package: from a checkout of "
+               "the repository, run `python -m bench --help`")
 
 
 def build_parser() -> OneLineParser:
@@ -36,9 +40,6 @@ def build_parser() -> OneLineParser:
     info.configure(verbs.add_parser(
         "info", help="backends, devices, versions, and which methods and precisions work",
         description=info.DESCRIPTION))
-    bench.configure(verbs.add_parser(
-        "bench", help="benchmarks: bench solvers | optim | plots | report",
-        description="Benchmarks and their reports; results go to a folder of your choosing."))
     plan.configure(verbs.add_parser(
         "plan", help="size a cluster for sharded Shampoo from parameter shapes",
         description=plan.DESCRIPTION))
@@ -57,6 +58,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["demo", *argv]
+    if argv[0] == "bench":
+        return fail("matroot", BENCH_MOVED)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:  # --help, --version, or a one-line argparse error

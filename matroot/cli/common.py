@@ -11,7 +11,8 @@ from pathlib import Path
 
 import matroot
 from matroot.testing.backends import UnavailableError, select_targets
-from matroot.bench.threads import DEFAULT_THREADS
+
+from .threads import DEFAULT_THREADS
 
 __all__ = ["UsageError", "OneLineParser", "add_target_options", "add_thread_option",
            "targets_from", "require_module", "writable_file", "writable_dir", "at_least",

@@ -1,6 +1,6 @@
 """``matroot demo``: every method on every backend, on Shampoo-like factors.
 
-The measuring is :mod:`matroot.bench.demo`'s; this module parses and checks the
+The measuring is :mod:`matroot.cli.demo_run`'s; this module parses and checks the
 options, applies the thread policy, shows progress and writes the outputs.
 """
 
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import time
-
-from matroot.bench.config import all_methods, method_supports
 
 from .common import (
     UsageError,
@@ -21,6 +19,7 @@ from .common import (
     targets_from,
     writable_file,
 )
+from .contenders import all_methods, method_supports
 
 DESCRIPTION = ("Solve a stack of Shampoo-like factors (Gram matrices of random low-rank "
                "gradients plus a ridge) with every method on every backend; print time, "
@@ -99,9 +98,9 @@ def run(args) -> int:
         # Eager JAX compiles every operation on its first use: the demo's one
         # warm-up call would time the compiler, not the method (see docs/jax.rst).
         targets = [t for t in targets if t.backend != "jax"] or targets
-    from matroot.bench.demo import format_table, run_demo, write_json, write_plot
-    from matroot.bench.progress import Progress
-    from matroot.bench.threads import thread_policy
+    from .demo_run import format_table, run_demo, write_json, write_plot
+    from .progress import Progress
+    from .threads import thread_policy
 
     start = time.perf_counter()
     methods = options["methods"]

@@ -20,13 +20,13 @@ import array_api_compat
 import numpy as np
 
 import matroot
-from matroot.testing.backends import Target, discover
-from matroot.bench.config import all_methods, method_supports
-from matroot.bench.progress import Progress
-from matroot.bench.threads import describe_threads, thread_policy
 from matroot.solvers.registry import get_solver
+from matroot.testing.backends import Target, discover
 
 from .common import add_target_options, add_thread_option, at_least, targets_from, writable_file
+from .contenders import all_methods, method_supports
+from .progress import Progress
+from .threads import describe_threads, thread_policy
 
 DESCRIPTION = ("List the backends and devices found, their versions, and try every method "
                "in every precision on each to show what is supported.")

@@ -39,7 +39,7 @@ __all__ = ["polar", "polar_info", "PolarResult", "SIGMA_BOUNDS", "GRAM_NORM_MAX_
 #: :data:`GRAM_NORM_MAX_N`, ``"cholesky"`` otherwise.
 SIGMA_BOUNDS = ("auto", "gram_norm", "cholesky")
 #: Largest smaller side for which ``"auto"`` takes ``"gram_norm"`` even when its
-#: looseness costs a step (3 products): measured (``matroot bench polar``, torch CPU,
+#: looseness costs a step (3 products): measured (``python -m bench polar``, torch CPU,
 #: float32, docs/polar.rst) the Cholesky certificate costs more time than that step
 #: at n = 64 (time ratio 0.83-0.95 at 16×64², 0.95-0.97 at 16×256×64), less from
 #: n = 128 (1.04-1.18 at 8×2048×128).

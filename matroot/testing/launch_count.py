@@ -4,7 +4,7 @@ Every ATen operation torch dispatches is counted except views (which launch no k
 and among them the host syncs, the operations that read a tensor's value on the host.
 On a GPU each counted operation is about one kernel launch; on a CPU the count is the
 same and deterministic, so a test or a benchmark can hold a budget on it (the tests in
-``tests/launches/test_launch_budgets.py``, ``matroot bench launches``). Needs torch.
+``tests/launches/test_launch_budgets.py``, ``python -m bench launches``). Needs torch.
 
 Examples
 --------

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import matroot.optim.shampoo_core.preconditioner as preconditioner
-from matroot.bench.optim_launches import count_steps, launch_model, shampoo_options
+from bench.optim_launches import count_steps, launch_model, shampoo_options
 from matroot.optim import Shampoo
 from matroot.testing.launch_count import LaunchCount
 

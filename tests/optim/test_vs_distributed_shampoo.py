@@ -2,7 +2,7 @@
 migration table in docs/optimizer.rst.
 
 Distributed Shampoo is not on PyPI, so this module runs only where it is importable
-(``PYTHONPATH=/path/to/facebookresearch/optimizers``; see matroot/bench/optim_memory.py).
+(``PYTHONPATH=/path/to/facebookresearch/optimizers``; see bench/optim_memory.py).
 Both optimizers take the same float64 gradients for 20 steps with eigendecomposition
 roots refreshed every step; matrix parameters must end where Meta's do up to the one
 documented difference (Meta bias-corrects its factors, which grafting cancels except

@@ -1,6 +1,6 @@
 """The layering of docs/architecture.rst, checked on the source: every module has a
 layer and imports only its own layer or those below (lazy imports included), no import
-cycles, the tools (cli, bench) reach the library only through its public or shared
+cycles, the tools (cli) reach the library only through its public or shared
 API, and every module or file the page names exists."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "matroot"
 ROOT = PACKAGE.parent
 ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.rst"
-TOOLS = ("matroot.cli", "matroot.bench")
+TOOLS = ("matroot.cli",)
 #: What the tools may import from the library besides its public packages.
 SHARED_INTERNALS = {"matroot.solvers.registry", "matroot.solvers.polar.coefficients"}
 
@@ -41,7 +41,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("matroot.optim.optax",),
     ("matroot.optim",),
     ("matroot.testing",),
-    ("matroot.bench",),
     ("matroot.cli", "matroot.__main__"),
 )
 

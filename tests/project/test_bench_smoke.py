@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import matroot
-from matroot.bench.config import BASELINES, PRESETS
-from matroot.cli import main
 from matroot.solvers import SOLVERS
 from matroot.solvers.registry import solvers_supporting
 from matroot.testing import scaled_spd_stack
+
+from bench.__main__ import main
+from bench.config import BASELINES, PRESETS
 
 SWEEP_FIELDS = {
     "backend", "device", "n", "batch", "p", "kappa", "dtype", "method", "kind", "seed",
@@ -31,7 +32,7 @@ def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # Two backends show the workers' bookkeeping; a JAX worker runs the same code and
     # would double the module's CPU time with its per-method compiles.
-    status = main(["bench", "solvers", "--smoke", "--backends", "numpy", "torch",
+    status = main(["solvers", "--smoke", "--backends", "numpy", "torch",
                    "--out", str(out)])
     assert status == 0
     return out, json.loads((out / "solvers.json").read_text())
@@ -128,14 +129,14 @@ def test_plots_are_written_from_the_json(smoke, tmp_path):
     out, _ = smoke
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert "scaling_iterations.png" in pngs and "sweep_efficiency.png" in pngs
-    assert main(["bench", "plots", str(out / "solvers.json"), "--out", str(tmp_path)]) == 0
+    assert main(["plots", str(out / "solvers.json"), "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.png")) == pngs
     assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)
 
 
 def test_report_is_rewritten_from_the_json(smoke, tmp_path):
     out, doc = smoke
-    assert main(["bench", "report", str(out / "solvers.json"), "--out", str(tmp_path)]) == 0
+    assert main(["report", str(out / "solvers.json"), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "summary.md").read_text() == (out / "summary.md").read_text()
 
 

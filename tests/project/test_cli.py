@@ -132,19 +132,6 @@ def test_info_text_names_every_backend(capsys):
     (["--json", "/nonexistent/dir/x.json", "--no-plot"], ["--json", "does not exist"]),
     (["--threads", "-1"], ["--threads must be >= 0"]),
     (["--size", "abc"], ["invalid int value: 'abc'"]),
-    (["bench", "optim", "--method", "bogus"], ["unknown method 'bogus'", "auto, evd"]),
-    (["bench", "optim", "--block-size", "0"], ["--block-size must be a positive integer"]),
-    (["bench", "optim", "--steps", "-1"], ["--steps must be a positive integer, got -1"]),
-    (["bench", "optim", "--warmup", "-1"], ["--warmup must be >= 0"]),
-    (["bench", "optim", "--backend", "jaxx"], ["unknown backend 'jaxx'"]),
-    (["bench", "optim", "--out", "/nonexistent/dir/o.json"], ["does not exist"]),
-    (["bench", "solvers", "--methods", "bogus"], ["unknown method 'bogus'", "eigh_loop"]),
-    (["bench", "solvers", "--sizes", "0"], ["--sizes must be a positive integer"]),
-    (["bench", "solvers", "--backends", "tensorflow"], ["unknown backend 'tensorflow'"]),
-    (["bench", "solvers", "--kappa", "0.5"], ["--kappa must be a finite number >= 1"]),
-    (["bench", "solvers", "--out", "/proc/matroot"], ["is not a writable folder"]),
-    (["bench", "plots", "/nonexistent.json"], ["no such results file"]),
-    (["bench", "nope"], ["invalid choice: 'nope'"]),
     (["plan", "--block-size", "0"], ["matroot plan: error", "block_size"]),
     (["plan", "--shapes", "12xq"], ["matroot plan: error"]),
 ])
@@ -190,29 +177,30 @@ def test_targets_round_trip_arrays(target):
     np.testing.assert_array_equal(_xp.to_numpy(x), host)
 
 
-@pytest.mark.parametrize("argv", [[], ["demo"], ["info"], ["bench"], ["bench", "solvers"],
-                                  ["bench", "optim"], ["bench", "plots"], ["bench", "report"],
-                                  ["plan"]])
+@pytest.mark.parametrize("argv", [[], ["demo"], ["info"], ["plan"]])
 def test_every_verb_has_help(argv, capsys):
     code, out, _ = run_cli(capsys, *argv, "--help")
     assert code == 0
     assert out.startswith("usage: matroot " + " ".join(argv))
 
 
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "solvers", "--quick"]])
+def test_bench_says_where_the_benchmarks_went(argv, capsys):
+    """The benchmarks are not installed (``python -m bench`` from a checkout runs them):
+    ``matroot bench`` of earlier versions says so in one line, not "invalid choice"."""
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, "not installed", "python -m bench --help")
+
+
 def test_bad_input_is_refused_before_any_work(monkeypatch, capsys):
-    import matroot.bench.demo
-    import matroot.bench.optim
-    import matroot.bench.solvers
+    import matroot.cli.demo_run
 
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the input was checked")
 
-    for module in (matroot.bench.demo, matroot.bench.optim, matroot.bench.solvers):
-        monkeypatch.setattr(module, "run_demo" if module is matroot.bench.demo else "run",
-                            no_work)
+    monkeypatch.setattr(matroot.cli.demo_run, "run_demo", no_work)
     for argv in (["demo", "--out", "/nonexistent/dir/x.png"],
-                 ["bench", "optim", "--steps", "0"],
-                 ["bench", "solvers", "--repeats", "0"]):
+                 ["demo", "--repeats", "0", "--no-plot"]):
         code, _, err = run_cli(capsys, *argv)
         assert_one_line_error(code, err)
 
@@ -225,16 +213,6 @@ def test_missing_matplotlib_is_one_line_before_work(monkeypatch, capsys):
                         lambda name, *a: None if name == "matplotlib" else real(name, *a))
     code, _, err = run_cli(capsys, "--quick", "--backend", "numpy")
     assert_one_line_error(code, err, "needs matplotlib", "matroot[bench]")
-    code, _, err = run_cli(capsys, "bench", "solvers", "--smoke", "--out", "x")
-    assert_one_line_error(code, err, "needs matplotlib")
-
-
-def test_writing_into_the_package_is_refused(capsys):
-    import matroot
-
-    inside = str(__import__("pathlib").Path(matroot.__file__).parent / "results")
-    code, _, err = run_cli(capsys, "bench", "solvers", "--smoke", "--out", inside)
-    assert_one_line_error(code, err, "inside the installed matroot package")
 
 
 def test_plan_runs(capsys):
@@ -304,22 +282,6 @@ def test_demo_and_info_report_their_thread_policy(tmp_path, capsys):
     assert {pool["num_threads"] for pool in threadpool_info()} == {1}
 
 
-def test_sweep_summary_line_leaves_out_what_was_not_measured():
-    from matroot.cli.bench import _summary_line
-
-    row = dict(backend="numpy", n=512, batch=2, p=2, fastest="eigh_batched",
-               fastest_matmul_method=None, fastest_matmul_method_vs_eigh_batched=None,
-               fastest_matmul_method_vs_eigh_loop=None, eigh_in_matmuls=None)
-    line = _summary_line(row)
-    assert line.endswith("fastest eigh_batched")
-    assert "None" not in line and "n/a" not in line
-    line = _summary_line(dict(row, fastest_matmul_method="minimax", eigh_in_matmuls=16.0,
-                              fastest_matmul_method_vs_eigh_batched=2.5,
-                              fastest_matmul_method_vs_eigh_loop=2.6))
-    assert "best matmul method minimax at 2.5x batched eigh" in line
-    assert line.endswith("eigh = 16 matmuls")
-
-
 def test_info_probes_numpy_and_accelerators_by_default(capsys):
     """``matroot info`` without options answers in seconds: NumPy and the devices that
     are not a CPU; the other CPU backends (JAX compiles each probe) wait for --all."""
@@ -342,49 +304,12 @@ def one_line_error(capsys, *argv) -> str:
     return err
 
 
-@pytest.mark.parametrize("verb", ["report", "plots"])
-@pytest.mark.parametrize("content, fragment", [
-    ("{bad", "not a readable JSON file"),        # was a JSONDecodeError traceback
-    ('{"a": 1}', "not a solver benchmark's results"),  # was exit 0 with empty summaries
-    ("[[3, 4]]", "not a solver benchmark's results"),
-])
-def test_bench_redraw_refuses_what_is_not_a_solvers_json(tmp_path, capsys, verb, content,
-                                                         fragment):
-    path = tmp_path / "results.json"
-    path.write_text(content)
-    assert fragment in one_line_error(capsys, "bench", verb, str(path), "--out",
-                                      str(tmp_path / "out"))
-    assert not (tmp_path / "out" / "summary.md").exists()
-
-
-def test_bench_report_reads_a_solvers_json(tmp_path, capsys):
-    path = tmp_path / "solvers.json"
-    path.write_text(json.dumps({"schema": "matroot.bench.solvers/1", "config": {}}))
-    assert main(["bench", "report", str(path)]) == 0
-    assert (tmp_path / "summary.md").exists()
-
-
 @pytest.mark.parametrize("argv, fragment", [
     (["demo", "--p", "inf", "--no-plot"], "--p must be a finite number > 0"),  # was exit 0
     (["demo", "--eps", "inf", "--no-plot"], "--eps must be a finite number > 0"),
-    (["bench", "solvers", "--smoke", "--kappa", "inf"], "--kappa must be a finite number"),
 ])
 def test_infinite_options_are_refused_before_any_work(capsys, argv, fragment):
     assert fragment in one_line_error(capsys, *argv)
-
-
-@pytest.mark.parametrize("preset, n, batches", [
-    ("smoke", 1, (2,)),      # was (2097152,): minutes of a "seconds" preset
-    ("quick", 2, (8,)),
-    ("full", 64, (512,)),  # the full run keeps its memory-filling default
-])
-def test_quick_presets_keep_their_scale_for_other_sizes(preset, n, batches):
-    from matroot.cli import build_parser
-    from matroot.cli.bench import solvers_config
-
-    argv = ["bench", "solvers", *([] if preset == "full" else [f"--{preset}"]),
-            "--sizes", str(n)]
-    assert solvers_config(build_parser().parse_args(argv)).batches[n] == batches
 
 
 @pytest.mark.parametrize("text", ["", ",", " , "])

@@ -1,4 +1,5 @@
-"""Run the Examples sections of every public matroot module's docstrings."""
+"""Run the Examples sections of every public matroot module's docstrings, and of the
+benchmarks' modules (the checkout's ``bench`` package, not installed)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
 def public_module_names():
+    import bench
+    from bench.__main__ import SCRIPTS
+
     names = ["matroot"]
-    for info in pkgutil.walk_packages(matroot.__path__, prefix="matroot."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
-            names.append(info.name)
-    return sorted(names)
+    for package in (matroot, bench):
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            if not any(part.startswith("_") for part in info.name.split(".")):
+                names.append(info.name)
+    # bench's experiment scripts run through ``python -m bench NAME``, not as imports.
+    return sorted(n for n in names if n.removeprefix("bench.") not in SCRIPTS)
 
 
 def collect_doctests():

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from matroot.bench import optim as bench
-from matroot.cli import main
+from bench import optim as bench
+from bench.__main__ import main
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -19,7 +19,7 @@ def test_benchmark_reports_both_layouts_and_their_ratio(tmp_path, monkeypatch, c
     monkeypatch.setattr(bench, "model_shapes",
                         lambda quick: [(40, 24), (24,), (30, 3, 2, 2), (24, 40)])
     out = tmp_path / "optim_test.json"
-    assert main(["bench", "optim", "--quick", "--steps", "2", "--warmup", "1",
+    assert main(["optim", "--quick", "--steps", "2", "--warmup", "1",
                  "--block-size", "16", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     stacked, single = report["results"]["stacked"], report["results"]["per_block"]
@@ -49,7 +49,7 @@ def test_benchmark_times_the_compiled_step_against_eager(tmp_path, monkeypatch, 
     monkeypatch.setattr(bench, "model_shapes", lambda quick: [(12, 8), (8,), (4, 2, 3, 3)])
     out = tmp_path / "optim_compile.json"
     # Dynamo's tracing only: inductor's code generation takes minutes on two cores.
-    assert main(["bench", "optim", "--quick", "--steps", "3", "--warmup", "0",
+    assert main(["optim", "--quick", "--steps", "3", "--warmup", "0",
                  "--block-size", "8", "--compile", "eager", "--out", str(out)]) == 0
     compiled = json.loads(out.read_text())["compiled_step"]
     assert compiled["backend"] == "eager" and 1 <= compiled["unique_graphs"] <= 4
@@ -59,7 +59,7 @@ def test_benchmark_times_the_compiled_step_against_eager(tmp_path, monkeypatch, 
         compiled["first_compiled_step_s"] - compiled["eager_step_ms"] / 1e3)
     assert compiled["max_rel_diff"] < 1e-5
     assert "torch.compile(eager) of Shampoo.step" in capsys.readouterr().out
-    assert main(["bench", "optim", "--backend", "numpy", "--compile"]) == 2
+    assert main(["optim", "--backend", "numpy", "--compile"]) == 2
 
 
 def test_digits_example_quick_run_writes_its_results(tmp_path, monkeypatch):
@@ -80,12 +80,12 @@ def test_digits_example_quick_run_writes_its_results(tmp_path, monkeypatch):
 
 
 def test_memory_table_shows_the_one_sided_embedding_near_adamw(tmp_path, capsys, monkeypatch):
-    from matroot.bench import optim_memory
+    from bench import optim_memory
 
     monkeypatch.setattr(optim_memory, "MODELS", {
         "embedding-heavy": [(6000, 8), (32, 8), (32,)], "mlp": [(48, 32), (48,)]})
     out = tmp_path / "memory.json"
-    assert main(["bench", "optim", "--memory", "--block-size", "64", "--out", str(out)]) == 0
+    assert main(["optim", "--memory", "--block-size", "64", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     emb = report["embedding-heavy"]["bytes_per_parameter"]
     assert emb["adamw"] == pytest.approx(8.0, rel=1e-3)
@@ -110,10 +110,10 @@ def test_memory_counts_distributed_shampoos_factors_and_matches_its_packing():
     """Meta keeps its factors outside ``opt.state``: the count must still find them.
 
     Runs only where Distributed Shampoo is importable (it is not on PyPI; see
-    matroot/bench/optim_memory.py for how to put it on the path).
+    bench/optim_memory.py for how to put it on the path).
     """
     pytest.importorskip("distributed_shampoo")
-    from matroot.bench import optim_memory
+    from bench import optim_memory
 
     report = optim_memory.memory_report(block_size=64, models={
         "mlp": [(96, 32), (32, 32), (32,)], "embedding": [(6000, 8), (8, 8)]})

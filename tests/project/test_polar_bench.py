@@ -1,4 +1,4 @@
-"""``matroot bench polar`` on a tiny configuration: every contender, both parts, the CLI."""
+"""``python -m bench polar`` on a tiny configuration: every contender, both parts, the CLI."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from matroot.bench import polar as bench_polar
+from bench import polar as bench_polar
 from matroot.testing.backends import select_targets
 
 TINY = dict(shapes=((2, 12, 8),), kappas=(10.0,), width=8, layers=1, repeats=1,
@@ -38,10 +38,10 @@ def test_report_compares_every_contender(tiny):
 
 
 def test_cli_writes_json_and_markdown(tiny, tmp_path):
-    from matroot.cli import main
+    from bench.__main__ import main
 
     out = tmp_path / "polar.json"
-    assert main(["bench", "polar", "--quick", "--backend", "numpy", "--out", str(out)]) == 0
+    assert main(["polar", "--quick", "--backend", "numpy", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["backend"] == "numpy"
     assert out.with_suffix(".md").read_text().startswith("Orthogonalization")
 
@@ -51,12 +51,12 @@ def test_cli_writes_json_and_markdown(tiny, tmp_path):
                                            (["--out", "/nonexistent/dir/polar.json"],
                                             "nonexistent")])
 def test_cli_refuses_bad_input_before_work(monkeypatch, capsys, argv, fragment):
-    from matroot.cli import main
+    from bench.__main__ import main
 
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the input was checked")
 
     monkeypatch.setattr(bench_polar, "run", no_work)
-    assert main(["bench", "polar", *argv]) == 2
+    assert main(["polar", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1

@@ -158,10 +158,10 @@ def test_a_zero_result_is_graded_by_accuracy_not_as_an_asymmetry():
 
 
 def test_looped_eigh_baseline_runs_on_array_api_strict():
-    """``matroot bench solvers --backends array_api_strict`` indexed a[i], which
+    """``python -m bench solvers --backends array_api_strict`` indexed a[i], which
     array-api-strict refuses for a 3-D array."""
     xp = pytest.importorskip("array_api_strict")
-    from matroot.bench.contenders import eigh_root_batched, eigh_root_loop
+    from matroot.cli.contenders import eigh_root_batched, eigh_root_loop
 
     a = xp.asarray(np.stack([np.diag([4.0, 16.0]), np.diag([1.0, 9.0])]))
     looped = eigh_root_loop(xp, a, 2)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from matroot.cli.contenders import contender, summarise
+from matroot.cli.timing import timed_call
+
 from .config import methods_for
-from .contenders import contender, summarise
 from .prepared import load_problem
-from .timing import timed_call
 
 __all__ = ["scaling_iterations", "scaling_methods"]
 

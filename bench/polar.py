@@ -1,4 +1,4 @@
-"""``matroot bench polar``: products and time to an orthogonality defect, side by side.
+"""``python -m bench polar``: products and time to an orthogonality defect, side by side.
 
 Part one orthogonalizes batched random stacks with singular values log-spaced over
 ``[1/κ, 1]`` by Muon's 5-step quintic, by Polar Express with Muon's default here
@@ -25,11 +25,10 @@ from typing import Any
 import numpy as np
 
 import matroot
+from matroot.cli.timing import interleaved_times, timed_call
 from matroot.optim.muon.core import MuonConfig, muon_directions, muon_init
 from matroot.solvers.polar.coefficients import MUON_LOWER, MUON_POLAR_STEPS, band_lower
 from matroot.testing import polar_case, polar_relative_error
-
-from .timing import interleaved_times, timed_call
 
 __all__ = ["DEFAULTS", "run", "format_table"]
 

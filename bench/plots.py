@@ -1,6 +1,6 @@
-"""PNG plots of a solver benchmark's JSON: ``matroot bench plots RESULTS.json``.
+"""PNG plots of a solver benchmark's JSON: ``python -m bench plots RESULTS.json``.
 
-Every figure is drawn from the JSON that :mod:`matroot.bench.solvers` wrote, so
+Every figure is drawn from the JSON that :mod:`bench.solvers` wrote, so
 plots can be regenerated (or restyled) without rerunning the benchmark. Times
 are shown as ratios to the batched-eigh time measured in the same run.
 """
@@ -204,7 +204,7 @@ def make_plots(doc, out_dir) -> list:
 
     Examples
     --------
-    >>> from matroot.bench.plots import make_plots
+    >>> from bench.plots import make_plots
     >>> make_plots({"schema": "matroot.bench.solvers/1"}, ".")
     []
     """

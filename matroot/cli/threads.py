@@ -38,7 +38,7 @@ def thread_policy(threads: int):
 
     Examples
     --------
-    >>> from matroot.bench.threads import thread_policy
+    >>> from matroot.cli.threads import thread_policy
     >>> with thread_policy(1) as report:
     ...     report["threads"]
     1
@@ -74,7 +74,7 @@ def thread_report(threads: int) -> dict:
 
     Examples
     --------
-    >>> from matroot.bench.threads import thread_report
+    >>> from matroot.cli.threads import thread_report
     >>> thread_report(1)["policy"]
     '1 thread per library'
     """

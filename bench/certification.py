@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from array_api_compat import array_namespace
-from ..certify.accuracy import unit_roundoff
-from ..spectrum.scaling import certified_lambda_max
-from ..certify.verify import verify_root
+
+from matroot.certify.accuracy import unit_roundoff
+from matroot.certify.verify import verify_root
+from matroot.spectrum.scaling import certified_lambda_max
 
 __all__ = ["certification_call"]
 
@@ -28,7 +29,7 @@ def certification_call(a, p, result) -> Callable:
     Examples
     --------
     >>> import numpy as np, matroot
-    >>> from matroot.bench.certification import certification_call
+    >>> from bench.certification import certification_call
     >>> a = np.diag([1.0, 4.0])[None]
     >>> check = certification_call(a, 2, matroot.inv_root_info(a, 2, method="evd"))()
     >>> bool(check.positive[0]), float(check.residual[0]) < 1e-12

@@ -10,14 +10,17 @@ number of batched matmuls) and its time ratio to both baselines.
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Callable
+
+from matroot.cli.contenders import BASELINES, contender, summarise
+from matroot.cli.timing import interleaved_times, timed_call
 
 from .config import baselines_for, methods_for
-from .contenders import BASELINES, contender, summarise
 from .prepared import load_problem
-from .timing import interleaved_times, matmul_block, timed_call
 
-__all__ = ["sweep", "sweep_summary", "format_ratio"]
+__all__ = ["sweep", "sweep_summary", "format_ratio", "matmul_block"]
 
 
 def sweep(config, backend, problems, progress, skipped):
@@ -131,3 +134,25 @@ def _ratio(num, den):
 def format_ratio(value):
     return "n/a" if value is None else f"{value:.2g}"
 
+
+def matmul_block(a, seconds: float, synchronize: Callable):
+    """A callable that forms ``k`` batched products ``a @ a``, and ``k``.
+
+    ``k`` is chosen so that one call lasts about ``seconds``, which keeps the
+    per-matmul time above the timer's and the launch's resolution.
+
+    Returns
+    -------
+    (callable, int, float)
+        The block, its matmul count, and the warm-up estimate of one matmul.
+    """
+    single = statistics.median(timed_call(lambda: a @ a, synchronize)[0] for _ in range(3))
+    k = max(1, min(1000, math.ceil(seconds / max(single, 1e-9))))
+
+    def block():
+        out = None
+        for _ in range(k):
+            out = a @ a
+        return out
+
+    return block, k, single

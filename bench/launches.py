@@ -1,4 +1,4 @@
-"""``matroot bench launches``: operations and host syncs per solve, counted through torch's
+"""``python -m bench launches``: operations and host syncs per solve, counted through torch's
 dispatcher (issue 35's definition, :mod:`matroot.testing.launch_count`).
 
 On a GPU every counted operation is about one kernel launch, and at the sizes an
@@ -13,10 +13,10 @@ met the target:
   sync) and left on the device (``verdict="device"``, none);
 - the same methods with the adaptive loop (``steps="adaptive"``), as before issue 35;
 - DASH's Newton-DB and coupled Newton, each with its power-iteration and its
-  Frobenius scaling, at the fewest steps that reach ``rtol`` (:mod:`matroot.bench.dash`;
+  Frobenius scaling, at the fewest steps that reach ``rtol`` (:mod:`bench.dash`;
   skipped when the wheel is not installed);
 - one optimizer step, between refreshes and at a refresh, of AdamW(foreach) and
-  matroot's Shampoo on :mod:`matroot.bench.optim_launches`' model (issue 35's
+  matroot's Shampoo on :mod:`bench.optim_launches`' model (issue 35's
   optimizer half).
 """
 

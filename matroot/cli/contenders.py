@@ -1,8 +1,10 @@
-"""The contenders a benchmark times, and the numbers it keeps of each call.
+"""The contenders the demo and the benchmarks time, and the numbers kept of each call.
 
 A contender is a matroot method (through the public ``inv_root_info``) or one
 of the eigh baselines a user would write without matroot: one batched eigh, or
-a Python loop of eigh over the matrices (Distributed Shampoo's structure).
+a Python loop of eigh over the matrices (Distributed Shampoo's structure). The
+tools' one reader of the solver registry (:mod:`matroot.solvers.registry`) for which
+methods exist and which p each supports (:func:`all_methods`, :func:`method_supports`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,24 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 import matroot
+from matroot.solvers.registry import solver_names, solvers_supporting
 from matroot.testing import relative_error
 
-__all__ = ["BASELINES", "eigh_root_batched", "eigh_root_loop", "contender", "summarise"]
+__all__ = ["BASELINES", "all_methods", "method_supports", "eigh_root_batched",
+           "eigh_root_loop", "contender", "summarise"]
 
 #: The eigh baselines, timed next to matroot's methods.
 BASELINES = ("eigh_batched", "eigh_loop")
+
+
+def all_methods() -> list[str]:
+    """Every registered solver name."""
+    return list(solver_names())
+
+
+def method_supports(method: str, p) -> bool:
+    """Whether the solver ``method`` can compute A^(-1/p)."""
+    return method in solvers_supporting(p)
 
 
 def eigh_root_batched(xp, a, p, eps: float = 0.0):
@@ -29,7 +43,7 @@ def eigh_root_batched(xp, a, p, eps: float = 0.0):
     --------
     >>> import numpy as np
     >>> from array_api_compat import array_namespace
-    >>> from matroot.bench.contenders import eigh_root_batched, eigh_root_loop
+    >>> from matroot.cli.contenders import eigh_root_batched, eigh_root_loop
     >>> a = np.stack([np.diag([4.0, 16.0]), np.diag([1.0, 9.0])])
     >>> eigh_root_batched(array_namespace(a), a, 2).diagonal(axis1=1, axis2=2).tolist()
     [[0.5, 0.25], [1.0, 0.3333333333333333]]

@@ -1,12 +1,12 @@
 """The demo: every method on every backend, on Shampoo-like factors, against eigh.
 
-Built from the benchmark's parts: the problem is
+Built from the parts it shares with the benchmarks: the problem is
 :func:`~matroot.testing.shampoo_factors` (fixed seed, no downloads), the
 oracle :class:`matroot.testing.SPDCase` (float64 eigh of the same
 rounded input), the contenders and their numbers
-:mod:`~matroot.bench.contenders` (the eigh baseline a user would write without
+:mod:`~matroot.cli.contenders` (the eigh baseline a user would write without
 matroot, and every method through ``inv_root_info``), and the timing
-:func:`~matroot.bench.timing.interleaved_times` (warm-up, then round-robin
+:func:`~matroot.cli.timing.interleaved_times` (warm-up, then round-robin
 repeats, so a burst of machine noise hits every contender alike).
 """
 
@@ -25,8 +25,7 @@ from matroot.testing import SPDCase, shampoo_factors
 from matroot.testing.backends import Target
 from matroot.testing.seeded import ENERGY_RANGE, GRADIENT_RANKS, SHAMPOO_STEPS
 
-from .config import all_methods
-from .contenders import contender, summarise
+from .contenders import all_methods, contender, summarise
 from .threads import describe_threads
 from .timing import interleaved_times, timed_call
 
@@ -96,7 +95,7 @@ def run_demo(targets, *, methods=None, p=4.0, batch=16, size=128, eps=1e-5,
              dtype="float32", repeats=3, seed=0, progress=None) -> dict:
     """Build the problem, run every method on every target, return a JSON-able report.
 
-    ``progress`` (a :class:`~matroot.bench.progress.Progress` or None) counts the
+    ``progress`` (a :class:`~matroot.cli.progress.Progress` or None) counts the
     contenders' warm-up calls, ``len(targets) * (len(methods) + 1)`` of them.
     """
     methods = all_methods() if methods is None else list(methods)

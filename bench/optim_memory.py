@@ -12,7 +12,7 @@ rows read "not installed" unless ``distributed_shampoo`` is importable. To measu
 put a checkout of github.com/facebookresearch/optimizers on the path::
 
     git clone https://github.com/facebookresearch/optimizers /tmp/optimizers
-    PYTHONPATH=/tmp/optimizers matroot bench optim --memory
+    PYTHONPATH=/tmp/optimizers python -m bench optim --memory
 
 (``pip install /tmp/optimizers`` installs it as ``torch-shampoo`` but asks for
 Python ≥ 3.12; on the path it imports on Python 3.11 with torch 2.13 too).
@@ -189,7 +189,7 @@ def memory_report(block_size: int = 1024, models=None) -> dict:
     """
     import torch
 
-    from ..optim import Shampoo
+    from matroot.optim import Shampoo
 
     makers = {"adamw": functools.partial(torch.optim.AdamW, lr=1e-3)}
     for name, options in POLICIES.items():

@@ -7,14 +7,11 @@ so their ratios stay honest even when absolute times wander.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+from time import perf_counter
 from typing import Any
 
-import math
-import statistics
-from time import perf_counter
-from collections.abc import Callable, Hashable
-
-__all__ = ["timed_call", "interleaved_times", "matmul_block"]
+__all__ = ["timed_call", "interleaved_times"]
 
 
 def timed_call(fn: Callable, synchronize: Callable):
@@ -22,7 +19,7 @@ def timed_call(fn: Callable, synchronize: Callable):
 
     Examples
     --------
-    >>> from matroot.bench.timing import timed_call
+    >>> from matroot.cli.timing import timed_call
     >>> seconds, value = timed_call(lambda: 2 + 2, lambda: None)
     >>> value, seconds >= 0
     (4, True)
@@ -66,7 +63,7 @@ def interleaved_times(calls: dict[Hashable, tuple[Callable, float]], synchronize
 
     Examples
     --------
-    >>> from matroot.bench.timing import interleaved_times
+    >>> from matroot.cli.timing import interleaved_times
     >>> out = interleaved_times({"a": (lambda: None, 1e-6)}, lambda: None,
     ...                         repeats=3, budget_s=1.0)
     >>> len(out["a"])
@@ -87,26 +84,3 @@ def interleaved_times(calls: dict[Hashable, tuple[Callable, float]], synchronize
             if round_index < counts[key]:
                 times[key].append(timed_call(fn, synchronize)[0])
     return times
-
-
-def matmul_block(a, seconds: float, synchronize: Callable):
-    """A callable that forms ``k`` batched products ``a @ a``, and ``k``.
-
-    ``k`` is chosen so that one call lasts about ``seconds``, which keeps the
-    per-matmul time above the timer's and the launch's resolution.
-
-    Returns
-    -------
-    (callable, int, float)
-        The block, its matmul count, and the warm-up estimate of one matmul.
-    """
-    single = statistics.median(timed_call(lambda: a @ a, synchronize)[0] for _ in range(3))
-    k = max(1, min(1000, math.ceil(seconds / max(single, 1e-9))))
-
-    def block():
-        out = None
-        for _ in range(k):
-            out = a @ a
-        return out
-
-    return block, k, single

@@ -2,7 +2,7 @@
 
 An idle BLAS or OpenMP pool of one library spins for a while after each call
 and slows the other library's next call several-fold on a small machine, which
-a real program using one library never sees. ``python -m matroot.bench.workers
+a real program using one library never sees. ``python -m bench.workers
 JOB.json`` is the worker's entry point (internal: the parent writes the job file).
 """
 
@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from matroot.cli.progress import Progress
+from matroot.cli.threads import THREAD_VARIABLES, thread_policy
 from matroot.testing.backends import target_named
+
 from .config import config_from_json
-from .progress import Progress
 from .scaling_iterations import scaling_iterations
 from .sweep import sweep
-from .threads import THREAD_VARIABLES, thread_policy
 from .time_to_accuracy import time_to_accuracy
 
 __all__ = ["worker_environment", "run_worker", "json_default"]
@@ -37,12 +38,15 @@ def worker_environment(threads: int) -> dict:
 
     Examples
     --------
-    >>> from matroot.bench.workers import worker_environment
+    >>> from bench.workers import worker_environment
     >>> env = worker_environment(1)
     >>> env["OPENBLAS_NUM_THREADS"], env["OMP_NUM_THREADS"]
     ('1', '1')
     """
     env = dict(os.environ)
+    # The worker runs ``-m bench.workers``: this checkout must be importable from any folder.
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if threads:
         for name in THREAD_VARIABLES:
@@ -68,7 +72,7 @@ def run_worker(folder: Path, job: dict, stream) -> dict:
     # Progress goes straight to our stderr (a bar on a terminal); to any other
     # stream once the worker ends.
     live = stream is sys.stderr
-    done = subprocess.run([sys.executable, "-m", "matroot.bench.workers", str(job_path)],
+    done = subprocess.run([sys.executable, "-m", "bench.workers", str(job_path)],
                           env=worker_environment(job["config"]["threads"]),
                           stderr=None if live else subprocess.PIPE, text=True)
     if not live:

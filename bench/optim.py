@@ -19,7 +19,7 @@ block size, ridge and Adam grafting, roots every step and every 10 steps
 
 With ``--compile`` (torch), ``Shampoo.step`` is also timed under ``torch.compile``
 against itself eager, on steps without a root refresh, and the compile time
-reported (:mod:`matroot.bench.optim_compile`).
+reported (:mod:`bench.optim_compile`).
 
 Roots are refreshed every step, so a step's time is the worst case; the split
 reports factor updates, inverse roots and the rest (moments, preconditioning,
@@ -28,9 +28,9 @@ machine noise hits both and the ratio stays honest.
 
 Run::
 
-    matroot bench optim --quick                    # CPU, a few seconds per step
-    matroot bench optim --backend torch-cuda       # the full model on a GPU
-    matroot bench optim --quick --compile          # and the step under torch.compile
+    python -m bench optim --quick                    # CPU, a few seconds per step
+    python -m bench optim --backend torch-cuda       # the full model on a GPU
+    python -m bench optim --quick --compile          # and the step under torch.compile
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from matroot.cli.threads import describe_threads
 from matroot.optim import ShampooConfig, apply_updates, init, state_bytes, update
 
 from . import optim_compile
-from .threads import describe_threads
 
 __all__ = ["model_shapes", "run", "format_table", "against_distributed_shampoo",
            "DEFAULTS"]
@@ -94,9 +94,9 @@ def run(target, *, quick: bool, method: str, block_size: int, steps: int, warmup
         progress=None, compile_backend: str | None = None) -> dict:
     """Time ``warmup + steps`` alternating steps of both layouts on ``target``.
 
-    ``progress`` (a :class:`~matroot.bench.progress.Progress` or None) counts steps.
+    ``progress`` (a :class:`~matroot.cli.progress.Progress` or None) counts steps.
     ``compile_backend`` (torch only): also time ``torch.compile(opt.step)`` with this
-    backend against the eager step (:func:`~matroot.bench.optim_compile.compiled_step`).
+    backend against the eager step (:func:`~bench.optim_compile.compiled_step`).
     """
     xp, to_backend, sync = target.xp, target.asarray, target.synchronize
     rng = np.random.default_rng(0)

@@ -1,17 +1,15 @@
 """What a solver-benchmark run measures: :class:`Config`, its named presets, the swept grids.
 
-The tools' one reader of the solver registry (:mod:`matroot.solvers.registry`)
-for which methods exist and which p each one supports (:func:`methods_for`).
+Which methods exist and which p each supports are read from the solver registry
+through :mod:`matroot.cli.contenders` (:func:`methods_for`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from matroot.solvers.registry import solver_names, solvers_supporting
-
-from .contenders import BASELINES
-from .threads import DEFAULT_THREADS
+from matroot.cli.contenders import BASELINES, all_methods, method_supports
+from matroot.cli.threads import DEFAULT_THREADS
 
 __all__ = ["Config", "PRESETS", "BASELINES", "ITERATION_GRID", "DEGREE_GRID", "TARGET_ERROR",
            "all_methods", "methods_for", "method_supports", "baselines_for", "config_to_json",
@@ -35,7 +33,7 @@ class Config:
     ``reuse_first_above_s`` makes a slow warm-up the one sample. ``tta_*`` and
     ``scaling_*`` size the time-to-accuracy and scaling experiments;
     ``threads`` is the thread policy of the parent and its workers
-    (:mod:`matroot.bench.threads`; 0: the libraries' default).
+    (:mod:`matroot.cli.threads`; 0: the libraries' default).
     """
 
     sizes: tuple = (128, 256, 512, 1024, 2048)
@@ -83,17 +81,11 @@ PRESETS = {
 }
 
 
-
-def all_methods() -> list[str]:
-    """Every registered solver name."""
-    return list(solver_names())
-
-
 def methods_for(config: Config, p) -> list[str]:
     """The solvers of ``config`` (default all) that support root order ``p``."""
     names = all_methods() if config.methods is None else [
-        m for m in config.methods if m in solver_names()]
-    return [m for m in names if m in solvers_supporting(p)]
+        m for m in config.methods if m in all_methods()]
+    return [m for m in names if method_supports(m, p)]
 
 
 def baselines_for(config: Config) -> list[str]:
@@ -116,8 +108,3 @@ def config_from_json(data) -> Config:
         if isinstance(value, list):
             data[name] = tuple(value)
     return Config(**data)
-
-
-def method_supports(method: str, p) -> bool:
-    """Whether the solver ``method`` can compute A^(-1/p)."""
-    return method in solvers_supporting(p)

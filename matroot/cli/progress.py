@@ -18,7 +18,7 @@ class Progress:
     Examples
     --------
     >>> import io
-    >>> from matroot.bench.progress import Progress
+    >>> from matroot.cli.progress import Progress
     >>> log = io.StringIO()
     >>> progress = Progress(2, stream=log)
     >>> progress.step("numpy evd")

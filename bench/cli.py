@@ -1,5 +1,5 @@
-"""``matroot bench solvers | optim | polar | launches | plots | report``: the benchmarks'
-command lines.
+"""``python -m bench solvers | optim | polar | launches | plots | report``: the benchmarks'
+command lines (:mod:`bench.__main__` dispatches to them).
 
 Results go to ``--out`` (default ``./matroot-bench/`` under the current folder):
 never into the installed package, and never into the repository's committed
@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from .common import (
+from matroot.cli.common import (
     UsageError,
     add_thread_option,
     at_least,
@@ -26,7 +26,8 @@ DEFAULT_OUT = "matroot-bench"
 _MATPLOTLIB = ("matplotlib", "the plots", 'pip install "matroot[bench]"')
 
 
-def configure(parser) -> None:
+def configure(parser):
+    """Add the benchmark verbs to ``parser``; return its subparsers (for the scripts)."""
     verbs = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True,
                                   parser_class=type(parser))
     _configure_solvers(verbs.add_parser(
@@ -56,6 +57,7 @@ def configure(parser) -> None:
         sub.add_argument("results", help="the solvers.json a benchmark run wrote")
         sub.add_argument("--out", help="output folder (default: the JSON's folder)")
         sub.set_defaults(run=_run_plots if name == "plots" else _run_report, prog=sub.prog)
+    return verbs
 
 
 # ---------------------------------------------------------------------------- solvers
@@ -93,7 +95,7 @@ def _configure_solvers(parser) -> None:
 
 def solvers_config(args):
     """The preset named by ``args`` with the overrides applied; UsageError if invalid."""
-    from matroot.bench.config import BASELINES, PRESETS, Config, all_methods
+    from .config import BASELINES, PRESETS, Config, all_methods
 
     base = PRESETS[args.preset or "full"]
     changes = {}
@@ -138,7 +140,8 @@ def _preset_batches(base, n: int, preset: str | None) -> tuple:
 
 def _run_solvers(args) -> int:
     from matroot.testing.backends import UnavailableError
-    from matroot.bench.solvers import benchmark_targets, run
+
+    from .solvers import benchmark_targets, run
 
     config = solvers_config(args)
     out = writable_dir(args.out, "--out")
@@ -158,7 +161,7 @@ def _run_solvers(args) -> int:
 
 
 def _summary_line(row) -> str:
-    from matroot.bench.sweep import format_ratio
+    from .sweep import format_ratio
 
     line = (f"{row['backend']:>10} n={row['n']:<5} b={row['batch']:<3} p={row['p']}: "
             f"fastest {row['fastest']}")
@@ -174,7 +177,7 @@ def _summary_line(row) -> str:
 
 # ----------------------------------------------------------------------------- optim
 def _configure_optim(parser) -> None:
-    from matroot.bench.optim import DEFAULTS
+    from .optim import DEFAULTS
 
     quick, full = DEFAULTS["quick"], DEFAULTS["full"]
     parser.add_argument("--quick", action="store_true",
@@ -203,9 +206,10 @@ def _configure_optim(parser) -> None:
 
 
 def _run_optim(args) -> int:
+    from matroot.cli.contenders import all_methods
     from matroot.testing.backends import UnavailableError, discover, select_targets
-    from matroot.bench.config import all_methods
-    from matroot.bench.optim import DEFAULTS
+
+    from .optim import DEFAULTS
 
     defaults = DEFAULTS["quick" if args.quick else "full"]
     block_size = at_least(args.block_size if args.block_size is not None
@@ -231,15 +235,16 @@ def _run_optim(args) -> int:
                          f"not {backend}")
 
     if args.memory:
-        from matroot.bench.optim_memory import format_memory_table, memory_report
+        from .optim_memory import format_memory_table, memory_report
 
         report = memory_report(block_size=args.block_size or 1024)
         table = format_memory_table(report)
         return _print_and_save(report, table, out)
 
-    from matroot.bench.optim import format_table, run
-    from matroot.bench.progress import Progress
-    from matroot.bench.threads import thread_policy
+    from matroot.cli.progress import Progress
+    from matroot.cli.threads import thread_policy
+
+    from .optim import format_table, run
 
     progress = Progress(args.warmup + steps)
     with thread_policy(args.threads) as threads:
@@ -262,9 +267,10 @@ def _configure_polar(parser) -> None:
 
 
 def _run_polar(args) -> int:
+    from matroot.cli.threads import thread_policy
     from matroot.testing.backends import UnavailableError, select_targets
-    from matroot.bench.polar import format_table, run
-    from matroot.bench.threads import thread_policy
+
+    from .polar import format_table, run
 
     at_least(args.threads, 0, "--threads")
     out = writable_file(args.out, "--out") if args.out else None
@@ -295,8 +301,9 @@ def _configure_launches(parser) -> None:
 
 def _run_launches(args) -> int:
     require_module("torch", "the dispatcher count", 'pip install "matroot[torch]"')
-    from matroot.bench.launches import format_table, run
-    from matroot.bench.threads import thread_policy
+    from matroot.cli.threads import thread_policy
+
+    from .launches import format_table, run
 
     at_least(args.threads, 0, "--threads")
     for value, name in ((args.n, "--n"), (args.batch, "--batch")):
@@ -321,7 +328,7 @@ def _print_and_save(report: dict, table: str, out) -> int:
 # ---------------------------------------------------------------------- plots, report
 def _results(args) -> tuple[dict, Path]:
     """The solver benchmark's document named on the command line, and the output folder."""
-    from matroot.bench.solvers import SCHEMA
+    from .solvers import SCHEMA
 
     path = Path(args.results)
     if not path.is_file():
@@ -335,14 +342,14 @@ def _results(args) -> tuple[dict, Path]:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"{path} is not a solver benchmark's results (schema {found!r}, "
                          f"expected {SCHEMA!r}): give the solvers.json that "
-                         "`matroot bench solvers` wrote")
+                         "`python -m bench solvers` wrote")
     return doc, writable_dir(args.out or str(path.parent), "--out")
 
 
 def _run_plots(args) -> int:
     doc, out = _results(args)
     require_module(*_MATPLOTLIB)
-    from matroot.bench.plots import make_plots
+    from .plots import make_plots
 
     for png in make_plots(doc, out):
         print(f"wrote {png}")
@@ -351,7 +358,7 @@ def _run_plots(args) -> int:
 
 def _run_report(args) -> int:
     doc, out = _results(args)
-    from matroot.bench.report import write_summaries
+    from .report import write_summaries
 
     for written in write_summaries(doc, out):
         print(f"wrote {written}")

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 import statistics
 
+from matroot.cli.contenders import BASELINES, contender, summarise
+from matroot.cli.timing import interleaved_times, timed_call
+
 from .config import DEGREE_GRID, ITERATION_GRID, TARGET_ERROR, baselines_for, methods_for
-from .contenders import BASELINES, contender, summarise
 from .prepared import load_problem
-from .timing import interleaved_times, timed_call
 
 __all__ = ["time_to_accuracy", "tta_summary"]
 

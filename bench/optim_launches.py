@@ -43,7 +43,7 @@ def count_steps(make_optimizer, model, steps: int, seed: int = 1) -> list[tuple[
     """
     import torch
 
-    from ..testing.launch_count import LaunchCount
+    from matroot.testing.launch_count import LaunchCount
 
     opt = make_optimizer(list(model.parameters()))
     generator = torch.Generator().manual_seed(seed)
@@ -63,7 +63,7 @@ def step_rows(extra_layers: int = 16) -> list[dict]:
     non-finite policies."""
     import torch
 
-    from ..optim import Shampoo
+    from matroot.optim import Shampoo
 
     def adamw(params):
         return torch.optim.AdamW(params, lr=1e-3, foreach=True)

@@ -1,17 +1,17 @@
 """The solver benchmark: every matroot method against batched and looped eigh.
 
-``matroot bench solvers`` runs it (``--quick`` for a short CPU run). Three
+``python -m bench solvers`` runs it (``--quick`` for a short CPU run). Three
 experiments go into one ``solvers.json`` (with Markdown/RST summaries from
-:mod:`matroot.bench.report` and PNG plots from :mod:`matroot.bench.plots`):
-:mod:`~matroot.bench.sweep` (time, matmuls and error over sizes, batches and p),
-:mod:`~matroot.bench.time_to_accuracy` (error against time and matmuls as the
-step count grows) and :mod:`~matroot.bench.scaling_iterations` (iterations
+:mod:`bench.report` and PNG plots from :mod:`bench.plots`):
+:mod:`~bench.sweep` (time, matmuls and error over sizes, batches and p),
+:mod:`~bench.time_to_accuracy` (error against time and matmuls as the
+step count grows) and :mod:`~bench.scaling_iterations` (iterations
 against κ for power vs Frobenius scaling).
 
 Times are only compared with times measured in the same run on the same
 device; the reported numbers are ratios. Each backend is timed in a worker
-process of its own (:mod:`matroot.bench.workers`) under the run's thread
-policy (:mod:`matroot.bench.threads`). Every record carries the ``seed`` of its
+process of its own (:mod:`bench.workers`) under the run's thread
+policy (:mod:`matroot.cli.threads`). Every record carries the ``seed`` of its
 stack: :func:`matroot.testing.scaled_spd_stack` ``(batch, n, kappa, seed=seed)``
 rebuilds it.
 """
@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 
 import matroot
-
+from matroot.cli.contenders import BASELINES
+from matroot.cli.threads import thread_policy
 from matroot.testing.backends import select_targets, target_named
+
 from .config import Config, all_methods, baselines_for, config_to_json, methods_for
-from .contenders import BASELINES
 from .machine import machine_description
 from .prepared import prepare_problems
 from .report import write_summaries
 from .sweep import sweep_summary
-from .threads import thread_policy
 from .time_to_accuracy import tta_summary
 from .workers import json_default, run_worker, worker_environment
 
@@ -65,8 +65,8 @@ def run(config: Config, out_dir, *, plots: bool = True, stream=None) -> dict:
     --------
     >>> import io, tempfile
     >>> from dataclasses import replace
-    >>> from matroot.bench.config import PRESETS
-    >>> from matroot.bench.solvers import run
+    >>> from bench.config import PRESETS
+    >>> from bench.solvers import run
     >>> config = replace(PRESETS["smoke"], backends=("numpy",), experiments=("sweep",))
     >>> with tempfile.TemporaryDirectory() as out:
     ...     doc = run(config, out, plots=False, stream=io.StringIO())
