@@ -64,6 +64,7 @@ from .phases import (
 from .counters import advance, advance_param_steps
 from .gradients import all_finite, check_gradients, nonfinite_flags
 from .preconditioner import FactorStacks, init_stacks
+from .skipping import skip_coefficients
 from .state import ShampooState, copy_state, state_bytes
 
 __all__ = [
@@ -290,7 +291,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     this_step, param_steps = advance_param_steps(xp, state.param_steps, present, step_taken,
                                                  in_place=overwrite)
     ctx = StepContext(xp, plan, config, Schedule(*(config.schedule_at(step) if schedule is None
-                                                   else schedule)), in_place, step_taken)
+                                                   else schedule)), in_place, step_taken,
+                      skip_coefficients(step_taken, config))
     moments = accumulate_moments(ctx, grads, params, decays, state.exp_avg, state.exp_avg_sq,
                                  this_step)
     phase("moments")

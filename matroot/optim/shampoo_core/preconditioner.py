@@ -29,8 +29,8 @@ from ...roots.api import InvRootResult, inv_root_info
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
 from .stack_io import assign, gather_blocks, scatter_blocks, write_blocks
+from .skipping import SkipCoefficients
 from .factor_bounds import (
-    SkipFactors,
     advance_bounds_in_place,
     advanced_bounds,
     bounds_after_refresh,
@@ -155,9 +155,9 @@ def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
         # device brings zero gradients (phases.accumulate_moments), so its statistic
         # adds zero; the factors' decay and the bounds' change are multiplied out.
         updated = stack[slots]
-        skip = None if step_taken is None else step_taken.of(xp, updated.dtype, beta2)
+        skip = None if step_taken is None else step_taken.of(xp, updated.dtype)
         if beta2 != 1.0:
-            updated *= beta2 if skip is None else skip[1]
+            updated *= beta2 if skip is None else skip.factor_decay
             entries = (1.0 - beta2) * entries
         updated += entries
         advance_bounds_in_place(bounds[slots], statistic, diagonals(updated, n), beta2,
@@ -206,10 +206,12 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     in_place : bool
         Overwrite the group's slots of ``factors`` and ``bounds`` (not possible on
         JAX) or leave them untouched.
-    step_taken : 0-d boolean array or SkipFactors, optional
+    step_taken : 0-d boolean array or SkipCoefficients, optional
         Where False the factors keep their values (see :func:`assign`); in place, the
-        gradients must then be finite (zeros). One :class:`SkipFactors` passed to every
-        group of a step makes its coefficients once.
+        gradients must then be finite (zeros). One
+        :class:`~matroot.optim.shampoo_core.skipping.SkipCoefficients` (its
+        ``factor_beta`` this ``beta2``) passed to every group of a step makes its
+        coefficients once.
 
     Returns
     -------
@@ -218,8 +220,8 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     """
     xp = _xp.array_namespace(grad_blocks)
     factors, bounds = list(factors), list(bounds)
-    if step_taken is not None and not isinstance(step_taken, SkipFactors):
-        step_taken = SkipFactors(step_taken)
+    if step_taken is not None and not isinstance(step_taken, SkipCoefficients):
+        step_taken = SkipCoefficients(step_taken, factor_beta=beta2)
     if grad_blocks.ndim == 2:
         sides = [(group.factor_slots[0], grad_blocks[:, :, None] * grad_blocks[:, None, :], 1)]
     else:
