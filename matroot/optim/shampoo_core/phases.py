@@ -237,7 +237,8 @@ def _solve(ctx: StepContext, stacks: FactorStacks, s: int, roots, failures, boun
     return refresh_inverse_roots(ctx.plan.stacks[s], stacks.factors[s], roots, failures,
                                  bounds, method=config.root_method, eps=config.matrix_eps,
                                  options=config.root_options,
-                                 no_sync=config.nonfinite_grads == "skip")[:3]
+                                 no_sync=config.nonfinite_grads == "skip",
+                                 in_place=_overwrites(ctx) and roots is not None)[:3]
 
 
 def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:

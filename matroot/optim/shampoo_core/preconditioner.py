@@ -28,7 +28,7 @@ from ...certify.accuracy import unit_roundoff
 from ...roots.api import InvRootResult, inv_root_info
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
-from .stack_io import assign, gather_blocks, scatter_blocks, write_blocks
+from .stack_io import assign, gather_blocks, scatter_blocks, select, write_blocks
 from .skipping import SkipCoefficients
 from .factor_bounds import (
     advance_bounds_in_place,
@@ -240,8 +240,8 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
 
 
 def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failures, bounds, *,
-                          method: str, eps: float, options, no_sync: bool = False
-                          ) -> RootRefresh:
+                          method: str, eps: float, options, no_sync: bool = False,
+                          in_place: bool = False) -> RootRefresh:
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
     The call's keywords are ``options`` with the optimizer's defaults filled in
@@ -280,6 +280,10 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
     no_sync : bool
         The step reads nothing on the host (``nonfinite_grads="skip"``): the default
         verdict is then the device's for every method.
+    in_place : bool
+        Write the kept roots, failure counts and bounds into ``roots``, ``failures``
+        and ``bounds`` (mutable arrays; not ``roots=None``), so a captured step (a
+        CUDA graph) finds them where the steps between refreshes read them.
 
     Returns
     -------
@@ -313,11 +317,19 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
         # A root fine in its compute dtype can overflow a 16-bit storage dtype (float16
         # ends at 65504): it failed as surely as a solve that diverged.
         ok = ok & xp.all(xp.isfinite(root), axis=(-2, -1))
+    overwrite = in_place and _xp.backend_name(xp) != "jax"
     if packed:
-        new_roots = xp.where(ok[:, None], pack(root), roots)
+        new_roots = select(ok[:, None], pack(root), roots, in_place=overwrite)
     else:
-        new_roots = _xp.batched_where(ok, root, roots)
-    return RootRefresh(new_roots, failures + xp.astype(~ok, xp.int32), new_bounds, result)
+        new_roots = select(ok[:, None, None], root, roots, in_place=overwrite)
+    if not overwrite:
+        return RootRefresh(new_roots, failures + xp.astype(~ok, xp.int32), new_bounds, result)
+    # torch adds a boolean to an integer as 0 or 1; the array API needs the cast.
+    failures += ~ok if _xp.is_torch_namespace(xp) else xp.astype(~ok, failures.dtype)
+    if new_bounds is not bounds:
+        bounds[...] = new_bounds
+    return RootRefresh(new_roots, failures, bounds, result)
+
 
 
 def _adaptive_refresh(solve, factors, bounds, eps: float, *, on_device: bool):
