@@ -14,7 +14,7 @@ from matroot.optim.torch.graph_replay import MAX_SIGNATURES, StepGraphs, reads_h
 from matroot.testing.launch_count import LaunchCount
 
 SHAPES = [(12, 8), (8,), (6, 10), (20, 6)]
-OPTIONS = dict(lr=1e-2, block_size=8, precondition_frequency=3, root_method="evd",
+OPTIONS = dict(lr=1e-2, block_size=8, precondition_frequency=3, root_method="coupled_newton",
                distributed=None, nonfinite_grads="skip")
 
 
@@ -65,8 +65,8 @@ def _params(device="cpu", seed=0):
     return [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in SHAPES]
 
 
-def _train(opt, params, steps, lrs=None, nan_at=4):
-    for step in range(steps):
+def _train(opt, params, steps, lrs=None, nan_at=4, first=0):
+    for step in range(first, first + steps):
         gen = torch.Generator().manual_seed(10 + step)
         for p in params:
             p.grad = torch.randn(p.shape, generator=gen).to(p.device)
@@ -146,11 +146,12 @@ def test_a_refresh_step_reads_nothing_on_the_host_so_it_is_captured(policy):
     assert count.syncs == 0 and count.ops > 0
 
 
-def test_a_step_that_reads_the_host_is_never_captured():
-    """A refresh whose solve reads its verdict on the host runs eagerly at every
-    refresh; the steps between refreshes still replay."""
-    host = dict(nonfinite_grads="raise", root_method="newton_db",
-                root_options={"verdict": "host"})
+@pytest.mark.parametrize("host", [
+    dict(nonfinite_grads="raise", root_method="newton_db", root_options={"verdict": "host"}),
+    dict(root_method="evd")], ids=["host-verdict", "eigh-checks-its-errors"])
+def test_a_step_that_reads_the_host_is_never_captured(host):
+    """A refresh whose solve reads the host (its verdict, or an eigh's error codes)
+    runs eagerly at every refresh; the steps between refreshes still replay."""
     eager, eager_params, replay, replay_params = _pair(_graph_like_capture, **host)
     _train(eager, eager_params, 9, nan_at=None)
     _train(replay, replay_params, 9, nan_at=None)
@@ -170,10 +171,16 @@ def test_the_host_read_watch_sees_reads_and_copies_to_the_host():
 
 
 def test_a_failed_capture_falls_back_to_eager_for_good():
+    """The first failed capture (step 2) sends its kind of step to eager; the second
+    (step 5, the next kind's) switches replay off."""
     eager, eager_params, replay, replay_params = _pair(_failing_capture)
     _train(eager, eager_params, 6)
     with pytest.warns(RuntimeWarning, match="capture failed"):
-        _train(replay, replay_params, 6)
+        _train(replay, replay_params, 2)
+    assert replay.graphs.off_because is None
+    assert ["capture failed" in why for why in replay.graphs.eager_because.values()] == [True]
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        _train(replay, replay_params, 4, first=2)
     assert replay.graphs.replays == 0 and "capture failed" in replay.graphs.off_because
     for a, b in zip(eager_params, replay_params):
         assert torch.equal(a, b)

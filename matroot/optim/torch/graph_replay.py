@@ -22,12 +22,15 @@ When it runs, and the fallback (eager, the same arithmetic):
   :mod:`matroot.testing.launch_count` counts as syncs, and copies to the CPU); the
   second is captured and replayed. A signature whose first step read the host runs
   eagerly for good (a graph cannot hold a read): so a refresh step is replayed
-  when its solves keep their verdicts on the device — the default fixed-step solves,
-  and with ``nonfinite_grads="skip"`` every solve — and runs eagerly where a solve's
-  verdict or an adaptive loop reads the host (``root_options`` asking for
-  ``verdict="host"``). The other signatures replay as before.
-* A capture that fails (an operation CUDA graphs cannot hold) switches replay off
-  for the optimizer with one warning, and that step runs eagerly; so do more than
+  when its solves keep their verdicts on the device — the default fixed-step
+  solves, and with ``nonfinite_grads="skip"`` every iterative solve — and runs
+  eagerly where a solve's verdict or an adaptive loop reads the host
+  (``root_options`` asking for ``verdict="host"``) or an eigendecomposition checks
+  its error codes there (``root_method="evd"``: :data:`CHECKED_ON_HOST`). The other
+  signatures replay as before.
+* A capture that fails (an operation CUDA graphs cannot hold) sends its signature
+  to eager for good, with a warning, and that step runs eagerly; a second failed
+  capture switches replay off for the optimizer; so do more than
   :data:`MAX_SIGNATURES` captured signatures or twice as many seen (an ``lr`` that
   changes at every step, as a scheduler's does, would capture a graph per step).
 * Sharded and DTensor parameters run eagerly (collectives).
@@ -83,9 +86,17 @@ def _cached_constants() -> list:
     return [t for cache in caches for t in list(cache.values())]
 
 
+#: Operations whose kernels read their LAPACK/cuSOLVER error codes on the host (inside
+#: the kernel, where no dispatcher sees a sync): an eigh or solve that checks its input.
+CHECKED_ON_HOST = frozenset({
+    "_linalg_eigh", "linalg_eigh", "_linalg_check_errors", "linalg_eig", "_linalg_svd",
+    "linalg_inv", "linalg_solve", "linalg_cholesky", "cholesky", "linalg_lstsq"})
+
+
 class _HostReads(TorchDispatchMode):
     """Notes whether an operation read a value on the host: one of
-    :data:`~matroot.testing.launch_count.HOST_SYNCS`, or a copy from a device to the CPU."""
+    :data:`~matroot.testing.launch_count.HOST_SYNCS` or :data:`CHECKED_ON_HOST`, or a
+    copy from a device to the CPU."""
 
     def __init__(self):
         super().__init__()
@@ -94,7 +105,8 @@ class _HostReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func._schema.name.split("::")[-1]
-        if self.found is None and (name in HOST_SYNCS or _to_host(name, args, kwargs)):
+        if self.found is None and (name in HOST_SYNCS or name in CHECKED_ON_HOST
+                                   or _to_host(name, args, kwargs)):
             self.found = name
         return func(*args, **kwargs)
 
@@ -157,6 +169,7 @@ class StepGraphs:
         self._graphs: dict = {}
         self._seen: set = set()
         self.eager_because: dict = {}
+        self._failed_captures = 0
         self._warned = False
         self.replays = 0
         self.off_because: str | None = None
@@ -204,7 +217,14 @@ class StepGraphs:
             try:
                 replay = self._capture(lambda: step(buffers), device)
             except Exception as err:    # any capture failure falls back to eager
-                self._switch_off(f"capture failed: {type(err).__name__}: {err}")
+                reason = f"capture failed: {type(err).__name__}: {err}"
+                if self._failed_captures:
+                    self._switch_off(reason)
+                else:
+                    self._failed_captures += 1
+                    self.eager_because[signature] = reason
+                    warnings.warn(f"Shampoo's graph replay: {reason}; this kind of step "
+                                  "runs eagerly", RuntimeWarning, stacklevel=3)
                 step(grads)
                 return
             entry = self._graphs[signature] = (replay, buffers)
