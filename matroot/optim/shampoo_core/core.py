@@ -62,7 +62,7 @@ from .phases import (
     root_dtype,
 )
 from .counters import advance, advance_param_steps
-from .gradients import all_finite, check_gradients, nonfinite_flags
+from .gradients import all_finite, apply_nonfinite_policy, check_gradients, nonfinite_flags
 from .preconditioner import FactorStacks, init_stacks
 from .skipping import skip_coefficients
 from .state import ShampooState, copy_state, state_bytes
@@ -271,11 +271,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     if check_grads:
         bad = [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
-        if bad:
-            if config.nonfinite_grads == "raise":
-                raise NonFiniteGradientError(
-                    f"gradients of parameters {bad} contain NaN or Inf; pass "
-                    "nonfinite_grads='skip' to skip such steps instead")
+        if apply_nonfinite_policy(bad, config.nonfinite_grads):
             updates = [None if g is None else
                        xp.zeros(g.shape, dtype=compute_dtype(xp, g), device=_xp.device_of(g))
                        for g in grads]

@@ -131,7 +131,7 @@ def reads_host(step: Callable[[], None]) -> str | None:
     >>> import torch
     >>> x = torch.ones(3)
     >>> reads_host(lambda: x.mul_(2)), reads_host(lambda: bool(x.sum() > 0))
-    (None, 'is_nonzero')
+    (None, '_local_scalar_dense')
     """
     with _HostReads() as watch:
         step()
