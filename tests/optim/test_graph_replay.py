@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from matroot.optim import Shampoo
+from matroot.optim.torch import graph_replay
 from matroot.optim.torch.graph_replay import MAX_SIGNATURES, StepGraphs, reads_host
+from matroot.testing import launch_count
 from matroot.testing.launch_count import LaunchCount
 
 SHAPES = [(12, 8), (8,), (6, 10), (20, 6)]
@@ -164,6 +166,7 @@ def test_a_step_that_reads_the_host_is_never_captured(host):
 
 
 def test_the_host_read_watch_sees_reads_and_copies_to_the_host():
+    assert graph_replay.HOST_SYNCS == launch_count.HOST_SYNCS    # one definition of a sync
     x = torch.ones(3)
     assert reads_host(lambda: x.add_(1)) is None
     assert reads_host(lambda: x.sum().item()) == "_local_scalar_dense"

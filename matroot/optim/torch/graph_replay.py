@@ -19,7 +19,8 @@ When it runs, and the fallback (eager, the same arithmetic):
   ``torch.compile`` (whose own graphs cover the step) the step runs eagerly.
 * The first step of each signature runs eagerly (it makes the lazy state and the
   constants the graph then reads) and is watched for host reads (the operations
-  :mod:`matroot.testing.launch_count` counts as syncs, and copies to the CPU); the
+  :mod:`matroot.testing.launch_count` counts as syncs, copies to the CPU, and
+  kernels that check their error codes there); the
   second is captured and replayed. A signature whose first step read the host runs
   eagerly for good (a graph cannot hold a read): so a refresh step is replayed
   when its solves keep their verdicts on the device — the default fixed-step
@@ -45,11 +46,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...testing.launch_count import HOST_SYNCS
+from ... import _xp
 from ..distributed.dtensor import is_dtensor
+from ..shampoo_core import lists, skipping
 
-__all__ = ["GRAPH_REPLAY_MODES", "MAX_SIGNATURES", "StepGraphs", "ReplayedSteps", "cuda_capture",
-           "reads_host"]
+__all__ = ["GRAPH_REPLAY_MODES", "MAX_SIGNATURES", "HOST_SYNCS", "CHECKED_ON_HOST", "StepGraphs",
+           "ReplayedSteps", "cuda_capture", "reads_host"]
 
 #: ``graph_replay`` values: "auto" (CUDA only), True (CUDA only, and a warning where
 #: it cannot run), False (never).
@@ -79,13 +81,16 @@ def cuda_capture(step: Callable[[], None], device: torch.device) -> Callable[[],
 def _cached_constants() -> list:
     """The tensors matroot keeps in its constant caches (identities, 0-d constants,
     coefficient vectors), which a step reads rather than makes anew."""
-    from ... import _xp
-    from ..shampoo_core import lists, skipping
     caches = [getattr(_xp.launches, name, {}) for name in ("_CONSTANTS", "_IDENTITIES")]
     caches += [lists._CONSTANTS, skipping._VECTORS]
     return [t for cache in caches for t in list(cache.values())]
 
 
+#: Operations that read a value on the host: issue 35's syncs
+#: (:data:`matroot.testing.launch_count.HOST_SYNCS`, a layer above this one; a test
+#: holds the two equal).
+HOST_SYNCS = frozenset({"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item",
+                        "masked_select", "unique", "_unique2"})
 #: Operations whose kernels read their LAPACK/cuSOLVER error codes on the host (inside
 #: the kernel, where no dispatcher sees a sync): an eigh or solve that checks its input.
 CHECKED_ON_HOST = frozenset({
@@ -94,9 +99,8 @@ CHECKED_ON_HOST = frozenset({
 
 
 class _HostReads(TorchDispatchMode):
-    """Notes whether an operation read a value on the host: one of
-    :data:`~matroot.testing.launch_count.HOST_SYNCS` or :data:`CHECKED_ON_HOST`, or a
-    copy from a device to the CPU."""
+    """Notes whether an operation read a value on the host: one of :data:`HOST_SYNCS`
+    or :data:`CHECKED_ON_HOST`, or a copy from a device to the CPU."""
 
     def __init__(self):
         super().__init__()
