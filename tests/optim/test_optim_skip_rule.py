@@ -90,6 +90,26 @@ def test_a_nan_in_a_raise_group_still_raises_beside_skip_groups():
         opt.step()
 
 
+def test_the_functional_core_and_the_torch_shell_raise_the_same_error():
+    """One message and one policy rule (shampoo_core.gradients.apply_nonfinite_policy):
+    the shell numbers parameters as state_dict does, the core as its list."""
+    from matroot.optim import ShampooConfig, init, update
+    from matroot.optim.shampoo_core.config import NonFiniteGradientError
+
+    params = _params()
+    _grads(params, 1, nan=True)
+    grads = [p.grad for p in params]
+    config = ShampooConfig(block_size=8)
+    with pytest.raises(NonFiniteGradientError) as core_error:
+        update(grads, init([p.detach() for p in params], config), params, config)
+    with pytest.raises(NonFiniteGradientError) as shell_error:
+        Shampoo(params, **OPTIONS).step()
+    assert str(core_error.value) == str(shell_error.value).replace(
+        " (state_dict numbering)", "") == (
+        "gradients of parameters [0] contain NaN or Inf; pass nonfinite_grads='skip' "
+        "to skip such steps instead")
+
+
 def test_a_tensor_with_a_grad_but_no_requires_grad_moves_as_adamw_moves_it():
     """torch.optim.AdamW updates every parameter with a ``.grad``; so does Shampoo (its
     update before preconditioning starts is AdamW's), and it keeps the state."""

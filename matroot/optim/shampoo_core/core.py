@@ -62,8 +62,9 @@ from .phases import (
     root_dtype,
 )
 from .counters import advance, advance_param_steps
-from .gradients import all_finite, check_gradients, nonfinite_flags
+from .gradients import all_finite, apply_nonfinite_policy, check_gradients, nonfinite_flags
 from .preconditioner import FactorStacks, init_stacks
+from .skipping import skip_coefficients
 from .state import ShampooState, copy_state, state_bytes
 
 __all__ = [
@@ -270,11 +271,7 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
 
     if check_grads:
         bad = [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
-        if bad:
-            if config.nonfinite_grads == "raise":
-                raise NonFiniteGradientError(
-                    f"gradients of parameters {bad} contain NaN or Inf; pass "
-                    "nonfinite_grads='skip' to skip such steps instead")
+        if apply_nonfinite_policy(bad, config.nonfinite_grads):
             updates = [None if g is None else
                        xp.zeros(g.shape, dtype=compute_dtype(xp, g), device=_xp.device_of(g))
                        for g in grads]
@@ -290,7 +287,8 @@ def update(grads, state: ShampooState, params, config: ShampooConfig, *, lr=None
     this_step, param_steps = advance_param_steps(xp, state.param_steps, present, step_taken,
                                                  in_place=overwrite)
     ctx = StepContext(xp, plan, config, Schedule(*(config.schedule_at(step) if schedule is None
-                                                   else schedule)), in_place, step_taken)
+                                                   else schedule)), in_place, step_taken,
+                      skip_coefficients(step_taken, config))
     moments = accumulate_moments(ctx, grads, params, decays, state.exp_avg, state.exp_avg_sq,
                                  this_step)
     phase("moments")

@@ -18,6 +18,13 @@ from . import lists
 __all__ = ["advance", "advance_param_steps"]
 
 
+def _as_count(xp, flag, dtype):
+    """A 0-d boolean ``flag`` as an increment of a count of ``dtype``: as it is on torch,
+    which adds a boolean to a number as 0 or 1 (a cast would be an operation of its
+    own), cast elsewhere (the array API adds no booleans to numbers)."""
+    return flag if lists.is_foreach(xp) else xp.astype(flag, dtype)
+
+
 def advance(xp, count, by=None, *, in_place: bool = False):
     """``count + 1``, or ``count + by`` for a 0-d boolean array ``by`` (a device-side
     count that stands still where ``by`` is False); into ``count`` itself when it is
@@ -25,7 +32,7 @@ def advance(xp, count, by=None, *, in_place: bool = False):
     if by is None:
         step = 1
     else:
-        step = xp.astype(by, count.dtype if hasattr(count, "dtype") else xp.int64)
+        step = _as_count(xp, by, count.dtype if hasattr(count, "dtype") else xp.int64)
     if in_place and not isinstance(count, numbers.Integral):
         count += step
         return count
@@ -49,7 +56,7 @@ def advance_param_steps(xp, steps, present, taken, *, in_place: bool = False) ->
         following = dict(zip(ids, lists.add(xp, values, 1)))
         kept = following
         if taken is not None and values:
-            by = xp.astype(taken, values[0].dtype)
+            by = _as_count(xp, taken, values[0].dtype)
             kept = dict(zip(ids, lists.add_(xp, values, by) if in_place
                             else lists.add(xp, values, by)))
     this, stored = [], []

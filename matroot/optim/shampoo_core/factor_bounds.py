@@ -41,7 +41,6 @@ __all__ = [
     "rounding_margin",
     "advanced_bounds",
     "advance_bounds_in_place",
-    "SkipFactors",
     "carried_lambda_max",
     "bounds_after_refresh",
 ]
@@ -117,50 +116,38 @@ def advanced_bounds(old, statistic, factor_diagonals, beta2: float, margin: floa
     return xp.stack([upper, floor], axis=-1)
 
 
-class SkipFactors:
-    """The coefficients that make a factor update leave a step skipped on the device
-    as it was (decay 1, no increment, no widening), made once per step and dtype from
-    the 0-d boolean ``step_taken``."""
-
-    def __init__(self, step_taken):
-        self.step_taken = step_taken
-        self._made: dict = {}
-
-    def of(self, xp, dtype, beta2: float) -> tuple:
-        """``(taken, decay, widen)`` as 0-d arrays of ``dtype``: 1 or 0; ``β₂`` or 1;
-        the bounds' widening or 1."""
-        key = (str(dtype), beta2)
-        if key not in self._made:
-            taken = xp.astype(self.step_taken, dtype)
-            one = xp.ones_like(taken)
-            widen = 1.0 + 4 * unit_roundoff(xp, dtype)
-            self._made[key] = (taken, xp.where(self.step_taken, beta2 * one, one),
-                               xp.where(self.step_taken, widen * one, one))
-        return self._made[key]
-
-
 def advance_bounds_in_place(bounds, statistic, factor_diagonals, beta2: float,
-                            margin: float, *, skip: tuple | None = None) -> None:
+                            margin: float, *, skip=None) -> None:
     """:func:`advanced_bounds` written into ``bounds`` (a ``(k, 2)`` view into a bound
     stack) in a few operations on the bounds: the same bound, its three terms summed
-    in another order (within the final widening's slack). ``skip``, from
-    :meth:`SkipFactors.of`, keeps the bounds of a step skipped on the device."""
+    in another order (within the final widening's slack). ``skip``, the bounds' dtype's
+    :class:`~matroot.optim.shampoo_core.skipping.Coefficients`, keeps the bounds of a
+    step skipped on the device (decay and widening 1, the increment times 0)."""
     xp = _xp.array_namespace(bounds)
     rounding = margin * xp.sum(factor_diagonals, axis=-1)
     widen = 1.0 + 4 * unit_roundoff(xp, bounds.dtype)
     decay = beta2
     if skip is not None:
-        _, decay, widen = skip
+        decay, widen = skip.factor_decay, skip.widen
     if beta2 != 1.0:
         bounds *= decay
         rounding += (1.0 - beta2) * _traces(statistic)
     else:
         rounding += _traces(statistic)
-    if skip is not None:
-        rounding *= skip[0]
     upper = bounds[:, UPPER]
-    upper += rounding
+    if skip is None:
+        upper += rounding
+    else:
+        _add_product_(xp, upper, rounding, skip.taken)
     upper *= widen
+
+
+def _add_product_(xp, target, a, b) -> None:
+    """``target += a·b`` in place: one fused operation on torch."""
+    if _xp.is_torch_namespace(xp):
+        target.addcmul_(a, b)
+    else:
+        target += a * b
 
 
 def carried_lambda_max(bounds, eps: float):

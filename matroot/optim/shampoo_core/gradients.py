@@ -2,15 +2,65 @@
 
 :func:`nonfinite_flags` reads the host (once when every gradient is finite), for
 ``nonfinite_grads="raise"``; :func:`all_finite` stays on the device, for a step
-that is skipped there (``update(..., finite=...)``, the torch optimizer).
+that is skipped there (``update(..., finite=...)``, the torch optimizer);
+:func:`apply_nonfinite_policy` is the rule for gradients found non-finite on the host,
+for every shell.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from ... import _xp
 from .blocking import BlockPlan
+from .config import NonFiniteGradientError
 
-__all__ = ["check_gradients", "nonfinite_flags", "all_finite"]
+__all__ = ["check_gradients", "nonfinite_flags", "all_finite", "apply_nonfinite_policy"]
+
+
+def apply_nonfinite_policy(bad: Sequence[int], policy: str | Callable[[int], str], *,
+                           numbering: str = "") -> bool:
+    """``nonfinite_grads`` applied to the parameters ``bad`` whose gradients hold NaN/Inf.
+
+    Parameters
+    ----------
+    bad : sequence of int
+        Their numbers (as the caller numbers its parameters).
+    policy : "raise", "skip", or callable
+        One policy for all, or ``policy(i)`` per parameter number.
+    numbering : str
+        How ``bad`` numbers them, for the message (e.g. ``" (state_dict numbering)"``).
+
+    Returns
+    -------
+    bool
+        Whether the step is skipped: True when ``bad`` is not empty (parameters, state
+        and step counts untouched, ``skipped_steps`` counted).
+
+    Raises
+    ------
+    NonFiniteGradientError
+        Naming ``bad`` where any of them is under ``"raise"``.
+
+    Examples
+    --------
+    >>> apply_nonfinite_policy([], "raise"), apply_nonfinite_policy([2], "skip")
+    (False, True)
+    >>> apply_nonfinite_policy([2], "raise")
+    Traceback (most recent call last):
+    ...
+    matroot.optim.shampoo_core.config.NonFiniteGradientError: gradients of parameters [2] \
+contain NaN or Inf; pass nonfinite_grads='skip' to skip such steps instead
+    """
+    bad = list(bad)
+    if not bad:
+        return False
+    policy_of = policy if callable(policy) else (lambda i: policy)
+    if any(policy_of(i) == "raise" for i in bad):
+        raise NonFiniteGradientError(
+            f"gradients of parameters {bad}{numbering} contain NaN or Inf; pass "
+            "nonfinite_grads='skip' to skip such steps instead")
+    return True
 
 
 def check_gradients(grads, plan: BlockPlan) -> list:

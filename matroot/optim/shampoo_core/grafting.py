@@ -25,6 +25,7 @@ import numpy as np
 from ... import _xp
 from . import lists
 from .config import ShampooConfig
+from .skipping import skip_coefficients
 
 __all__ = ["effective_gradient", "effective_gradients", "grafting_direction",
            "grafting_directions", "final_update", "final_updates", "block_norms", "graft"]
@@ -94,7 +95,7 @@ def grafting_direction(xp, grad, exp_avg, exp_avg_sq, step, config: ShampooConfi
     config : ShampooConfig
     in_place : bool
         Overwrite the moments (NumPy, CuPy, PyTorch) rather than return new arrays.
-    step_taken : 0-d boolean array, optional
+    step_taken : 0-d boolean array or SkipCoefficients, optional
         Where False the moments keep their values (a step skipped on the device);
         ``grad`` must then be finite (:func:`matroot.optim.shampoo_core.lists.zero_unless`).
 
@@ -114,10 +115,11 @@ def grafting_directions(xp, grads, exp_avgs, exp_avg_sqs, steps, config: Shampoo
 
     ``steps`` holds each entry's 1-based step; entries that share one step count (the
     same 0-d array object, or equal ints) get their bias corrections from one array.
-    With ``step_taken`` the coefficients carry the selection: ``1 − β₁`` becomes
-    ``(1 − β₁)·taken`` and ``β₂`` becomes ``1`` where the step is skipped, so the
-    moments keep their exact values with no select per entry (the gradients must then
-    be finite: the caller zeroes them where the step is skipped).
+    With ``step_taken`` the coefficients carry the selection
+    (:mod:`matroot.optim.shampoo_core.skipping`, one select for all of them): ``1 − β₁``
+    becomes 0 and ``β₂`` becomes 1 where the step is skipped, so the moments keep their
+    exact values with no select per entry (the gradients must then be finite: the
+    caller zeroes them where the step is skipped).
 
     Returns
     -------
@@ -133,10 +135,10 @@ def grafting_directions(xp, grads, exp_avgs, exp_avg_sqs, steps, config: Shampoo
     # CPU); the arithmetic, and so the rounding, is the same in both forms.
     overwrite = in_place and _xp.backend_name(xp) != "jax"
     rate1 = 1.0 - beta1
-    taken = None
-    if step_taken is not None:
-        taken = xp.astype(step_taken, grads[0].dtype)
-        rate1 = rate1 * taken
+    skip = skip_coefficients(step_taken, config)
+    coefficients = None if skip is None else skip.of(xp, grads[0].dtype)
+    if coefficients is not None:
+        rate1 = coefficients.rate1
     change = lists.sub(xp, grads, exp_avgs)
     if overwrite:
         change = lists.mul_(xp, change, rate1)
@@ -157,10 +159,10 @@ def grafting_directions(xp, grads, exp_avgs, exp_avg_sqs, steps, config: Shampoo
     decay = rate2 = None
     if beta2 != 1.0:
         decay, rate2 = beta2, 1.0 - beta2
-    if taken is not None:
-        rate2 = taken if rate2 is None else rate2 * taken
+    if coefficients is not None:
+        rate2 = coefficients.rate2
         if decay is not None:
-            decay = xp.where(step_taken, decay * xp.ones_like(taken), xp.ones_like(taken))
+            decay = coefficients.decay2
     if overwrite:
         if decay is not None:
             exp_avg_sqs = lists.mul_(xp, exp_avg_sqs, decay)
@@ -201,11 +203,11 @@ def final_updates(xp, directions, momentum_buffers, params, lrs, decays,
     directions, buffers = list(directions), list(momentum_buffers)
     if not directions:
         return [], buffers
-    taken = None if step_taken is None else xp.astype(step_taken, directions[0].dtype)
+    skip = skip_coefficients(step_taken, config)
+    taken = None if skip is None else skip.of(xp, directions[0].dtype)
     if buffers[0] is not None:
-        mu = config.momentum if taken is None else \
-            xp.where(step_taken, config.momentum * xp.ones_like(taken), xp.ones_like(taken))
-        step_part = directions if taken is None else lists.mul(xp, directions, taken)
+        mu = config.momentum if taken is None else taken.momentum
+        step_part = directions if taken is None else lists.mul(xp, directions, taken.taken)
         if in_place and _xp.backend_name(xp) != "jax":
             buffers = lists.mul_(xp, buffers, mu)
             buffers = lists.add_(xp, buffers, step_part)
@@ -221,7 +223,7 @@ def final_updates(xp, directions, momentum_buffers, params, lrs, decays,
         for i, u in zip(decayed, subtracted):
             updates[i] = u
     if taken is not None:
-        updates = lists.mul(xp, updates, taken)
+        updates = lists.mul(xp, updates, taken.taken)
     return updates, buffers
 
 
@@ -289,8 +291,11 @@ def graft(directions, adam_directions):
     if norms is None:
         norms, adam_norms = block_norms(directions), block_norms(adam_directions)
     usable = norms > 0          # False for NaN; +inf is caught by the last select
-    scale = xp.where(usable, adam_norms / xp.where(usable, norms, lists.constant(xp, 1.0, norms)),
-                     lists.constant(xp, 0.0, norms))
+    # torch divides by zero quietly (the select drops those quotients); elsewhere the
+    # zeros are replaced first, as NumPy would warn.
+    ratio = adam_norms / (norms if lists.is_foreach(xp)
+                          else xp.where(usable, norms, lists.constant(xp, 1.0, norms)))
+    scale = xp.where(usable, ratio, lists.constant(xp, 0.0, norms))
     expand = (slice(None),) + (None,) * (directions.ndim - 1)
     grafted = directions * xp.astype(scale, directions.dtype, copy=False)[expand]
     # ``norms < inf`` is isfinite for a non-negative norm (NaN compares False), in one

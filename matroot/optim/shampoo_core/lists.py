@@ -232,7 +232,7 @@ def zero_unless(xp, flag, arrays: Sequence) -> list:
         by_dtype.setdefault(a.dtype, []).append(i)
     for indices in by_dtype.values():
         flat = torch.cat([arrays[i].reshape(-1) for i in indices])
-        flat = torch.where(flag, flat, 0.0)
+        flat = torch.where(flag, flat, constant(xp, 0.0, flat))
         start = 0
         for i in indices:
             size = arrays[i].numel()

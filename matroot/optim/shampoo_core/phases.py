@@ -23,7 +23,6 @@ from ... import _xp
 from .blocking import BlockPlan, subgroup
 from .config import ShampooConfig
 from . import lists
-from .factor_bounds import SkipFactors
 from .grafting import effective_gradients, graft, grafting_directions
 from .grafting import final_updates as final_updates_of
 from .preconditioner import (
@@ -89,7 +88,9 @@ class StepContext(NamedTuple):
     """What every phase of one step reads.
 
     ``step_taken``: a 0-d boolean array, False where the step is skipped on the device
-    (non-finite gradients), or None; ``in_place``: overwrite the state's arrays.
+    (non-finite gradients), or None; ``in_place``: overwrite the state's arrays;
+    ``skip``: the coefficients ``step_taken`` sets
+    (:class:`~matroot.optim.shampoo_core.skipping.SkipCoefficients`), None with it.
     """
 
     xp: Any
@@ -98,6 +99,7 @@ class StepContext(NamedTuple):
     schedule: Schedule
     in_place: bool
     step_taken: Any
+    skip: Any = None
 
 
 class Moments(NamedTuple):
@@ -179,7 +181,7 @@ def accumulate_moments(ctx: StepContext, grads, params, decays, exp_avg, exp_avg
     columns = grafting_directions(xp, eff, [exp_avg[i] for i in present],
                                   [exp_avg_sq[i] for i in present],
                                   [param_steps[i] for i in present], config,
-                                  in_place=ctx.in_place, step_taken=ctx.step_taken)
+                                  in_place=ctx.in_place, step_taken=ctx.skip)
     for target, column in zip((exp_avg, exp_avg_sq, m_hat, adam), columns):
         for i, value in zip(present, column):
             target[i] = value
@@ -211,7 +213,6 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
              for g, layout in zip(effective, plan.params)]
     present = [g is not None for g in effective]
     runs = [run for group in plan.groups for run in _present_runs(group, present)]
-    skip = None if ctx.step_taken is None else SkipFactors(ctx.step_taken)
     for run in runs:
         device = _xp.device_of(effective[run.blocks[0].param])
         for stack, _ in run.factor_slots:
@@ -226,7 +227,7 @@ def accumulate_factors(ctx: StepContext, effective, stacks: FactorStacks) -> tup
                                               packed=config.symmetric_packing)
         factors, bounds = update_factors(run, gather_blocks(run, views, xp), factors, bounds,
                                          config.betas[1], in_place=ctx.in_place,
-                                         step_taken=skip)
+                                         step_taken=ctx.skip)
     return FactorStacks(factors, roots, failures, bounds), runs
 
 
@@ -236,7 +237,8 @@ def _solve(ctx: StepContext, stacks: FactorStacks, s: int, roots, failures, boun
     return refresh_inverse_roots(ctx.plan.stacks[s], stacks.factors[s], roots, failures,
                                  bounds, method=config.root_method, eps=config.matrix_eps,
                                  options=config.root_options,
-                                 no_sync=config.nonfinite_grads == "skip")[:3]
+                                 no_sync=config.nonfinite_grads == "skip",
+                                 in_place=_overwrites(ctx) and roots is not None)[:3]
 
 
 def refresh_roots(ctx: StepContext, stacks: FactorStacks, refreshes) -> tuple:
@@ -354,7 +356,7 @@ def final_updates(ctx: StepContext, grads, directions, momentum, params, lrs,
     new, buffers = final_updates_of(
         xp, [directions[i] for i in present], [momentum[i] for i in present],
         [params[i] for i in present], [lrs[i] for i in present], [decays[i] for i in present],
-        config, in_place=ctx.in_place, step_taken=ctx.step_taken)
+        config, in_place=ctx.in_place, step_taken=ctx.skip)
     for i, u, b in zip(present, new, buffers):
         updates[i], momentum[i] = u, b
     return updates, momentum

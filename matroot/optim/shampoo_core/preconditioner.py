@@ -28,9 +28,9 @@ from ...certify.accuracy import unit_roundoff
 from ...roots.api import InvRootResult, inv_root_info
 from .blocking import BlockGroup, BlockPlan, FactorStackShape
 from .packing import diagonals, pack, unpack
-from .stack_io import assign, gather_blocks, scatter_blocks, write_blocks
+from .stack_io import assign, gather_blocks, scatter_blocks, select, write_blocks
+from .skipping import SkipCoefficients
 from .factor_bounds import (
-    SkipFactors,
     advance_bounds_in_place,
     advanced_bounds,
     bounds_after_refresh,
@@ -155,9 +155,9 @@ def _accumulate(stack, bounds, first: int, statistic, inner: int, beta2: float,
         # device brings zero gradients (phases.accumulate_moments), so its statistic
         # adds zero; the factors' decay and the bounds' change are multiplied out.
         updated = stack[slots]
-        skip = None if step_taken is None else step_taken.of(xp, updated.dtype, beta2)
+        skip = None if step_taken is None else step_taken.of(xp, updated.dtype)
         if beta2 != 1.0:
-            updated *= beta2 if skip is None else skip[1]
+            updated *= beta2 if skip is None else skip.factor_decay
             entries = (1.0 - beta2) * entries
         updated += entries
         advance_bounds_in_place(bounds[slots], statistic, diagonals(updated, n), beta2,
@@ -206,10 +206,12 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     in_place : bool
         Overwrite the group's slots of ``factors`` and ``bounds`` (not possible on
         JAX) or leave them untouched.
-    step_taken : 0-d boolean array or SkipFactors, optional
+    step_taken : 0-d boolean array or SkipCoefficients, optional
         Where False the factors keep their values (see :func:`assign`); in place, the
-        gradients must then be finite (zeros). One :class:`SkipFactors` passed to every
-        group of a step makes its coefficients once.
+        gradients must then be finite (zeros). One
+        :class:`~matroot.optim.shampoo_core.skipping.SkipCoefficients` (its
+        ``factor_beta`` this ``beta2``) passed to every group of a step makes its
+        coefficients once.
 
     Returns
     -------
@@ -218,8 +220,8 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
     """
     xp = _xp.array_namespace(grad_blocks)
     factors, bounds = list(factors), list(bounds)
-    if step_taken is not None and not isinstance(step_taken, SkipFactors):
-        step_taken = SkipFactors(step_taken)
+    if step_taken is not None and not isinstance(step_taken, SkipCoefficients):
+        step_taken = SkipCoefficients(step_taken, factor_beta=beta2)
     if grad_blocks.ndim == 2:
         sides = [(group.factor_slots[0], grad_blocks[:, :, None] * grad_blocks[:, None, :], 1)]
     else:
@@ -238,8 +240,8 @@ def update_factors(group: BlockGroup, grad_blocks, factors, bounds, beta2: float
 
 
 def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failures, bounds, *,
-                          method: str, eps: float, options, no_sync: bool = False
-                          ) -> RootRefresh:
+                          method: str, eps: float, options, no_sync: bool = False,
+                          in_place: bool = False) -> RootRefresh:
     """Recompute the inverse roots of one stack with a single ``inv_root_info`` call.
 
     The call's keywords are ``options`` with the optimizer's defaults filled in
@@ -278,6 +280,10 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
     no_sync : bool
         The step reads nothing on the host (``nonfinite_grads="skip"``): the default
         verdict is then the device's for every method.
+    in_place : bool
+        Write the kept roots, failure counts and bounds into ``roots``, ``failures``
+        and ``bounds`` (mutable arrays; not ``roots=None``), so a captured step (a
+        CUDA graph) finds them where the steps between refreshes read them.
 
     Returns
     -------
@@ -311,11 +317,19 @@ def refresh_inverse_roots(stack_shape: FactorStackShape, factors, roots, failure
         # A root fine in its compute dtype can overflow a 16-bit storage dtype (float16
         # ends at 65504): it failed as surely as a solve that diverged.
         ok = ok & xp.all(xp.isfinite(root), axis=(-2, -1))
+    overwrite = in_place and _xp.backend_name(xp) != "jax"
     if packed:
-        new_roots = xp.where(ok[:, None], pack(root), roots)
+        new_roots = select(ok[:, None], pack(root), roots, in_place=overwrite)
     else:
-        new_roots = _xp.batched_where(ok, root, roots)
-    return RootRefresh(new_roots, failures + xp.astype(~ok, xp.int32), new_bounds, result)
+        new_roots = select(ok[:, None, None], root, roots, in_place=overwrite)
+    if not overwrite:
+        return RootRefresh(new_roots, failures + xp.astype(~ok, xp.int32), new_bounds, result)
+    # torch adds a boolean to an integer as 0 or 1; the array API needs the cast.
+    failures += ~ok if _xp.is_torch_namespace(xp) else xp.astype(~ok, failures.dtype)
+    if new_bounds is not bounds:
+        bounds[...] = new_bounds
+    return RootRefresh(new_roots, failures, bounds, result)
+
 
 
 def _adaptive_refresh(solve, factors, bounds, eps: float, *, on_device: bool):

@@ -21,7 +21,7 @@ from ... import _xp
 from . import lists
 from .blocking import BlockGroup, BlockPlan
 
-__all__ = ["gather_blocks", "assign", "scatter_blocks", "write_blocks"]
+__all__ = ["gather_blocks", "assign", "select", "scatter_blocks", "write_blocks"]
 
 
 def gather_blocks(group: BlockGroup, views, xp):
@@ -36,6 +36,19 @@ def gather_blocks(group: BlockGroup, views, xp):
     xp : namespace
     """
     return xp.stack([views[b.param][b.index] for b in group.blocks])
+
+
+def select(mask, new, old, *, in_place: bool):
+    """``where(mask, new, old)``; written into ``old`` when ``in_place`` (a mutable
+    array: one operation on torch, its ``out=``), so the result is ``old`` itself."""
+    xp = _xp.array_namespace(old)
+    if not in_place:
+        return xp.where(mask, new, old)
+    if _xp.is_torch_namespace(xp):
+        import torch
+        return torch.where(mask, new, old, out=old)
+    old[...] = xp.where(mask, new, old)
+    return old
 
 
 def assign(array, index, value, *, in_place: bool, step_taken=None):

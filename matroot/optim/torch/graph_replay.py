@@ -1,27 +1,40 @@
-"""Graph replay of the Shampoo step between root refreshes, on CUDA.
+"""Graph replay of the Shampoo step on CUDA: the steps between root refreshes, and the
+refresh steps that read nothing on the host.
 
-Between refreshes a step's shapes, dtypes and Python-side choices are the same from
-step to step: the same kernels run on the same state memory (the state is
-overwritten in place, the counters too). So the step is captured once per
-*signature* into a ``torch.cuda.CUDAGraph`` and replayed: one launch of the whole
-graph instead of one per operation. The signature is everything the host decides
-that a captured graph bakes in (each family's schedule, ``lr``, ``weight_decay``,
-which parameters have a gradient, how non-finite gradients are screened); the
-gradients, whose tensors torch makes anew at each backward, are copied into the
-graph's own buffers before each replay (one foreach copy).
+A step's shapes, dtypes and Python-side choices are the same from step to step of one
+kind: the same kernels run on the same state memory (the state is overwritten in
+place: moments, factors, counters, and at a refresh the kept roots, failure counts
+and bounds). So the step is captured once per *signature* into a
+``torch.cuda.CUDAGraph`` and replayed: one launch of the whole graph instead of one
+per operation. The signature is everything the host decides that a captured graph
+bakes in (each family's schedule — a refresh step or not, preconditioning started or
+not —, ``lr``, ``weight_decay``, which parameters have a gradient, how non-finite
+gradients are screened); the gradients, whose tensors torch makes anew at each
+backward, are copied into the graph's own buffers before each replay (one foreach
+copy).
 
 When it runs, and the fallback (eager, the same arithmetic):
 
 * ``graph_replay="auto"`` (the default) replays on CUDA only; on the CPU and under
   ``torch.compile`` (whose own graphs cover the step) the step runs eagerly.
 * The first step of each signature runs eagerly (it makes the lazy state and the
-  constants the graph then reads); the second is captured and replayed.
-* A capture that fails (an operation CUDA graphs cannot hold) switches replay off
-  for the optimizer with one warning, and that step runs eagerly; so do more than
+  constants the graph then reads) and is watched for host reads (the operations
+  :mod:`matroot.testing.launch_count` counts as syncs, copies to the CPU, and
+  kernels that check their error codes there); the
+  second is captured and replayed. A signature whose first step read the host runs
+  eagerly for good (a graph cannot hold a read): so a refresh step is replayed
+  when its solves keep their verdicts on the device — the default fixed-step
+  solves, and with ``nonfinite_grads="skip"`` every iterative solve — and runs
+  eagerly where a solve's verdict or an adaptive loop reads the host
+  (``root_options`` asking for ``verdict="host"``) or an eigendecomposition checks
+  its error codes there (``root_method="evd"``: :data:`CHECKED_ON_HOST`). The other
+  signatures replay as before.
+* A capture that fails (an operation CUDA graphs cannot hold) sends its signature
+  to eager for good, with a warning, and that step runs eagerly; a second failed
+  capture switches replay off for the optimizer; so do more than
   :data:`MAX_SIGNATURES` captured signatures or twice as many seen (an ``lr`` that
   changes at every step, as a scheduler's does, would capture a graph per step).
-* Refresh steps run eagerly: the solvers read the host (until the device-verdict
-  mode of the solve); sharded and DTensor parameters run eagerly (collectives).
+* Sharded and DTensor parameters run eagerly (collectives).
 """
 
 from __future__ import annotations
@@ -31,10 +44,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from ... import _xp
 from ..distributed.dtensor import is_dtensor
+from ..shampoo_core import lists, skipping
 
-__all__ = ["GRAPH_REPLAY_MODES", "MAX_SIGNATURES", "StepGraphs", "ReplayedSteps", "cuda_capture"]
+__all__ = ["GRAPH_REPLAY_MODES", "MAX_SIGNATURES", "HOST_SYNCS", "CHECKED_ON_HOST", "StepGraphs",
+           "ReplayedSteps", "cuda_capture", "reads_host"]
 
 #: ``graph_replay`` values: "auto" (CUDA only), True (CUDA only, and a warning where
 #: it cannot run), False (never).
@@ -51,7 +68,78 @@ def cuda_capture(step: Callable[[], None], device: torch.device) -> Callable[[],
     with torch.cuda.stream(stream), torch.cuda.graph(graph):
         step()
     torch.cuda.current_stream(device).wait_stream(stream)
-    return graph.replay
+    # The graph reads the cached constants by address: held for as long as it lives,
+    # whatever their caches evict.
+    kept = _cached_constants()
+
+    def replay():
+        graph.replay()
+        return kept
+    return replay
+
+
+def _cached_constants() -> list:
+    """The tensors matroot keeps in its constant caches (identities, 0-d constants,
+    coefficient vectors), which a step reads rather than makes anew."""
+    caches = [getattr(_xp.launches, name, {}) for name in ("_CONSTANTS", "_IDENTITIES")]
+    caches += [lists._CONSTANTS, skipping._VECTORS]
+    return [t for cache in caches for t in list(cache.values())]
+
+
+#: Operations that read a value on the host: issue 35's syncs
+#: (:data:`matroot.testing.launch_count.HOST_SYNCS`, a layer above this one; a test
+#: holds the two equal).
+HOST_SYNCS = frozenset({"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item",
+                        "masked_select", "unique", "_unique2"})
+#: Operations whose kernels read their LAPACK/cuSOLVER error codes on the host (inside
+#: the kernel, where no dispatcher sees a sync): an eigh or solve that checks its input.
+CHECKED_ON_HOST = frozenset({
+    "_linalg_eigh", "linalg_eigh", "_linalg_check_errors", "linalg_eig", "_linalg_svd",
+    "linalg_inv", "linalg_solve", "linalg_cholesky", "cholesky", "linalg_lstsq"})
+
+
+class _HostReads(TorchDispatchMode):
+    """Notes whether an operation read a value on the host: one of :data:`HOST_SYNCS`
+    or :data:`CHECKED_ON_HOST`, or a copy from a device to the CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[-1]
+        if self.found is None and (name in HOST_SYNCS or name in CHECKED_ON_HOST
+                                   or _to_host(name, args, kwargs)):
+            self.found = name
+        return func(*args, **kwargs)
+
+
+def _to_host(name, args, kwargs) -> bool:
+    def on_device(t):
+        return isinstance(t, torch.Tensor) and t.device.type != "cpu"
+
+    if name == "_to_copy" and args:
+        target = kwargs.get("device")
+        return on_device(args[0]) and target is not None and torch.device(target).type == "cpu"
+    if name == "copy_" and len(args) > 1:
+        return not on_device(args[0]) and on_device(args[1])
+    return False
+
+
+def reads_host(step: Callable[[], None]) -> str | None:
+    """Run ``step`` eagerly; the first operation it read the host with, or None.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.ones(3)
+    >>> reads_host(lambda: x.mul_(2)), reads_host(lambda: bool(x.sum() > 0))
+    (None, '_local_scalar_dense')
+    """
+    with _HostReads() as watch:
+        step()
+    return watch.found
 
 
 class StepGraphs:
@@ -71,6 +159,9 @@ class StepGraphs:
         Steps that ran as a replay.
     off_because : str or None
         Why replay was switched off (a failed capture, too many signatures).
+    eager_because : dict
+        Per signature whose first step read the host (so it is never captured), the
+        operation that read it.
     """
 
     def __init__(self, mode="auto", capture: Callable | None = None):
@@ -81,6 +172,8 @@ class StepGraphs:
         self._capture = capture or cuda_capture
         self._graphs: dict = {}
         self._seen: set = set()
+        self.eager_because: dict = {}
+        self._failed_captures = 0
         self._warned = False
         self.replays = 0
         self.off_because: str | None = None
@@ -100,17 +193,24 @@ class StepGraphs:
         return usable
 
     def run(self, signature, step: Callable[[list], None], grads: list, device) -> None:
-        """One step: ``step(grads)`` eagerly the first time ``signature`` is seen, then
-        captured (into buffers of its own for the gradients) and replayed."""
+        """One step: ``step(grads)`` eagerly the first time ``signature`` is seen (watched
+        for host reads), then, unless it read the host, captured (into buffers of its
+        own for the gradients) and replayed."""
         entry = self._graphs.get(signature)
         if entry is None:
+            if signature in self.eager_because:
+                step(grads)
+                return
             if signature not in self._seen:
                 if len(self._seen) >= 2 * MAX_SIGNATURES:
                     self._switch_off(f"more than {2 * MAX_SIGNATURES} step signatures (an "
                                      "lr or weight_decay that changes every step?)")
-                else:
-                    self._seen.add(signature)
-                step(grads)
+                    step(grads)
+                    return
+                self._seen.add(signature)
+                found = reads_host(lambda: step(grads))
+                if found is not None:
+                    self.eager_because[signature] = found
                 return
             if len(self._graphs) >= MAX_SIGNATURES:
                 self._switch_off(f"more than {MAX_SIGNATURES} captured step signatures")
@@ -121,7 +221,14 @@ class StepGraphs:
             try:
                 replay = self._capture(lambda: step(buffers), device)
             except Exception as err:    # any capture failure falls back to eager
-                self._switch_off(f"capture failed: {type(err).__name__}: {err}")
+                reason = f"capture failed: {type(err).__name__}: {err}"
+                if self._failed_captures:
+                    self._switch_off(reason)
+                else:
+                    self._failed_captures += 1
+                    self.eager_because[signature] = reason
+                    warnings.warn(f"Shampoo's graph replay: {reason}; this kind of step "
+                                  "runs eagerly", RuntimeWarning, stacklevel=3)
                 step(grads)
                 return
             entry = self._graphs[signature] = (replay, buffers)
@@ -137,6 +244,7 @@ class StepGraphs:
         self.off_because = reason
         self._graphs.clear()
         self._seen.clear()
+        self.eager_because.clear()
         warnings.warn(f"Shampoo's graph replay is off: {reason}; steps run eagerly",
                       RuntimeWarning, stacklevel=4)
 
@@ -153,9 +261,10 @@ class ReplayedSteps:
 
     @property
     def graphs(self) -> StepGraphs:
-        """The captured steps between refreshes (:mod:`matroot.optim.torch.graph_replay`):
+        """The captured steps (:mod:`matroot.optim.torch.graph_replay`):
         ``graphs.replays`` counts the replayed steps, ``graphs.off_because`` says why
-        replay was switched off."""
+        replay was switched off, ``graphs.eager_because`` which kinds of step run
+        eagerly because they read the host."""
         graphs = self.__dict__.get("_graphs")
         if graphs is None:
             graphs = self.__dict__["_graphs"] = StepGraphs(

@@ -13,6 +13,7 @@ import torch
 from ..distributed.core import agree_on_gradients
 from ..distributed.dtensor import local_view, whole
 from ..shampoo_core import core, lists
+from ..shampoo_core.gradients import apply_nonfinite_policy
 from .state import host_number
 
 __all__ = ["StepPreparation"]
@@ -94,17 +95,15 @@ class StepPreparation:
         grads = [[whole(g) for g in fam] for fam in grads]
         if not on_device and self._process_group is None:
             bad = self._nonfinite_params(grads)
-        if bad:
-            params = self._all_params()
-            if any(group_of[id(params[i])]["nonfinite_grads"] == "raise" for i in bad):
-                raise core.NonFiniteGradientError(
-                    f"gradients of parameters {bad} (state_dict numbering) contain NaN or "
-                    "Inf; pass nonfinite_grads='skip' to skip such steps instead")
+        params = self._all_params()
+        skipped = apply_nonfinite_policy(
+            bad, lambda i: group_of[id(params[i])]["nonfinite_grads"],
+            numbering=" (state_dict numbering)")
         # One rule for a skipped step, wherever it is found: it runs as a step whose
         # flag says "skip" (state and parameters untouched, skipped_steps counted), and
         # it counts in the root schedule of every family with a gradient, as a step
         # skipped on the device must (its schedule is fixed before the flag is known).
-        screen = _ON_DEVICE if on_device else (_SKIPPED if bad else _FINITE)
+        screen = _ON_DEVICE if on_device else (_SKIPPED if skipped else _FINITE)
         jobs: list[_Job | None] = []
         for family, fam_grads in zip(self._families, grads):
             if all(g is None for g in fam_grads):

@@ -108,9 +108,11 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
         ``graft_only(param) -> bool``: True keeps that parameter on the grafting
         update with no factors (per parameter; per group, set ``precondition=False``).
     graph_replay : "auto", True or False
-        Capture the step between root refreshes as a CUDA graph once per signature
-        and replay it ("auto": on unsharded CUDA parameters; eager elsewhere, and
-        after a failed capture; :mod:`matroot.optim.torch.graph_replay`).
+        Capture each kind of step (between root refreshes; a refresh whose solves
+        read nothing on the host) as a CUDA graph once per signature and replay it
+        ("auto": on unsharded CUDA parameters; eager elsewhere, for a kind of step
+        that read the host, and after a failed capture;
+        :mod:`matroot.optim.torch.graph_replay`).
     **hyperparameters
         Any :class:`matroot.optim.ShampooConfig` field (``lr``, ``betas``,
         ``weight_decay``, ``block_size``, ...), its defaults and validation.
@@ -120,9 +122,11 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
     With ``nonfinite_grads="skip"`` a step reads nothing on the host: NaN/Inf
     gradients are found on the device and the step is skipped there. With
     ``"raise"`` (the default) and under ``torch.distributed``, one host read per
-    step checks them first. A root refresh reads the host for the solver's
-    convergence checks. ``torch.compile(opt.step)`` works; the root refresh runs
-    outside its graph (docs/optimizer.rst, "Compiling the optimizer step").
+    step checks them first. A root refresh reads nothing more with the default
+    fixed-step solves (their verdicts stay on the device); an adaptive solve with
+    the host verdict reads its convergence checks. ``torch.compile(opt.step)``
+    works; the root refresh runs outside its graph (docs/optimizer.rst, "Compiling
+    the optimizer step").
     Moments and factors of bfloat16/float16 parameters are float32 and stay
     float32 through ``state_dict()``/``load_state_dict()``, which loads each
     tensor in the dtype this optimizer's parameters call for.
@@ -294,9 +298,10 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
         jobs, grads, screen = self._prepare_step()
         if jobs is None:
             return loss
-        if any(job is not None and job.schedule[0] for job in jobs):
-            self._update_outside_graph(jobs, grads, screen)
-        elif torch.compiler.is_compiling() or not self._replays(jobs, grads, screen):
+        refresh = any(job is not None and job.schedule[0] for job in jobs)
+        if torch.compiler.is_compiling():
+            (self._update_outside_graph if refresh else self._update)(jobs, grads, screen)
+        elif not self._replays(jobs, grads, screen):
             self._update(jobs, grads, screen)
         return loss
 
@@ -345,9 +350,9 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
                     updates_all.append(u)
         add_all_to_local(targets, updates_all)
 
-    # A step with a root refresh runs eagerly under torch.compile: the solvers' convergence
-    # checks read the host, and a graph break inside the families' loop would leave the
-    # whole loop uncompiled. Steps without one stay in one graph.
+    # A step with a root refresh runs eagerly under torch.compile: a solver's convergence
+    # checks may read the host, and a graph break inside the families' loop would leave
+    # the whole loop uncompiled. Steps without one stay in one graph.
     _update_outside_graph = torch.compiler.disable(_update)
 
     def diagnostics(self) -> dict:
