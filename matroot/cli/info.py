@@ -3,7 +3,9 @@
 Support is not read from a table: every (backend, device, method, precision)
 combination is tried on a small well-conditioned stack and checked against a
 float64 oracle, so the answer is what this installation actually does. By default
-the probe covers NumPy and every accelerator device found (a few seconds); ``--all``
+the probe covers NumPy and every accelerator device found (a few seconds; about one
+where the machine has no GPU or TPU device file, as torch and JAX are then not even
+imported: :func:`matroot.testing.backends.accelerator_possible`); ``--all``
 adds the CPU devices of torch, JAX and array_api_strict, where JAX compiles each
 combination anew (about a minute on a CPU).
 """
@@ -227,7 +229,7 @@ def run(args) -> int:
     at_least(args.threads, 0, "--threads")
     if args.save:
         writable_file(args.save, "--save")
-    infos = discover()
+    infos = discover(import_all=bool(args.all or args.backend or args.device))
     if args.backend or args.device:
         targets = targets_from(args)
     elif args.all:

@@ -13,12 +13,17 @@ and accepts.
 
 from __future__ import annotations
 
+import glob
 import importlib
+import importlib.metadata
+import os
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 __all__ = ["BACKENDS", "Target", "BackendInfo", "UnavailableError", "discover",
+           "accelerator_possible",
            "select_targets", "candidate_targets", "parse_target", "target_named"]
 
 #: Backends in the order every tool lists them; the first device is each one's default.
@@ -274,9 +279,43 @@ _PROBES = {"numpy": _probe_numpy, "torch": _probe_torch,
            "cupy": _probe_cupy}
 
 
-def discover(names=BACKENDS) -> list[BackendInfo]:
-    """Probe the named backends (all known ones by default); only those are imported."""
-    return [_PROBES[name]() for name in names]
+#: Device files whose presence means a GPU or TPU may be here: NVIDIA, AMD ROCm, a GPU
+#: under WSL, and (``/dev/accel*``) TPUs.
+_ACCELERATOR_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+#: The distribution that installs each backend whose import is slow (seconds).
+_DISTRIBUTIONS = {"torch": "torch", "jax": "jax"}
+
+
+def accelerator_possible() -> bool:
+    """Whether this machine may have an accelerator: a GPU's or TPU's device file, or macOS.
+
+    False means no backend can have a device but its CPU, so a tool that wants only
+    accelerators need not import torch or JAX (seconds each) to find that out.
+    """
+    return (sys.platform == "darwin" or any(os.path.exists(f) for f in _ACCELERATOR_FILES)
+            or bool(glob.glob("/dev/accel*")))
+
+
+def _installed_cpu_only(name: str) -> BackendInfo:
+    """``name`` as package metadata describes it, not imported: its CPU, or why it is missing."""
+    try:
+        version = importlib.metadata.version(_DISTRIBUTIONS[name])
+    except importlib.metadata.PackageNotFoundError:
+        return BackendInfo(name, missing=f"No module named {name!r}")
+    return BackendInfo(name, version, ("cpu",))
+
+
+def discover(names=BACKENDS, *, import_all: bool = True) -> list[BackendInfo]:
+    """Probe the named backends (all known ones by default); only those are imported.
+
+    With ``import_all=False`` on a machine where :func:`accelerator_possible` is false,
+    torch and JAX are not imported: their versions come from the installed package's
+    metadata and their one device is the CPU (a broken install then shows only when
+    used). ``matroot info`` does this by default, to answer in about a second.
+    """
+    light = () if import_all or accelerator_possible() else tuple(_DISTRIBUTIONS)
+    return [_installed_cpu_only(name) if name in light else _PROBES[name]()
+            for name in names]
 
 
 def candidate_targets() -> list[tuple[Target, str | None]]:

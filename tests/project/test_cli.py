@@ -118,6 +118,25 @@ def test_info_text_names_every_backend(capsys):
     assert "root orders p each method accepts" in out
 
 
+def test_info_on_a_machine_without_accelerators_imports_neither_torch_nor_jax():
+    """``matroot info`` as a user runs it (a fresh process, no flags) answers fast on a
+    CPU machine because it does not import torch or JAX just to find no GPU; the
+    versions it prints are the installed ones all the same."""
+    from matroot.testing.backends import accelerator_possible
+    if accelerator_possible():
+        pytest.skip("this machine may have an accelerator: info imports torch and JAX")
+    code = ("import json, sys; from matroot.cli import main; main(['info', '--json']); "
+            "print(json.dumps(sorted(m for m in ('torch', 'jax') if m in sys.modules)))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=HANG_GUARD_S, check=True)
+    *report, imported = run.stdout.strip().splitlines()
+    assert json.loads(imported) == []
+    versions = {b["name"]: b["version"] for b in json.loads("\n".join(report))["backends"]}
+    for name in ("torch", "jax"):
+        if name in AVAILABLE:
+            assert versions[name] == AVAILABLE[name].version
+
+
 @pytest.mark.parametrize("argv, fragments", [
     (["--backend", "tensorflow"], ["unknown backend 'tensorflow'", "numpy"]),
     (["info", "--backend", "mxnet"], ["unknown backend 'mxnet'"]),
