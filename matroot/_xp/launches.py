@@ -11,10 +11,11 @@ only, and never while a trace runs (a traced value must not outlive its trace).
 from __future__ import annotations
 
 from .linalg import identity_stack
-from .namespace import array_namespace, backend_name, is_traced
+from .namespace import array_namespace, backend_name, is_torch_namespace, is_traced
 from .precision import has_float64
 
-__all__ = ["constant", "constant_vector", "power_of_two_inverse", "root_entries", "shared_identity"]
+__all__ = ["add_product_of", "constant", "constant_vector", "power_of_two_inverse",
+           "root_entries", "shared_identity"]
 
 
 #: 0-d constants kept on their devices for :func:`constant_vector`.
@@ -101,3 +102,21 @@ def root_entries(x, p: float):
     if x.dtype == xp.float32 and has_float64(xp):
         return xp.astype(xp.astype(x, xp.float64) ** (1.0 / p), x.dtype)
     return x ** (1.0 / p)
+
+
+def add_product_of(x, value: float, y, z):
+    """``x + value·y·z`` entry by entry (``value`` a Python number): one ``addcmul`` on
+    torch, where the plain expression is three operations.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> add_product_of(np.array([1.0, 2.0]), 0.5, np.array([2.0, 4.0]), np.array([3.0, 1.0]))
+    array([4., 4.])
+    """
+    xp = array_namespace(y)
+    if is_torch_namespace(xp) and x.dtype == y.dtype == z.dtype:
+        import torch
+
+        return torch.addcmul(x, y, z, value=value)
+    return x + value * (y * z)

@@ -26,7 +26,7 @@ __all__ = ["ACCURACY_TABLE", "BUCKET_SLACK", "CHECK_RESOLUTION", "ESTIMATE_UNDER
            "MEASURED_UNSEEN", "SMALL_MATRIX_UNSEEN", "measured_unseen",
            "FLOAT32_INVERSE_TOLERANCE", "KAPPA_BUCKETS", "LOW_PRECISION_ROWS",
            "RTOL_FLOOR_UNITS", "check_rtol", "is_converged", "row_target", "rtol_allowance",
-           "unit_roundoff", "within_rtol"]
+           "rtol_limit", "rtol_margin", "unit_roundoff", "within_rtol"]
 
 #: Upper ends of the κ(A + eps·I) buckets of the table.
 KAPPA_BUCKETS: tuple[float, ...] = (1e2, 1e4, 1e6)
@@ -243,9 +243,34 @@ def rtol_allowance(rtol: float | Array, kappa: Array, p, unit: float,
     return xp.where(unseen > 0, unseen / ESTIMATE_UNDERSHOOT, -float("inf"))
 
 
+def rtol_margin(error_estimate: Array, kappa_root: Array, p, unit: float, *,
+                kappa_power: int = 1) -> Array:
+    """``estimate + CHECK_RESOLUTION·u·κ/(p·ESTIMATE_UNDERSHOOT)`` for ``κ =
+    kappa_root^kappa_power`` (a power of 1 or 2) in one operation: what
+    :func:`within_rtol` compares with :func:`rtol_limit`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from matroot.certify.accuracy import rtol_margin
+    >>> rtol_margin(np.array([1e-3]), np.array([1e3]), 2, 2.0 ** -24, kappa_power=2).round(4)
+    array([0.0158])
+    """
+    slope = CHECK_RESOLUTION * unit / (p * ESTIMATE_UNDERSHOOT)
+    if kappa_power == 2:
+        return _xp.add_product_of(error_estimate, slope, kappa_root, kappa_root)
+    return _xp.add_scaled(error_estimate, slope, kappa_root)
+
+
+def rtol_limit(rtol: float) -> float:
+    """What :func:`rtol_margin` must stay below to certify ``rtol``: ``rtol/ESTIMATE_UNDERSHOOT``."""
+    return rtol / ESTIMATE_UNDERSHOOT
+
+
 def within_rtol(error_estimate: Array, rtol: float, kappa: Array, p, unit: float) -> Array:
     """Per matrix, whether a first-order ``error_estimate`` certifies ``rtol``:
     ``error_estimate ≤`` :func:`rtol_allowance` (the same test, in two operations:
+    :func:`rtol_margin` ``<`` :func:`rtol_limit`, i.e.
     ``estimate + CHECK_RESOLUTION·u·κ/(p·ESTIMATE_UNDERSHOOT) < rtol/ESTIMATE_UNDERSHOOT``
     for a non-negative estimate, stricter only at equality).
 
@@ -257,8 +282,7 @@ def within_rtol(error_estimate: Array, rtol: float, kappa: Array, p, unit: float
     ...             2.0 ** -24).tolist()
     [True, False, False]
     """
-    slope = CHECK_RESOLUTION * unit / (p * ESTIMATE_UNDERSHOOT)
-    return _xp.add_scaled(error_estimate, slope, kappa) < rtol / ESTIMATE_UNDERSHOOT
+    return rtol_margin(error_estimate, kappa, p, unit) < rtol_limit(rtol)
 
 
 def is_converged(stopped: Array, usable: Array, error_estimate: Array,

@@ -32,15 +32,17 @@ p), with the two vector loops of that check replaced:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import _xp
+from .._typing import Array
 from .._xp import matrix_power, power_matmuls
 from ..spectrum.krylov import _start_vectors
-from .verify import LINEAR_REGIME, RootCheck, sandwich_bound
+from .verify import LINEAR_REGIME, sandwich_bound
 
-__all__ = ["KAPPA_STEPS", "KAPPA_VECTORS", "growth_slope", "product_check"]
+__all__ = ["KAPPA_STEPS", "KAPPA_VECTORS", "ProductCheck", "growth_slope", "product_check"]
 
 #: Block power steps (products with an ``n × k`` block) behind κ.
 KAPPA_STEPS = 3
@@ -82,8 +84,37 @@ def _kappa(power, factor: float):
                   axis=-1)
 
 
+class ProductCheck(NamedTuple):
+    """What :func:`product_check` finds, per matrix (shape (b,)).
+
+    ``residual``: ``‖R‖_F/√n``. ``estimate``: the first-order estimate of the root's
+    relative error, to be taken only where the root is trusted. ``trust``: below the
+    check's ``limit`` exactly where it is (the sign test passed and the residual is in
+    the first-order regime; NaN or at least 1 where the sign test failed), on the scale
+    of a verdict that compares a margin with ``limit``, so that one ``maximum`` joins the
+    two tests. ``kappa_root``: θ, with ``κ = θ^kappa_power`` (``kappa_power`` 1 or 2, a
+    host integer), so that a verdict can fold the power into its own operation.
+    ``root_norm``: ``‖matrix‖_F``. ``matmul_equivalents``: the check's cost in n×n
+    products.
+    """
+
+    residual: Array
+    estimate: Array
+    trust: Array
+    kappa_root: Array
+    kappa_power: int
+    matmul_equivalents: float
+    root_norm: Array
+
+    @property
+    def kappa(self) -> Array:
+        """κ itself (one more operation where ``kappa_power`` is 2)."""
+        return self.kappa_root if self.kappa_power == 1 else self.kappa_root ** 2
+
+
 def product_check(scaled, matrix, p: int, *, unit_roundoff: float,
-                  factor: float = 1.0, scaled_factor: float = 1.0) -> RootCheck:
+                  factor: float = 1.0, scaled_factor: float = 1.0,
+                  limit: float = 1.0) -> ProductCheck:
     """Check symmetric roots ``factor·matrix ≈ scaled^(-1/p)`` (integer p) in batched products.
 
     Parameters
@@ -101,14 +132,14 @@ def product_check(scaled, matrix, p: int, *, unit_roundoff: float,
         The positive host factor of the roots.
     scaled_factor : float
         The stack is ``scaled_factor·scaled`` (a host factor too).
+    limit : float
+        The scale of ``trust``, in (0, 1].
 
     Returns
     -------
-    RootCheck
-        As :func:`matroot.certify.verify.verify_root`'s, with ``positive`` also false
-        where the residual leaves the first-order regime (its estimate is then not
-        trusted) and ``root_norm`` the Frobenius norms of ``matrix``. ``matmul_equivalents``
-        counts the n×n products, the Cholesky (1/6) and the block products (k/n each).
+    ProductCheck
+        ``matmul_equivalents`` counts the n×n products, the Cholesky (1/6) and the
+        block products (k/n each).
 
     Examples
     --------
@@ -116,14 +147,17 @@ def product_check(scaled, matrix, p: int, *, unit_roundoff: float,
     >>> from matroot.certify.product_check import product_check
     >>> a = np.diag([1.0, 0.25])[None]
     >>> good = product_check(a, np.diag([1.0, 2.0])[None], 2, unit_roundoff=2**-53)
-    >>> float(good.residual[0]), float(good.error_estimate[0]), bool(good.positive[0])
+    >>> float(good.residual[0]), float(good.estimate[0]), bool(good.trust[0] < 1)
     (0.0, 0.0, True)
     >>> half = product_check(a, np.diag([0.5, 1.0])[None], 2, unit_roundoff=2**-53, factor=2.0)
     >>> float(half.residual[0]), round(float(half.kappa[0]), 2)
     (0.0, 4.0)
-    >>> bool(product_check(a, np.diag([-1.0, 2.0])[None], 2, unit_roundoff=2**-53).positive[0])
+    >>> wrong = product_check(a, np.diag([-1.0, 2.0])[None], 2, unit_roundoff=2**-53)
+    >>> bool(wrong.trust[0] < 1)
     False
     """
+    if not 0 < limit <= 1:
+        raise ValueError(f"product_check: limit must be in (0, 1], got {limit!r}")
     xp = _xp.array_namespace(matrix)
     n = matrix.shape[-1]
     eye = _xp.shared_identity(xp, n, matrix.dtype, _xp.device_of(matrix))
@@ -145,15 +179,20 @@ def product_check(scaled, matrix, p: int, *, unit_roundoff: float,
     # ‖R‖_F ≥ ‖R‖₂ stands for the residual's spectral norm ρ (an upper bound: every use
     # of ρ below grows with it, so the verdict is only stricter).
     normalised = _xp.frobenius_norm(residual)  # ρ/√n
-    product = _xp.batched_matmul(residual, matrix)  # R·X/(√n·factor)
+    # ‖R·X‖_F/(p‖X‖_F) (the factor cancels; the √n/p rides on the product) bounds the
+    # first-order estimate ‖sym(R·X)‖_F/(p‖X‖_F) from above (a symmetric part is a
+    # projection), one pass fewer; then times 1 + c_p·ρ.
+    product = _xp.add_product(eye, residual, matrix, beta=0.0, alpha=root_n / p)
     matrix_norm = _xp.frobenius_norm(matrix)
-    # ‖sym(R·X)‖_F/(p‖X‖_F) (the factor cancels) times 1 + c_p·ρ.
-    first_order = _xp.frobenius_norm(product + xp.matrix_transpose(product)) / matrix_norm
-    estimate = first_order * (normalised * (growth_slope(p) * n / (2 * p))
-                              + root_n / (2 * p))
+    first_order = _xp.frobenius_norm(product) / matrix_norm
+    estimate = _xp.add_product_of(first_order, growth_slope(p) * root_n, first_order,
+                                  normalised)
     theta = _kappa(power, factor ** q)
-    kappa = theta if p == q else theta * theta
-    sign = _xp.finite_matrices(matrix) if odd else _xp.cholesky_succeeds(matrix)
-    positive = sign & (normalised < LINEAR_REGIME / root_n)
+    # The regime ρ < LINEAR_REGIME on the limit's scale, plus the sign test (Cholesky for
+    # even p, finiteness for odd) as a penalty of at least 1 ≥ limit, or NaN: one
+    # operation, and one comparison decides both.
+    penalty = _xp.failure_penalty(matrix, definite=not odd)
+    trust = _xp.add_scaled(penalty, limit * root_n / LINEAR_REGIME, normalised)
     cost = count + 1 + (0 if odd else 1 / 6) + KAPPA_STEPS * min(KAPPA_VECTORS, n) / n
-    return RootCheck(normalised, estimate, positive, kappa, cost, matrix_norm)
+    return ProductCheck(normalised, estimate, trust, theta, 1 if p == q else 2, cost,
+                        matrix_norm)

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from .. import _xp
 from .._typing import Array
-from ..certify.accuracy import unit_roundoff
+from ..certify.accuracy import rtol_limit, rtol_margin, unit_roundoff
 from ..certify.product_check import product_check
 from ..solvers.fixed_runs import run_fixed
 from ..spectrum.lambda_max_bounds import schatten_lambda_max
@@ -39,14 +39,25 @@ __all__ = ["FixedParts", "fixed_solve"]
 
 class FixedParts(NamedTuple):
     """What :func:`fixed_solve` returns: the flat result; ``scale``, the bound each
-    normalised matrix was divided by; ``checked``, where the check trusted the root;
-    ``fits``, where it fits the output dtype. A host verdict reads the masks below
-    only where some matrix did not converge."""
+    normalised matrix was divided by; ``trust``, below the verdict's limit
+    (:func:`~matroot.certify.accuracy.rtol_limit`) where the check trusted the root
+    (:class:`~matroot.certify.product_check.ProductCheck`); ``root_norm``, ``unscale``
+    and ``cast_ok``, what says whether the root fits the output dtype (its Frobenius
+    norm is ``root_norm / unscale``; where a cast happened, whether it kept the root's
+    precision); ``gate``, below the limit exactly where the root converged.
+
+    With ``on_device=False`` the result's ``converged`` is None and its
+    ``error_estimate`` not yet infinite where the root is untrusted: a host verdict reads
+    the largest ``gate`` once, and :meth:`decided` completes the result (in no operation
+    where every matrix converged); the masks below are read only where some did not."""
 
     result: InvRootResult
     scale: Array
-    checked: Array
-    fits: Array
+    trust: Array
+    root_norm: Array
+    unscale: Array
+    cast_ok: Array | None
+    gate: Array
 
     def usable(self) -> Array:
         """The matrices that were finite and not all zero (the others get NaN roots): a
@@ -58,10 +69,31 @@ class FixedParts(NamedTuple):
         """The matrices that held a NaN or Inf."""
         return ~(self.scale < math.inf)
 
-    def cast_trouble(self) -> Array:
+    def fits(self) -> Array:
+        """Roots finite and resolved in the output dtype (:func:`_fits`)."""
+        return _fits(self.root_norm / self.unscale, self.cast_ok, self.result.root.dtype,
+                     self.result.root.shape[-1])
+
+    def cast_trouble(self, call: RootCall) -> Array:
         """Roots that passed their check but overflow or lose their precision in the
         output dtype."""
-        return self.usable() & self.checked & ~self.fits
+        return self.usable() & (self.trust < rtol_limit(call.rtol)) & ~self.fits()
+
+    def decided(self, call: RootCall, all_converged: bool) -> InvRootResult:
+        """The host verdict's result: where ``all_converged`` (read from the largest
+        ``gate``) ``converged`` is a constant and the estimates stand, else both are
+        formed: ``gate < limit``, and an infinite estimate where the root is untrusted."""
+        xp = _xp.array_namespace(self.gate)
+        dev = _xp.device_of(self.gate)
+        if all_converged:
+            return self.result._replace(converged=_xp.constant_vector(
+                xp, True, self.gate.shape[0], xp.bool, dev))
+        limit = rtol_limit(call.rtol)
+        estimate = self.result.error_estimate
+        return self.result._replace(
+            converged=self.gate < limit,
+            error_estimate=xp.where(self.trust < limit, estimate,
+                                    _xp.constant(xp, math.inf, estimate.dtype, dev)))
 
 
 def _regularised(a, call: RootCall):
@@ -84,9 +116,10 @@ def _regularised(a, call: RootCall):
     return stack, inverse
 
 
-def fixed_solve(a, *, call: RootCall) -> FixedParts:
+def fixed_solve(a, *, call: RootCall, on_device: bool = True) -> FixedParts:
     """The flat ``(b, ...)`` result of ``call`` (which has a fixed plan) on ``a``, with
-    what a host verdict reads where some matrix failed (:class:`FixedParts`)."""
+    what a host verdict reads (:class:`FixedParts`); ``on_device=False`` leaves
+    ``converged`` to that read."""
     xp = _xp.array_namespace(a)
     p, plan = call.p, call.fixed
     if plan is None or not isinstance(p, int):
@@ -99,35 +132,50 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
     scale = schatten_lambda_max(stack, times=0.5)
     scaled = stack / scale[:, None, None]
     matmul = _xp.Matmul(xp)
-    matrix, host_factor = run_fixed(call.method, scaled, p, plan, matmul, a_factor=0.5)
-    # X = sym(Z) = (Z + Zᵀ)·host_factor/2 is checked as that multiple of Z + Zᵀ.
-    doubled = matrix + xp.matrix_transpose(matrix)
-    factor = 0.5 * host_factor
-    check = product_check(scaled, doubled, p, unit_roundoff=call.unit_roundoff(xp),
-                          factor=factor, scaled_factor=0.5)
-    # The root of A is X·(m·scale)^(-1/p) = doubled·(inverse/scale)^(1/p)·factor.
-    unscale = _xp.root_entries(inverse / scale * factor ** p, p)
-    returned = xp.astype(doubled * unscale[:, None, None], a.dtype, copy=False)
-    # The returned root is finite and resolved in its dtype when its Frobenius norm
-    # is (its entries are at most that norm and at least the norm / n): one clip.
-    size = check.root_norm * unscale
-    tiny = float(xp.finfo(a.dtype).smallest_normal)
-    fits = xp.clip(size, n * n * tiny, float(xp.finfo(a.dtype).max)) == size
-    estimate = check.error_estimate
-    if returned.dtype != doubled.dtype:
-        cast_error, cast_ok = _cast_error(returned, doubled, unscale)
-        fits = fits & cast_ok
+    # The root of A/(m·scale) is sym(Z) = Z/2 + (Z/2)ᵀ: the run's last product takes the
+    # half (and its own host factor).
+    matrix, host_factor = run_fixed(call.method, scaled, p, plan, matmul, a_factor=0.5,
+                                    out_factor=0.5)
+    if host_factor != 1.0:  # a one-step run: no last product to take it
+        matrix = matrix * host_factor
+    root = matrix + xp.matrix_transpose(matrix)
+    limit = rtol_limit(call.rtol)
+    check = product_check(scaled, root, p, unit_roundoff=call.unit_roundoff(xp),
+                          scaled_factor=0.5, limit=limit)
+    # The root of A is root·(m·scale)^(-1/p) = root / λmax_bound^(1/p).
+    lambda_max = scale / inverse
+    unscale = _xp.root_entries(lambda_max, p)
+    returned = xp.astype(root / unscale[:, None, None], a.dtype, copy=False)
+    estimate, cast_ok = check.estimate, None
+    infinity = _xp.constant(xp, math.inf, estimate.dtype, dev)
+    if returned.dtype != root.dtype:
+        cast_error, cast_ok = _cast_error(returned, root, unscale)
         estimate = estimate + cast_error
-    # fits implies a finite, positive unscaling (a usable matrix). An untrusted root's
-    # estimate is inf, which no accuracy meets.
-    estimate = xp.where(check.positive & fits, estimate,
-                        _xp.constant(xp, math.inf, estimate.dtype, dev))
+    if p < 2 or cast_ok is not None:
+        # An inverse (p = 1) can leave the dtype's range, a cast any root. For p ≥ 2 in
+        # the compute dtype a trusted root always fits: its norm is within a factor
+        # √n·κ^(1/p) of λmax^(-1/p), which the dtype holds from its smallest subnormal
+        # to √n times its largest entry (docs/launches.rst).
+        estimate = xp.where(_fits(check.root_norm / unscale, cast_ok, a.dtype, n), estimate,
+                            infinity)
+
+    def margin(of):
+        return rtol_margin(of, check.kappa_root, p, call.unit_roundoff(xp),
+                           kappa_power=check.kappa_power)
+
+    if on_device:
+        estimate = xp.where(check.trust < limit, estimate, infinity)
+        gate = margin(estimate)
+        converged = gate < limit
+    else:  # one maximum joins the tests; decided() forms the rest if a matrix failed
+        gate = xp.maximum(margin(estimate), check.trust)
+        converged = None
     result = InvRootResult(
         root=returned,
         residual=check.residual,
         iterations=_xp.constant_vector(xp, plan.total, b, xp.int32, dev),
-        converged=call.certifies(estimate, check.kappa, n),
-        lambda_max=scale / inverse,
+        converged=converged,
+        lambda_max=lambda_max,
         matmuls=_xp.constant_vector(xp, matmul.count, b, xp.int32, dev),
         method=call.method,
         error_estimate=estimate,
@@ -135,14 +183,24 @@ def fixed_solve(a, *, call: RootCall) -> FixedParts:
         check_matmuls=_xp.constant_vector(xp, 2 + check.matmul_equivalents, b, scale.dtype,
                                           dev),
     )
-    return FixedParts(result, scale, check.positive, fits)
+    return FixedParts(result, scale, check.trust, check.root_norm, unscale, cast_ok, gate)
 
 
-def _cast_error(returned, doubled, unscale) -> tuple[Array, Array]:
+def _fits(size, cast_ok, dtype, n: int) -> Array:
+    """Roots finite and resolved in ``dtype``: their Frobenius norm ``size`` is (the
+    entries are at most that norm and at least the norm / n), in one clip, and the
+    cast, if any, kept their precision (``cast_ok``)."""
+    xp = _xp.array_namespace(size)
+    low, high = n * n * float(xp.finfo(dtype).smallest_normal), float(xp.finfo(dtype).max)
+    fits = xp.clip(size, low, high) == size
+    return fits if cast_ok is None else fits & cast_ok
+
+
+def _cast_error(returned, root, unscale) -> tuple[Array, Array]:
     """Relative Frobenius change of each root by its cast to the output dtype, and
     whether it is at most one unit roundoff of that dtype."""
-    xp = _xp.array_namespace(doubled)
-    exact = doubled * unscale[:, None, None]
-    change = _xp.frobenius_norm(xp.astype(returned, doubled.dtype) - exact) / \
+    xp = _xp.array_namespace(root)
+    exact = root / unscale[:, None, None]
+    change = _xp.frobenius_norm(xp.astype(returned, root.dtype) - exact) / \
         _xp.frobenius_norm(exact)
     return change, change <= unit_roundoff(xp, returned.dtype)

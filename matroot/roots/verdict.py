@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _xp
+from ..certify.accuracy import rtol_limit
 from . import stack_solve
 from .call import RootCall
 from .fixed_solve import fixed_solve
@@ -27,23 +28,26 @@ def solve_fixed(a, xp, call: RootCall, batch, b: int, n: int, on_device: bool,
     host once (all converged?), a second time only where some matrix did not (why), or
     left on the device. ``solve`` is :func:`matroot.inv_root_info` (the fallback's)."""
     if _xp.is_jax_namespace(xp) and not _xp.is_traced(a):
-        parts = _xp.jax_compiled(fixed_solve, a, call=call)
+        parts = _xp.jax_compiled(fixed_solve, a, call=call, on_device=on_device)
     else:
-        parts = fixed_solve(a, call=call)
-    result = parts.result
+        parts = fixed_solve(a, call=call, on_device=on_device)
     if on_device:
+        result = parts.result
         if call.fallback is not None:
             result = repair_on_device(xp.reshape(a, (b, n, n)), result, parts.usable(),
                                       call, solve)
         return reshaped(xp, result, batch), None
-    # The verdict's one host read: how many matrices did not converge. Only where some
-    # did not does a second read say why (non-finite input, a cast that failed).
+    # The verdict's one host read: the largest gate, below the limit where every matrix
+    # converged (a NaN is not). Only where some did not does a second read say why
+    # (non-finite input, a cast that failed).
     failed = 0
-    if not bool(xp.all(result.converged)):
+    everything = b == 0 or float(xp.max(parts.gate)) < rtol_limit(call.rtol)
+    result = parts.decided(call, everything)
+    if not everything:
         usable = parts.usable()
         nonfinite, trouble, failed = (int(v) for v in _xp.to_numpy(xp.stack([
             xp.sum(xp.astype(m, xp.int32)) for m in (
-                parts.nonfinite(), parts.cast_trouble(), ~result.converged & usable)])))
+                parts.nonfinite(), parts.cast_trouble(call), ~result.converged & usable)])))
         if check_finite and nonfinite:
             raise ValueError(stack_solve.NONFINITE_INPUT)
         if trouble:

@@ -28,10 +28,9 @@ from matroot.testing.launch_count import LaunchCount  # noqa: E402
 #: Frobenius scaling, 14–16 steps), in operations per solve.
 DASH_OPS = {2: 140, 4: 138}
 #: The budgets these tests hold (the counts of docs/launches.rst plus one): minimax (what
-#: auto runs on an accelerator with rtol) at p = 2 within issue 35's ≤ 0.6× DASH; at p = 4
-#: its two square-root stages cost more (docs/launches.rst says why 85 is not reached).
-BUDGETS = {("minimax", 2): 77, ("minimax", 4): 96, ("newton_db", 2): 105,
-           ("newton_db", 4): 144, ("coupled_newton", 2): 119, ("coupled_newton", 4): 133}
+#: auto runs on an accelerator with rtol) within issue 35's ≤ 0.6× DASH at p = 2 and 4.
+BUDGETS = {("minimax", 2): 64, ("minimax", 4): 83, ("newton_db", 2): 92,
+           ("newton_db", 4): 131, ("coupled_newton", 2): 106, ("coupled_newton", 4): 120}
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +62,18 @@ def test_operations_and_syncs_per_solve(problem, method, p):
     assert torch.equal(result.root, on_device.root)
     assert host.syncs == 1 and device.syncs == 0, (host.syncs, device.syncs)
     assert host.ops <= BUDGETS[(method, p)], (host.ops, host.top(10))
-    assert device.ops <= host.ops - 1
+    # The host read is one reduction of the verdict's gate; the device verdict forms its
+    # mask and the untrusted roots' infinite estimates instead.
+    assert device.ops <= host.ops
 
 
+@pytest.mark.parametrize("verdict", ["host", "device"])
 @pytest.mark.parametrize("p", [2, 4])
-def test_minimax_within_the_issue_ratio_at_p2(problem, p):
-    """The method auto runs on an accelerator: ≤ 0.6× DASH's operations at p = 2
-    (issue 35's goal), ≤ 0.7× at p = 4 (two square-root stages)."""
-    host, _ = _counted(problem[2], p, "minimax", "host")
-    assert host.ops <= (0.6 if p == 2 else 0.7) * DASH_OPS[p], host.ops
+def test_minimax_within_the_issue_ratio(problem, p, verdict):
+    """The method auto runs on an accelerator: ≤ 0.6× DASH's operations at p = 2 and 4
+    (issue 35's goal), with either verdict."""
+    count, _ = _counted(problem[2], p, "minimax", verdict)
+    assert count.ops <= 0.6 * DASH_OPS[p], count.ops
 
 
 def test_auto_picks_minimax_for_fixed_steps_on_an_accelerator(monkeypatch):
