@@ -263,7 +263,8 @@ def rtol_margin(error_estimate: Array, kappa_root: Array, p, unit: float, *,
 
 
 def rtol_limit(rtol: float) -> float:
-    """What :func:`rtol_margin` must stay below to certify ``rtol``: ``rtol/ESTIMATE_UNDERSHOOT``."""
+    """What :func:`rtol_margin` must stay below to certify ``rtol``:
+    ``rtol/ESTIMATE_UNDERSHOOT``."""
     return rtol / ESTIMATE_UNDERSHOOT
 
 

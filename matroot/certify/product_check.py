@@ -2,10 +2,14 @@
 
 The same quantities as :func:`matroot.certify.verify.verify_root` (the residual
 ``R = X^(p/2)·A·X^(p/2) − I`` for even p, ``X^p·A − I`` for odd p; the first-order
-estimate ``‖sym(R·X)‖_F/(p·‖X‖_F)``, corrected beyond first order by
+estimate, corrected beyond first order by
 :func:`~matroot.certify.verify.beyond_first_order`; the Cholesky sign test for even
-p), with the two vector loops of that check replaced:
+p), each in the fewest operations, with the two vector loops of that check replaced:
 
+- the first-order estimate ``‖sym(R·X)‖_F/(p·‖X‖_F)`` is bounded from above by
+  ``‖R·X‖_F/(p·‖X‖_F)`` (the symmetric part is a projection; the two differ by the
+  commutator of R and X, rounding noise for a root of A): one pass fewer, and only
+  stricter;
 - the residual's spectral norm, which decides whether the first-order estimate
   is trusted, is bounded from above by ``ρ = ‖R‖_F ≥ ‖R‖₂`` (formed for the
   residual anyway) instead of estimated from below by six power steps. Where
@@ -13,11 +17,13 @@ p), with the two vector loops of that check replaced:
   the estimate is multiplied by ``1 + c_p·ρ`` (:func:`growth_slope`), which is at
   least the exact factor ``sandwich_bound(ρ)/(ρ/p)`` of
   :func:`~matroot.certify.verify.beyond_first_order`; beyond, the estimate is
-  not trusted: ``positive`` is false (the adaptive check's sandwich bound there is
+  not trusted (the adaptive check's sandwich bound there is
   at least 0.5 for p ≤ 2, so it could certify nothing either; for p ≥ 4 only a
   target rtol ≥ 0.19 loses). Every use of ρ grows with it, so the upper bound only
   makes the verdict stricter (at large n, near κ_max, it can cost a root that the
-  adaptive check, with its estimate of ‖R‖₂ from below, would certify);
+  adaptive check, with its estimate of ‖R‖₂ from below, would certify). The sign test
+  is a penalty added to ρ (:func:`matroot._xp.failure_penalty`), so that one
+  comparison decides both;
 - κ, which picks how much of the error the estimate cannot see (``u·κ/p``), is
   ``θ^(p/q)`` for θ the largest growth of a few block power steps with
   ``P = X^q`` (``q = p/2``, or p for odd p; ``X^q`` is formed for the residual
@@ -27,6 +33,8 @@ p), with the two vector loops of that check replaced:
   the scale's overestimate and from below by the power steps' shortfall, like
   :func:`~matroot.certify.verify.kappa_from_root`; with an accuracy target ``rtol``
   (the only targets a fixed-step solve takes) a larger κ only tightens the verdict.
+  θ is returned with its power, which the verdict folds into its own operation
+  (:func:`~matroot.certify.accuracy.rtol_margin`).
 """
 
 from __future__ import annotations

@@ -10,14 +10,21 @@ The call chose the plan on the host (:class:`~matroot.roots.call.RootCall` ``.fi
    back NaN with ``converged=False``;
 2. scaled by its Schatten-8 bound (:func:`~matroot.spectrum.lambda_max_bounds.schatten_lambda_max`,
    two products), whose overestimate the plan allowed for;
-3. the plan's steps (:func:`~matroot.solvers.fixed_runs.run_fixed`);
+3. the plan's steps (:func:`~matroot.solvers.fixed_runs.run_fixed`), the root's host
+   factors on their last product;
 4. the root symmetrised and checked in products
-   (:func:`~matroot.certify.product_check.product_check`);
-5. the verdict (:meth:`~matroot.roots.call.RootCall.certifies`), with the call's accuracy
-   (a target ``rtol``: :func:`~matroot.certify.accuracy.rtol_allowance`).
+   (:func:`~matroot.certify.product_check.product_check`), and unscaled by
+   ``λmax_bound^(1/p)``;
+5. the verdict on the call's target ``rtol`` (a fixed plan always has one):
+   :func:`~matroot.certify.accuracy.rtol_margin` below
+   :func:`~matroot.certify.accuracy.rtol_limit` (the test of
+   :func:`~matroot.certify.accuracy.within_rtol`, which
+   :meth:`~matroot.roots.call.RootCall.certifies` applies to such a target), where the
+   check trusts the root.
 
-It returns the result and the per-matrix masks a host verdict reads
-(:class:`FixedParts`); the device verdict reads nothing.
+It returns the result and what a host verdict reads (:class:`FixedParts`): the largest
+of one gate per matrix, which joins the margin and the trust test in one ``maximum``,
+so that the read is the verdict's only reduction; the device verdict reads nothing.
 """
 
 from __future__ import annotations

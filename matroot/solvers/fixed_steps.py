@@ -39,7 +39,7 @@ import numpy as np
 
 from ..certify.accuracy import CHECK_RESOLUTION
 from ._lower_grid import quantize_lower
-from .minimax_coefficients import SMALLEST_LOWER, TAIL, rounding_margin, schedule
+from .minimax_coefficients import SMALLEST_LOWER, TAIL, about_identity, rounding_margin, schedule
 
 __all__ = ["FixedPlan", "certifiable_kappa", "fixed_plan", "MAX_FIXED_STEPS"]
 
@@ -113,8 +113,7 @@ def _tail_error(error: float, margin: float) -> float:
 
 
 def _about_identity(row) -> tuple[float, float, float]:
-    a, b, c = (float(v) for v in row)
-    return (a + b + c, b + 2 * c, c)
+    return tuple(float(v) for v in about_identity(row))  # type: ignore[return-value]
 
 
 def _minimax_stage(lower: float, tol: float, margin: float):

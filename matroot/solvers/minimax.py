@@ -39,11 +39,12 @@ p = 1 squares ``A^(-1/2)``.
 Low precision (``matmul_dtype``): ``D²`` rounds its operands to 16 bits, ``ZY``
 and ``q·Z`` do while ``u·‖Z‖`` is small (``‖Z‖`` grows towards ``√κ``, bounded on
 the host from the schedule), ``Y·q`` never does (see :func:`minimax_step`); the
-16-bit phase stops at its rounding floor and working-precision :data:`TAIL`
-steps finish. Relative error against the float64 oracle (torch CPU, n = 256,
-rank-deficient A plus a ridge, p = 2; p = 4 is up to 1.5× smaller), with
-coupled Newton's 16-bit path and the former coupled Newton, which rounded
-every operand, for comparison ("div.": diverged):
+16-bit phase stops at its rounding floor and working-precision
+:data:`~matroot.solvers.minimax_coefficients.TAIL` steps finish. Relative error
+against the float64 oracle (torch CPU, n = 256, rank-deficient A plus a ridge,
+p = 2; p = 4 is up to 1.5× smaller), with coupled Newton's 16-bit path and the
+former coupled Newton, which rounded every operand, for comparison ("div.":
+diverged):
 
 =====================  ========  ========  ========  ========  ========
 κ                      1e2       1e3       1e4       1e5       1e6
@@ -73,9 +74,10 @@ from ..certify.accuracy import unit_roundoff
 from ._low_precision import LowPrecisionPhase, run_phases
 from ._stages import StageOutcome, square_root_stages, stage_count
 from .registry import POWER_OF_TWO_P, SolverSpec
-from ._lower_grid import device_grid_index, quantize_lower
-from .minimax_coefficients import (FIRST_MARGIN, SMALLEST_LOWER, TAIL, rounding_margin,
-                                   schedule, schedule_grid)
+from ._lower_grid import quantize_lower
+from .minimax_coefficients import (SMALLEST_LOWER, TAIL_ABOUT_IDENTITY,
+                                   device_coefficient_table, host_coefficient_table,
+                                   rounding_margin, schedule, schedule_grid, z_norm_bounds)
 
 #: Matmuls of the first step (``X₀ = A``, ``Z₀ = I``) and of every later one.
 FIRST_STEP_MATMULS = 2
@@ -85,7 +87,8 @@ STEP_MATMULS = 4
 #: ``16u`` or when it stalls below twice that.
 LOW_PRECISION = LowPrecisionPhase(floor=16.0, stall_ratio=2.0)
 #: The 16-bit phase runs at most the longest schedule of the stack plus this
-#: many :data:`TAIL` steps; working-precision TAIL steps finish (at least one).
+#: many ``TAIL`` steps (:mod:`~matroot.solvers.minimax_coefficients`); working-precision
+#: TAIL steps finish (at least one).
 LOW_PRECISION_EXTRA_STEPS = 2
 #: ``ZY`` and ``q·Z`` round their operands only while ``u·‖Z‖`` stays below this
 #: (bfloat16: ‖Z‖ ≤ 25, float16: ‖Z‖ ≤ 200). Measured, p = 2 and 4, κ = 1e4 to
@@ -94,77 +97,6 @@ LOW_PRECISION_EXTRA_STEPS = 2
 Z_ROUNDING_LIMIT = 0.1
 #: Slack on the next stage's lower bound for the previous stage's residual error.
 STAGE_SLACK = 0.9
-
-
-def about_identity(rows):
-    """Coefficients ``(a, b, c)`` of ``q(X) = a + bX + cX²`` (host, (..., 3)) as those
-    of the same polynomial in ``D = X − I``: ``q = (a + b + c) + (b + 2c)·D + c·D²``.
-
-    The loop forms ``D`` for its residual anyway, and near convergence ``q ≈ I + βD``
-    suffers no cancellation between large terms.
-
-    Examples
-    --------
-    >>> about_identity(np.array([15 / 8, -10 / 8, 3 / 8])).tolist()
-    [1.0, -0.5, 0.375]
-    """
-    rows = np.asarray(rows, dtype=np.float64)
-    a, b, c = rows[..., 0], rows[..., 1], rows[..., 2]
-    return np.stack([a + b + c, b + 2 * c, c], axis=-1)
-
-
-#: :data:`TAIL` about the identity (see :func:`about_identity`).
-TAIL_ABOUT_IDENTITY = tuple(float(v) for v in about_identity(TAIL))
-
-
-def _padded(rows, steps):
-    """Schedule rows (..., K, 3) cut or padded with :data:`TAIL` to ``max(steps, 1)``,
-    about the identity (:func:`about_identity`)."""
-    out = np.empty((*rows.shape[:-2], max(steps, 1), 3))
-    out[:] = TAIL
-    kept = min(rows.shape[-2], out.shape[-2])
-    out[..., :kept, :] = rows[..., :kept, :]
-    return about_identity(out)
-
-
-def _host_coefficient_table(lowers, margin, steps):
-    """Host (steps, b, 3) per-step, per-matrix coefficients about the identity; past
-    a schedule's end :data:`TAIL`'s."""
-    return np.stack([_padded(schedule(v, margin).coefficients, steps) for v in lowers], axis=1)
-
-
-def _device_coefficient_table(xp, lowers, margin, steps, dtype, device):
-    """Under tracing: (b, steps, 3), every grid bound's schedule indexed on the device
-    by the bounds ``lowers`` (a device array)."""
-    grid, rows = _grid_rows(margin, steps)
-    rows = _xp.from_numpy(xp, rows, dtype=dtype, device=device)
-    return xp.take(rows, device_grid_index(lowers, grid), axis=0)
-
-
-@_xp.host_constant
-def _grid_rows(margin, steps):
-    """The grid and its schedules cut or padded to ``steps`` rows: (G,), (G, steps, 3)."""
-    grid, table = schedule_grid(margin)
-    return grid, _padded(table, steps)
-
-
-def z_norm_bounds(lowers, margin, steps):
-    """Host upper bounds on ``‖Z_k‖`` before each step ``k < steps``, for a stack.
-
-    ``Z_k`` acts on eigenvalue λ as ``s_k/√λ``: a small λ is multiplied by at
-    most ``q_j(0) = a_j`` per step, and ``s_k ≤ 1 + FIRST_MARGIN`` caps the
-    product at ``1.1/√λmin``.
-    """
-    bounds = np.ones(steps)
-    for lower in lowers:
-        growth = np.full(steps, TAIL[0])
-        head = schedule(lower, margin).coefficients[:steps, 0]
-        growth[: len(head)] = head
-        # A long run's product overflows to inf, which the cap below replaces.
-        with np.errstate(over="ignore"):
-            z = np.concatenate([[1.0], np.cumprod(growth[:-1])])
-        bounds = np.maximum(bounds, np.minimum(z, (1 + FIRST_MARGIN) / math.sqrt(lower)))
-    return bounds
 
 
 def minimax_step(y, z, coeff, *, first, z_minus_eye, z_product, y_product, polynomial,
@@ -218,8 +150,8 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
         on the host from the schedule) and ``Y·q`` never. That phase runs until
         the residual reaches ``LOW_PRECISION.floor·u16`` or stalls, for at most
         the schedule's length plus ``LOW_PRECISION_EXTRA_STEPS``; then
-        :data:`TAIL` steps in the working dtype finish (at least one;
-        ``max_iter`` caps the total).
+        :data:`~matroot.solvers.minimax_coefficients.TAIL` steps in the working
+        dtype finish (at least one; ``max_iter`` caps the total).
     margin : float, optional
         Rounding headroom of the schedule; default ``√u`` of the operand dtype.
 
@@ -274,9 +206,9 @@ def minimax_sqrt(a, lower, *, tol, max_iter, check_every, matmul, margin=None):
     # compaction to the active matrices keeps them aligned.
     if traced:
         host_table = shared_rows = None
-        table = _device_coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
+        table = device_coefficient_table(xp, lowers, margin, steps, a.dtype, dev)
     else:
-        host_table = _host_coefficient_table(lowers, margin, steps)
+        host_table = host_coefficient_table(lowers, margin, steps)
         shared_rows = np.all(host_table == host_table[:, :1], axis=(1, 2))
         table = _xp.from_numpy(xp, np.transpose(host_table, (1, 0, 2)), dtype=a.dtype,
                                device=dev)

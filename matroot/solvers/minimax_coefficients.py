@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._lower_grid import lower_grid
+from .. import _xp
+from ._lower_grid import device_grid_index, lower_grid
 
 __all__ = [
     "FIRST_MARGIN",
@@ -38,6 +39,11 @@ __all__ = [
     "Schedule",
     "schedule",
     "schedule_grid",
+    "about_identity",
+    "TAIL_ABOUT_IDENTITY",
+    "host_coefficient_table",
+    "device_coefficient_table",
+    "z_norm_bounds",
 ]
 
 #: Relative headroom above the top of the first interval (in s, so λ may exceed
@@ -193,3 +199,78 @@ def schedule_grid(margin: float):
         table[g, : len(r)] = r
     table.flags.writeable = False
     return grid, table
+
+
+# The tables the iteration reads: each step's polynomial about the identity, per matrix,
+# cut or padded to the steps run, on the host or indexed on the device.
+
+
+def about_identity(rows):
+    """Coefficients ``(a, b, c)`` of ``q(X) = a + bX + cX²`` (host, (..., 3)) as those
+    of the same polynomial in ``D = X − I``: ``q = (a + b + c) + (b + 2c)·D + c·D²``.
+
+    The loop forms ``D`` for its residual anyway, and near convergence ``q ≈ I + βD``
+    suffers no cancellation between large terms.
+
+    Examples
+    --------
+    >>> about_identity(np.array([15 / 8, -10 / 8, 3 / 8])).tolist()
+    [1.0, -0.5, 0.375]
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    a, b, c = rows[..., 0], rows[..., 1], rows[..., 2]
+    return np.stack([a + b + c, b + 2 * c, c], axis=-1)
+
+
+#: :data:`TAIL` about the identity (see :func:`about_identity`).
+TAIL_ABOUT_IDENTITY = tuple(float(v) for v in about_identity(TAIL))
+
+
+def _padded(rows, steps):
+    """Schedule rows (..., K, 3) cut or padded with :data:`TAIL` to ``max(steps, 1)``,
+    about the identity (:func:`about_identity`)."""
+    out = np.empty((*rows.shape[:-2], max(steps, 1), 3))
+    out[:] = TAIL
+    kept = min(rows.shape[-2], out.shape[-2])
+    out[..., :kept, :] = rows[..., :kept, :]
+    return about_identity(out)
+
+
+def host_coefficient_table(lowers, margin, steps):
+    """Host (steps, b, 3) per-step, per-matrix coefficients about the identity; past
+    a schedule's end :data:`TAIL`'s."""
+    return np.stack([_padded(schedule(v, margin).coefficients, steps) for v in lowers], axis=1)
+
+
+def device_coefficient_table(xp, lowers, margin, steps, dtype, device):
+    """Under tracing: (b, steps, 3), every grid bound's schedule indexed on the device
+    by the bounds ``lowers`` (a device array)."""
+    grid, rows = _grid_rows(margin, steps)
+    rows = _xp.from_numpy(xp, rows, dtype=dtype, device=device)
+    return xp.take(rows, device_grid_index(lowers, grid), axis=0)
+
+
+@_xp.host_constant
+def _grid_rows(margin, steps):
+    """The grid and its schedules cut or padded to ``steps`` rows: (G,), (G, steps, 3)."""
+    grid, table = schedule_grid(margin)
+    return grid, _padded(table, steps)
+
+
+def z_norm_bounds(lowers, margin, steps):
+    """Host upper bounds on ``‖Z_k‖`` before each step ``k < steps``, for a stack.
+
+    ``Z_k`` acts on eigenvalue λ as ``s_k/√λ``: a small λ is multiplied by at
+    most ``q_j(0) = a_j`` per step, and ``s_k ≤ 1 + FIRST_MARGIN`` caps the
+    product at ``1.1/√λmin``.
+    """
+    bounds = np.ones(steps)
+    for lower in lowers:
+        growth = np.full(steps, TAIL[0])
+        head = schedule(lower, margin).coefficients[:steps, 0]
+        growth[: len(head)] = head
+        # A long run's product overflows to inf, which the cap below replaces.
+        with np.errstate(over="ignore"):
+            z = np.concatenate([[1.0], np.cumprod(growth[:-1])])
+        bounds = np.maximum(bounds, np.minimum(z, (1 + FIRST_MARGIN) / math.sqrt(lower)))
+    return bounds
