@@ -247,7 +247,10 @@ def rtol_margin(error_estimate: Array, kappa_root: Array, p, unit: float, *,
                 kappa_power: int = 1) -> Array:
     """``estimate + CHECK_RESOLUTION·u·κ/(p·ESTIMATE_UNDERSHOOT)`` for ``κ =
     kappa_root^kappa_power`` (a power of 1 or 2) in one operation: what
-    :func:`within_rtol` compares with :func:`rtol_limit`.
+    :func:`within_rtol` compares with :func:`rtol_limit`. The two broadcast: a
+    ``kappa_root`` of shape (b, k) against an estimate of shape (b, 1) gives each
+    matrix's margins for k candidate κ, whose largest a caller reduces with its own
+    reduction.
 
     Examples
     --------

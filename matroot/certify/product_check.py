@@ -75,9 +75,9 @@ def growth_slope(p: int) -> float:
 
 
 def _kappa(power, factor: float):
-    """θ, the largest ratio ``‖P·w‖/‖w‖`` over the columns of the last of
-    :data:`KAPPA_STEPS` block power steps on ``factor·power`` (unnormalised: a lower
-    estimate of ``λmax``; the factor rides on the last product)."""
+    """θ per column, ``‖P·w‖/‖w‖`` over the columns of the last of :data:`KAPPA_STEPS`
+    block power steps on ``factor·power`` (unnormalised; the largest is a lower estimate
+    of ``λmax``; the factor rides on the last product), shape (b, k)."""
     xp = _xp.array_namespace(power)
     n = power.shape[-1]
     k = min(KAPPA_VECTORS, n)
@@ -88,8 +88,7 @@ def _kappa(power, factor: float):
         last = step == KAPPA_STEPS - 1
         before, w = w, (_xp.add_product(w, power, w, beta=0.0, alpha=factor) if last
                         else _xp.batched_matmul(power, w))
-    return xp.max(xp.linalg.vector_norm(w, axis=-2) / xp.linalg.vector_norm(before, axis=-2),
-                  axis=-1)
+    return xp.linalg.vector_norm(w, axis=-2) / xp.linalg.vector_norm(before, axis=-2)
 
 
 class ProductCheck(NamedTuple):
@@ -100,8 +99,9 @@ class ProductCheck(NamedTuple):
     check's ``limit`` exactly where it is (the sign test passed and the residual is in
     the first-order regime; NaN or at least 1 where the sign test failed), on the scale
     of a verdict that compares a margin with ``limit``, so that one ``maximum`` joins the
-    two tests. ``kappa_root``: θ, with ``κ = θ^kappa_power`` (``kappa_power`` 1 or 2, a
-    host integer), so that a verdict can fold the power into its own operation.
+    two tests. ``kappa_roots``: θ per column of the block power steps, shape (b, k), with
+    ``κ = max θ^kappa_power`` (``kappa_power`` 1 or 2, a host integer), so that a
+    verdict can fold the power, and the largest column, into its own operations.
     ``root_norm``: ``‖matrix‖_F``. ``matmul_equivalents``: the check's cost in n×n
     products.
     """
@@ -109,15 +109,17 @@ class ProductCheck(NamedTuple):
     residual: Array
     estimate: Array
     trust: Array
-    kappa_root: Array
+    kappa_roots: Array
     kappa_power: int
     matmul_equivalents: float
     root_norm: Array
 
     @property
     def kappa(self) -> Array:
-        """κ itself (one more operation where ``kappa_power`` is 2)."""
-        return self.kappa_root if self.kappa_power == 1 else self.kappa_root ** 2
+        """κ itself, shape (b,)."""
+        xp = _xp.array_namespace(self.kappa_roots)
+        theta = xp.max(self.kappa_roots, axis=-1)
+        return theta if self.kappa_power == 1 else theta ** 2
 
 
 def product_check(scaled, matrix, p: int, *, unit_roundoff: float,
@@ -195,12 +197,12 @@ def product_check(scaled, matrix, p: int, *, unit_roundoff: float,
     first_order = _xp.frobenius_norm(product) / matrix_norm
     estimate = _xp.add_product_of(first_order, growth_slope(p) * root_n, first_order,
                                   normalised)
-    theta = _kappa(power, factor ** q)
+    thetas = _kappa(power, factor ** q)
     # The regime ρ < LINEAR_REGIME on the limit's scale, plus the sign test (Cholesky for
     # even p, finiteness for odd) as a penalty of at least 1 ≥ limit, or NaN: one
     # operation, and one comparison decides both.
     penalty = _xp.failure_penalty(matrix, definite=not odd)
     trust = _xp.add_scaled(penalty, limit * root_n / LINEAR_REGIME, normalised)
     cost = count + 1 + (0 if odd else 1 / 6) + KAPPA_STEPS * min(KAPPA_VECTORS, n) / n
-    return ProductCheck(normalised, estimate, trust, theta, 1 if p == q else 2, cost,
+    return ProductCheck(normalised, estimate, trust, thetas, 1 if p == q else 2, cost,
                         matrix_norm)

@@ -41,7 +41,7 @@ from ..spectrum.lambda_max_bounds import schatten_lambda_max
 from .call import RootCall
 from .result import InvRootResult
 
-__all__ = ["FixedParts", "fixed_solve"]
+__all__ = ["FixedParts", "fixed_solve", "verdict_limit"]
 
 
 class FixedParts(NamedTuple):
@@ -50,8 +50,9 @@ class FixedParts(NamedTuple):
     (:func:`~matroot.certify.accuracy.rtol_limit`) where the check trusted the root
     (:class:`~matroot.certify.product_check.ProductCheck`); ``root_norm``, ``unscale``
     and ``cast_ok``, what says whether the root fits the output dtype (its Frobenius
-    norm is ``root_norm / unscale``; where a cast happened, whether it kept the root's
-    precision); ``gate``, below the limit exactly where the root converged.
+    norm is ``root_norm · unscale``; where a cast happened, whether it kept the root's
+    precision); ``gate``, below the limit exactly where the root converged (shape (b,)
+    with the device verdict; (b, k) with the host's, whose largest column decides).
 
     With ``on_device=False`` the result's ``converged`` is None and its
     ``error_estimate`` not yet infinite where the root is untrusted: a host verdict reads
@@ -78,29 +79,38 @@ class FixedParts(NamedTuple):
 
     def fits(self) -> Array:
         """Roots finite and resolved in the output dtype (:func:`_fits`)."""
-        return _fits(self.root_norm / self.unscale, self.cast_ok, self.result.root.dtype,
+        return _fits(self.root_norm * self.unscale, self.cast_ok, self.result.root.dtype,
                      self.result.root.shape[-1])
 
     def cast_trouble(self, call: RootCall) -> Array:
         """Roots that passed their check but overflow or lose their precision in the
         output dtype."""
-        return self.usable() & (self.trust < rtol_limit(call.rtol)) & ~self.fits()
+        return self.usable() & (self.trust < verdict_limit(call)) & ~self.fits()
 
     def decided(self, call: RootCall, all_converged: bool) -> InvRootResult:
         """The host verdict's result: where ``all_converged`` (read from the largest
         ``gate``) ``converged`` is a constant and the estimates stand, else both are
-        formed: ``gate < limit``, and an infinite estimate where the root is untrusted."""
+        formed: ``max(gate) < limit`` per matrix, and an infinite estimate where the root
+        is untrusted."""
         xp = _xp.array_namespace(self.gate)
         dev = _xp.device_of(self.gate)
         if all_converged:
             return self.result._replace(converged=_xp.constant_vector(
                 xp, True, self.gate.shape[0], xp.bool, dev))
-        limit = rtol_limit(call.rtol)
+        limit = verdict_limit(call)
         estimate = self.result.error_estimate
         return self.result._replace(
-            converged=self.gate < limit,
+            converged=xp.max(self.gate, axis=-1) < limit,
             error_estimate=xp.where(self.trust < limit, estimate,
                                     _xp.constant(xp, math.inf, estimate.dtype, dev)))
+
+
+def verdict_limit(call: RootCall) -> float:
+    """What a fixed-step verdict's gate must stay below: :func:`rtol_limit` of the call's
+    target (a fixed plan always has one)."""
+    if call.rtol is None:
+        raise ValueError("a fixed-step solve needs rtol")
+    return rtol_limit(call.rtol)
 
 
 def _regularised(a, call: RootCall):
@@ -146,13 +156,15 @@ def fixed_solve(a, *, call: RootCall, on_device: bool = True) -> FixedParts:
     if host_factor != 1.0:  # a one-step run: no last product to take it
         matrix = matrix * host_factor
     root = matrix + xp.matrix_transpose(matrix)
-    limit = rtol_limit(call.rtol)
+    limit = verdict_limit(call)
     check = product_check(scaled, root, p, unit_roundoff=call.unit_roundoff(xp),
                           scaled_factor=0.5, limit=limit)
-    # The root of A is root·(m·scale)^(-1/p) = root / λmax_bound^(1/p).
+    # The root of A is root·(m·scale)^(-1/p), the factor formed from 1/m over the scale:
+    # λmax = m·scale overflows for entries near the dtype's largest, where the root
+    # does not.
     lambda_max = scale / inverse
-    unscale = _xp.root_entries(lambda_max, p)
-    returned = xp.astype(root / unscale[:, None, None], a.dtype, copy=False)
+    unscale = _xp.root_entries(inverse / scale, p)
+    returned = xp.astype(root * unscale[:, None, None], a.dtype, copy=False)
     estimate, cast_ok = check.estimate, None
     infinity = _xp.constant(xp, math.inf, estimate.dtype, dev)
     if returned.dtype != root.dtype:
@@ -163,19 +175,20 @@ def fixed_solve(a, *, call: RootCall, on_device: bool = True) -> FixedParts:
         # the compute dtype a trusted root always fits: its norm is within a factor
         # √n·κ^(1/p) of λmax^(-1/p), which the dtype holds from its smallest subnormal
         # to √n times its largest entry (docs/launches.rst).
-        estimate = xp.where(_fits(check.root_norm / unscale, cast_ok, a.dtype, n), estimate,
+        estimate = xp.where(_fits(check.root_norm * unscale, cast_ok, a.dtype, n), estimate,
                             infinity)
 
-    def margin(of):
-        return rtol_margin(of, check.kappa_root, p, call.unit_roundoff(xp),
+    def margins(of):  # (b, k): the κ of each column of the check's power steps
+        return rtol_margin(of[:, None], check.kappa_roots, p, call.unit_roundoff(xp),
                            kappa_power=check.kappa_power)
 
     if on_device:
         estimate = xp.where(check.trust < limit, estimate, infinity)
-        gate = margin(estimate)
+        gate = xp.max(margins(estimate), axis=-1)
         converged = gate < limit
-    else:  # one maximum joins the tests; decided() forms the rest if a matrix failed
-        gate = xp.maximum(margin(estimate), check.trust)
+    else:  # one maximum joins the tests, the host read's reduction the columns;
+        # decided() forms the rest where a matrix failed
+        gate = xp.maximum(margins(estimate), check.trust[:, None])
         converged = None
     result = InvRootResult(
         root=returned,
@@ -207,7 +220,7 @@ def _cast_error(returned, root, unscale) -> tuple[Array, Array]:
     """Relative Frobenius change of each root by its cast to the output dtype, and
     whether it is at most one unit roundoff of that dtype."""
     xp = _xp.array_namespace(root)
-    exact = root / unscale[:, None, None]
+    exact = root * unscale[:, None, None]
     change = _xp.frobenius_norm(xp.astype(returned, root.dtype) - exact) / \
         _xp.frobenius_norm(exact)
     return change, change <= unit_roundoff(xp, returned.dtype)

@@ -13,10 +13,9 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _xp
-from ..certify.accuracy import rtol_limit
 from . import stack_solve
 from .call import RootCall
-from .fixed_solve import fixed_solve
+from .fixed_solve import fixed_solve, verdict_limit
 from .result import ConvergenceWarning, reshaped
 
 __all__ = ["repair", "repair_on_device", "solve_fixed", "warn_cast"]
@@ -41,7 +40,7 @@ def solve_fixed(a, xp, call: RootCall, batch, b: int, n: int, on_device: bool,
     # converged (a NaN is not). Only where some did not does a second read say why
     # (non-finite input, a cast that failed).
     failed = 0
-    everything = b == 0 or float(xp.max(parts.gate)) < rtol_limit(call.rtol)
+    everything = b == 0 or float(xp.max(parts.gate)) < verdict_limit(call)
     result = parts.decided(call, everything)
     if not everything:
         usable = parts.usable()
