@@ -1,6 +1,7 @@
 """Fewer launches per call: device constants made once and reused across calls (an
 identity, a constant vector as a broadcast view), and entry-wise maps written in the
-fewest operations (a power of two from ``frexp``, roots by square roots).
+fewest operations (a power of two from ``frexp``, roots by square roots, ``x + v·y·z``
+in one ``addcmul``, a sign test as a penalty that one comparison reads with its value).
 
 On a GPU every operation a call dispatches is a kernel launch; a constant that is the
 same on every call (the identity of a size, a result field that holds one value)
@@ -10,12 +11,12 @@ only, and never while a trace runs (a traced value must not outlive its trace).
 
 from __future__ import annotations
 
-from .linalg import identity_stack
+from .linalg import cholesky_succeeds, identity_stack
 from .namespace import array_namespace, backend_name, is_torch_namespace, is_traced
 from .precision import has_float64
 
-__all__ = ["add_product_of", "constant", "constant_vector", "power_of_two_inverse",
-           "root_entries", "shared_identity"]
+__all__ = ["add_product_of", "constant", "constant_vector", "failure_penalty",
+           "power_of_two_inverse", "root_entries", "shared_identity"]
 
 
 #: 0-d constants kept on their devices for :func:`constant_vector`.
@@ -120,3 +121,31 @@ def add_product_of(x, value: float, y, z):
 
         return torch.addcmul(x, y, z, value=value)
     return x + value * (y * z)
+
+
+def failure_penalty(a, *, definite: bool):
+    """Per matrix of a ``(b, n, n)`` stack: 0 where it passes its sign test, a number
+    ≥ 1 or NaN where it fails. The test is Cholesky success with ``definite`` (a
+    symmetric stack), finiteness without. Added to a non-negative value that a
+    threshold below 1 decides, it folds that test into the same comparison: one
+    operation on torch (``cholesky_ex``'s integer ``info``, promoted by the sum).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> a = np.stack([np.eye(2), -np.eye(2), np.full((2, 2), np.inf)])
+    >>> failure_penalty(a, definite=True).tolist()
+    [0.0, 1.0, 1.0]
+    >>> np.isnan(failure_penalty(a, definite=False)).tolist()
+    [False, False, True]
+    """
+    xp = array_namespace(a)
+    if not definite:
+        if is_torch_namespace(xp) and is_traced(a):  # see finite_matrices
+            return xp.astype(~xp.all(xp.isfinite(a), axis=(-2, -1)), a.dtype)
+        return xp.sum(a * 0, axis=(-2, -1))  # 0, or NaN for a NaN or Inf entry
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch.linalg.cholesky_ex(a).info
+    return xp.astype(~cholesky_succeeds(a), a.dtype)

@@ -28,7 +28,6 @@ __all__ = [
     "inverse_root_entries",
     "finite_matrices",
     "cholesky_succeeds",
-    "failure_penalty",
     "spd_solve",
 ]
 
@@ -257,34 +256,6 @@ def cholesky_succeeds(a):
             return xp.zeros((1,), dtype=xp.bool, device=device_of(a))
         return xp.concat([cholesky_succeeds(a[i:i + 1, ...]) for i in range(a.shape[0])])
     return xp.all(xp.isfinite(factor), axis=(-2, -1))
-
-
-def failure_penalty(a, *, definite: bool):
-    """Per matrix of a ``(b, n, n)`` stack: 0 where it passes its sign test, a number
-    ≥ 1 or NaN where it fails. The test is Cholesky success with ``definite`` (a
-    symmetric stack), finiteness without. Added to a non-negative value that a
-    threshold below 1 decides, it folds that test into the same comparison: one
-    operation on torch (``cholesky_ex``'s integer ``info``, promoted by the sum).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> a = np.stack([np.eye(2), -np.eye(2), np.full((2, 2), np.inf)])
-    >>> failure_penalty(a, definite=True).tolist()
-    [0.0, 1.0, 1.0]
-    >>> np.isnan(failure_penalty(a, definite=False)).tolist()
-    [False, False, True]
-    """
-    xp = array_namespace(a)
-    if not definite:
-        if is_torch_namespace(xp) and is_traced(a):  # see finite_matrices
-            return xp.astype(~xp.all(xp.isfinite(a), axis=(-2, -1)), a.dtype)
-        return xp.sum(a * 0, axis=(-2, -1))  # 0, or NaN for a NaN or Inf entry
-    if is_torch_namespace(xp):
-        import torch
-
-        return torch.linalg.cholesky_ex(a).info
-    return xp.astype(~cholesky_succeeds(a), a.dtype)
 
 
 def spd_solve(a, rhs):

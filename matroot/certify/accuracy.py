@@ -257,7 +257,7 @@ def rtol_margin(error_estimate: Array, kappa_root: Array, p, unit: float, *,
     >>> import numpy as np
     >>> from matroot.certify.accuracy import rtol_margin
     >>> rtol_margin(np.array([1e-3]), np.array([1e3]), 2, 2.0 ** -24, kappa_power=2).round(4)
-    array([0.0158])
+    array([0.0159])
     """
     slope = CHECK_RESOLUTION * unit / (p * ESTIMATE_UNDERSHOOT)
     if kappa_power == 2:
