@@ -23,8 +23,9 @@ The call chose the plan on the host (:class:`~matroot.roots.call.RootCall` ``.fi
    check trusts the root.
 
 It returns the result and what a host verdict reads (:class:`FixedParts`): the largest
-of one gate per matrix, which joins the margin and the trust test in one ``maximum``,
-so that the read is the verdict's only reduction; the device verdict reads nothing.
+of the gates (one per matrix and column of κ's power steps), which join the margin and
+the trust test in one ``maximum``, so that the read is the verdict's only reduction;
+the device verdict reads nothing.
 """
 
 from __future__ import annotations
