@@ -1,6 +1,6 @@
 """The rule behind ``method="auto"``, and the measurements it rests on.
 
-The numbers are from ``matroot bench solvers`` (committed in
+The numbers are from ``python -m bench solvers`` (committed in
 ``bench/results/``, discussed in ``docs/benchmarks.rst``): float32 stacks with
 κ = 1e4, every method at its default tolerance, timed side by side with eigh.
 """
@@ -48,7 +48,7 @@ ACCELERATOR_METHOD = "coupled_newton"
 NO_FLOAT64_METHOD = "coupled_newton"
 #: With an accuracy target ``rtol`` on an accelerator the solve runs a fixed step count
 #: (:mod:`matroot.solvers.fixed_steps`): no Lanczos run, no per-step norm, no host read.
-#: Counted through torch's dispatcher (docs/benchmarks.rst, ``matroot bench launches``;
+#: Counted through torch's dispatcher (docs/benchmarks.rst, ``python -m bench launches``;
 #: float32 8 × 384², κ = 1e4, rtol = 5e-3, host verdict), minimax took 83 operations at
 #: p = 2 and 103 at p = 4, coupled Newton 125 and 139, Newton–Schulz 110 and 142
 #: (DASH's cheapest configuration reaching the same error: 140 and 138). Where minimax

@@ -1,6 +1,6 @@
 """The polar-method registry: one :class:`PolarMethod` per ``method=`` name.
 
-Validation, ``method="auto"``, the docs' table and ``matroot bench polar`` read
+Validation, ``method="auto"``, the docs' table and ``python -m bench polar`` read
 it; nothing else lists the polar methods.
 """
 
@@ -34,7 +34,7 @@ class PolarMethod:
     name : str
         The ``method=`` name.
     summary : str
-        One line for the docs and ``matroot bench polar``.
+        One line for the docs and ``python -m bench polar``.
     solve : callable
         ``solve(x, gram, rows, matmul)`` on a ``(b, m, n)`` stack (``n ≤ m``) with
         ``XᵀX = gram``, scaled as ``scaling`` says; returns the polar factor. A
