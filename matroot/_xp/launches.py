@@ -12,7 +12,7 @@ only, and never while a trace runs (a traced value must not outlive its trace).
 from __future__ import annotations
 
 from .linalg import cholesky_succeeds, identity_stack
-from .namespace import array_namespace, backend_name, is_torch_namespace, is_traced
+from .namespace import array_namespace, backend_name, device_of, is_torch_namespace, is_traced
 from .precision import has_float64
 
 __all__ = ["add_product_of", "constant", "constant_vector", "failure_penalty",
@@ -69,7 +69,9 @@ def shared_identity(xp, n: int, dtype, device):
 def power_of_two_inverse(m):
     """Per entry of ``m > 0``, ``2^(−e)`` with ``2^(e−1) ≤ m < 2^e`` (so ``m·2^(−e)`` lies in
     [1/2, 1), exactly): one ``frexp`` and one power where the backend has ``frexp``.
-    For 0, ``inf`` and NaN the result is unspecified (1 from ``frexp``).
+    In ``m``'s dtype (NumPy: float64), so ``inf`` where ``2^(−e)`` is beyond that
+    dtype's range (``m`` below about its smallest normal number). For 0, ``inf`` and
+    NaN the result is unspecified (1 from ``frexp``).
 
     Examples
     --------
@@ -82,7 +84,10 @@ def power_of_two_inverse(m):
     if frexp is None:  # array-api-strict
         return 0.5 ** (xp.floor(xp.log2(m)) + 1)
     _, exponent = frexp(m)
-    return 0.5 ** exponent
+    # The base in m's dtype: torch raises a Python number to a tensor's power in its
+    # default dtype (float32), whose range holds neither float64's powers of two nor
+    # the inverses of float32's subnormal numbers.
+    return constant(xp, 0.5, m.dtype, device_of(m)) ** exponent
 
 
 def root_entries(x, p: float):

@@ -4,6 +4,7 @@ repair what failed, warn."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -136,6 +137,9 @@ def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, chec
         if call.fixed is not None:
             result, failed = solve_fixed(a, xp, call, batch, b, n, on_device, check_finite,
                                          inv_root_info)
+            if result is None:  # out of the fixed path's range: the adaptive path's call
+                result = _solved(a, xp, dataclasses.replace(call, fixed=None), batch, b, n,
+                                 traced, check_finite, bounds)
         elif on_device and not traced:
             # The adaptive path, every decision on the device (its traced code paths:
             # all max_iter steps with per-matrix freezing, no early exit).
@@ -315,7 +319,10 @@ def inv_root(a: Array, /, p: float, **options: Any) -> Array:
         bounds or randomized certificate (a ValueError says which is missing).
         ``"adaptive"``: the loop with batched stop checks. ``"auto"`` (default):
         fixed where the call allows it, in float32, on an accelerator (where a
-        solve's time is its launches), else adaptive.
+        solve's time is its launches), else adaptive. A matrix whose entries all
+        lie below the compute dtype's normal range is beyond the fixed path's
+        power-of-two normalisation: the host verdict then solves the call on the
+        adaptive path; the device verdict returns it NaN with ``converged=False``.
 
     Returns
     -------

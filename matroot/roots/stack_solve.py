@@ -171,7 +171,9 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     # eps / magnitude stays in range.
     magnitude = _xp.power_of_two_scale(stack, call.eps)
     stack = _xp.symmetric_part(stack / magnitude[:, None, None])
-    ridge = call.eps / magnitude
+    # Tensor by tensor: torch divides a Python number by a tensor as number·(1/tensor),
+    # and 1/magnitude overflows for a subnormal magnitude (0·inf = NaN).
+    ridge = xp.full_like(magnitude, call.eps) / magnitude
     if call.eps > 0 and call.solver.needs_scaling:
         stack = _xp.add_scaled_identity(stack, ridge)
     return _Regularised(stack, finite, magnitude, ridge)

@@ -25,7 +25,9 @@ def solve_fixed(a, xp, call: RootCall, batch, b: int, n: int, on_device: bool,
                 check_finite: bool, solve: Callable):
     """A fixed-step solve (:mod:`matroot.roots.fixed_solve`) and its verdict: read on the
     host once (all converged?), a second time only where some matrix did not (why), or
-    left on the device. ``solve`` is :func:`matroot.inv_root_info` (the fallback's)."""
+    left on the device. ``solve`` is :func:`matroot.inv_root_info` (the fallback's).
+    ``(None, None)`` where finite matrices were beyond the fixed path's range: the
+    caller solves the call on the adaptive path instead."""
     if _xp.is_jax_namespace(xp) and not _xp.is_traced(a):
         parts = _xp.jax_compiled(fixed_solve, a, call=call, on_device=on_device)
     else:
@@ -44,11 +46,18 @@ def solve_fixed(a, xp, call: RootCall, batch, b: int, n: int, on_device: bool,
     result = parts.decided(call, everything)
     if not everything:
         usable = parts.usable()
-        nonfinite, trouble, failed = (int(v) for v in _xp.to_numpy(xp.stack([
+        stack = xp.reshape(a, (b, n, n))
+        nonfinite, nonfinite_input, trouble, failed = (int(v) for v in _xp.to_numpy(xp.stack([
             xp.sum(xp.astype(m, xp.int32)) for m in (
-                parts.nonfinite(), parts.cast_trouble(call), ~result.converged & usable)])))
-        if check_finite and nonfinite:
+                parts.nonfinite(), ~_xp.finite_matrices(stack), parts.cast_trouble(call),
+                ~result.converged & usable)])))
+        if check_finite and nonfinite_input:
             raise ValueError(stack_solve.NONFINITE_INPUT)
+        if nonfinite > nonfinite_input:
+            # Finite matrices the fixed path's power-of-two normalisation cannot hold
+            # (every entry below the dtype's normal range): the adaptive path scales
+            # them in two steps. Its result stands for the whole call.
+            return None, None
         if trouble:
             warn_cast(a, call)
         if call.fallback is not None and failed:

@@ -74,6 +74,43 @@ def test_subnormal_input_is_not_rounded_away(method, dtype, tiny, p):
     assert err <= accuracy_target(method, dtype, p, np.array([kappa]))[0]
 
 
+@pytest.mark.parametrize("dtype,scale", [("float32", 2.0 ** -130), ("float32", 2.0 ** -140),
+                                         ("float64", 1e-50), ("float64", 1e50)])
+@pytest.mark.parametrize("options", [dict(method="minimax", rtol=5e-3),
+                                     dict(method="minimax", rtol=5e-3, steps="fixed"),
+                                     dict(method="coupled_newton", rtol=5e-3, steps="fixed")],
+                         ids=["adaptive", "fixed-minimax", "fixed-coupled"])
+def test_extreme_scales_on_torch_with_rtol(dtype, scale, options):
+    """torch divides a number by a tensor as number·(1/tensor), so the ridge of a
+    subnormal-scale stack was 0·inf = NaN (adaptive minimax crashed); the fixed path's
+    power-of-two inverse was made in float32 (1e±50 in float64 overflowed) and is
+    beyond float32 for subnormal entries (it raised "contains NaN or Inf"): now that
+    call is solved on the adaptive path. Every matrix right and converged."""
+    torch = pytest.importorskip("torch")
+    lam = np.geomspace(1.0, 1e-2, 8)
+    a = np.stack([_compose(lam, seed=s) for s in (4, 5)]) * scale
+    a = a.astype(dtype)
+    exact = a.astype(np.float64) / scale
+    for p in (2, 4):
+        res = matroot.inv_root_info(torch.from_numpy(a), p, **options)
+        ref = oracle_inv_root(exact, p) * scale ** (-1.0 / p)
+        err = relative_error(res.root.double().numpy(), ref)
+        assert bool(res.converged.all()) and np.all(err <= 5e-3), (p, err)
+
+
+def test_the_device_verdict_leaves_a_matrix_beyond_the_fixed_range_alone():
+    """The device verdict reads nothing: a float32 matrix of subnormal entries next to
+    a normal one comes back NaN and not converged, and its neighbour is untouched."""
+    torch = pytest.importorskip("torch")
+    good = _compose(np.geomspace(1.0, 1e-2, 8), seed=6)
+    a = torch.from_numpy(np.stack([good, good * 2.0 ** -140]).astype(np.float32))
+    options = dict(method="minimax", rtol=5e-3, steps="fixed", verdict="device")
+    res = matroot.inv_root_info(a, 2, **options)
+    alone = matroot.inv_root_info(a[:1], 2, **options)
+    assert res.converged.tolist() == [True, False] and bool(res.root[1].isnan().all())
+    assert torch.equal(res.root[0], alone.root[0])
+
+
 # --- the stall rule ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method", ["newton_db", "coupled_newton"])
