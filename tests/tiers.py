@@ -58,7 +58,7 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
        "repeats κ = 1e2's check at a larger κ") for kappa in ("1e+04", "1e+06")),
     ("tests/accuracy/test_converged_means_right.py::test_isolated_top_at_n1024[*",
      "n = 1024 solves"),
-    ("tests/optim/test_optim_options.py::test_a_dtensor_parameter_in_a_world_of_one*",
+    ("tests/optim/test_shampoo_sharded_state.py::test_a_dtensor_parameter_in_a_world_of_one*",
      "starts a process group"),
     ("tests/autodiff/test_gradients.py::test_jax_vmap_over_coupled_newton",
      "compiles a vmapped coupled Newton solve"),
