@@ -22,25 +22,16 @@ import os
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torchrun_setup import start
 
 from matroot.optim import Shampoo
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--checkpoint-dir", default=None,
                         help="save every rank's optimizer shard here")
-    args = parser.parse_args()
-
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    args, rank, world, device = start(parser, steps=30)
 
     torch.manual_seed(0)  # the same initial weights on every rank
     model = torch.nn.Sequential(

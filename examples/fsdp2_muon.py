@@ -25,14 +25,14 @@ Checkpoints with ``torch.distributed.checkpoint``, resumed at another world size
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torchrun_setup import (compare_with_reference, fsdp2_arguments, fsdp2_mesh, start,
+                           train_beside_reference)
 
 from matroot.optim import Muon
 from matroot.optim.distributed.muon_checkpoint import (load_muon_dcp_state_dict,
@@ -60,31 +60,12 @@ class Model(torch.nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--save", metavar="DIR", help="save a DCP checkpoint at the end")
-    parser.add_argument("--resume", metavar="DIR",
-                        help="start from a DCP checkpoint (of any world size)")
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="HSDP: replicas of the sharded model (must divide the world)")
-    args = parser.parse_args()
-
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if args.replicas < 1 or world % args.replicas:
-        parser.error(f"--replicas {args.replicas} does not divide the world size {world}")
+    fsdp2_arguments(parser)
+    args, rank, world, device = start(parser, steps=20)
+    mesh = fsdp2_mesh(parser, args.replicas, world, device)
 
     model = Model().to(device)
     reference = Model().to(device) if rank == 0 and not args.resume else None
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",)) \
-        if args.replicas == 1 else \
-        init_device_mesh(device.type, (args.replicas, world // args.replicas),
-                         mesh_dim_names=("replicate", "shard"))
     for layer in (model.embed, *model.hidden, model.head):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -100,29 +81,13 @@ def main() -> None:
     ref_opt = (Muon(reference.named_parameters(), distributed=None, **options)
                if reference is not None else None)
 
-    teacher = torch.randn(4, 10, generator=torch.Generator().manual_seed(7)).to(device)
-    for step in range(first, first + args.steps):
-        data = torch.Generator().manual_seed(1000 + step)  # the same batch on every rank
-        tokens = torch.randint(0, 50, (64, 4), generator=data).to(device)
-        target = torch.sin(tokens.float()) @ teacher
-        for net, optimizer in ((reference, ref_opt), (model, opt)):
-            if net is None or optimizer is None:
-                continue
-            loss = torch.nn.functional.mse_loss(net(tokens), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        if rank == 0 and step % 5 == 0:
-            print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
+    train_beside_reference(((reference, ref_opt), (model, opt)), first, args.steps,
+                           vocabulary=50, device=device, rank=rank)
 
     kept = sum((v.to_local() if hasattr(v, "to_local") else v).nbytes
                for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
     print(f"rank {rank}/{world}: keeps {kept} bytes of optimizer state", flush=True)
-    whole = [p.detach().full_tensor() for p in model.parameters()]  # a collective
-    if reference is not None:
-        diff = max(float((w - r.detach()).abs().max())
-                   for w, r in zip(whole, reference.parameters()))
-        print(f"largest difference from the unsharded run: {diff:.2e}")
+    compare_with_reference(model, reference)
     if args.save:
         dcp.save({"model": get_model_state_dict(model), "optim": muon_dcp_state_dict(opt)},
                  checkpoint_id=args.save)

@@ -29,14 +29,14 @@ Checkpoints with ``torch.distributed.checkpoint``, resumed at another world size
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torchrun_setup import (compare_with_reference, fsdp2_arguments, fsdp2_mesh, start,
+                           train_beside_reference)
 
 from matroot.optim import Shampoo
 from matroot.optim.distributed.checkpoint import dcp_state_dict, load_dcp_state_dict
@@ -51,31 +51,12 @@ def build_model() -> torch.nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--save", metavar="DIR", help="save a DCP checkpoint at the end")
-    parser.add_argument("--resume", metavar="DIR",
-                        help="start from a DCP checkpoint (of any world size)")
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="HSDP: replicas of the sharded model (must divide the world)")
-    args = parser.parse_args()
-
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    fsdp2_arguments(parser)
+    args, rank, world, device = start(parser, steps=20)
+    mesh = fsdp2_mesh(parser, args.replicas, world, device)
 
     model = build_model().to(device)
     reference = build_model().to(device) if rank == 0 else None
-    if args.replicas < 1 or world % args.replicas:
-        parser.error(f"--replicas {args.replicas} does not divide the world size {world}")
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",)) \
-        if args.replicas == 1 else \
-        init_device_mesh(device.type, (args.replicas, world // args.replicas),
-                         mesh_dim_names=("replicate", "shard"))
     for layer in model:
         if any(True for _ in layer.parameters()):
             fully_shard(layer, mesh=mesh)
@@ -91,30 +72,14 @@ def main() -> None:
     ref_opt = (Shampoo(reference.parameters(), distributed=None, **options)
                if reference is not None else None)
 
-    teacher = torch.randn(4, 10, generator=torch.Generator().manual_seed(7)).to(device)
     first = opt.diagnostics()["steps"]        # > 0 after --resume
-    for step in range(first, first + args.steps):
-        data = torch.Generator().manual_seed(1000 + step)  # the same batch on every rank
-        tokens = torch.randint(0, 1000, (64, 4), generator=data).to(device)
-        target = torch.sin(tokens.float()) @ teacher
-        for net, optimizer in ((reference, ref_opt), (model, opt)):
-            if net is None or optimizer is None:
-                continue
-            loss = torch.nn.functional.mse_loss(net(tokens), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        if rank == 0 and step % 5 == 0:
-            print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
+    train_beside_reference(((reference, ref_opt), (model, opt)), first, args.steps,
+                           vocabulary=1000, device=device, rank=rank)
 
     stats = opt.diagnostics()
     print(f"rank {rank}/{world}: {stats['blocks']} blocks, optimizer state "
           f"{stats['state_bytes']} bytes", flush=True)
-    whole = [p.detach().full_tensor() for p in model.parameters()]  # a collective
-    if reference is not None:
-        diff = max(float((w - r.detach()).abs().max())
-                   for w, r in zip(whole, reference.parameters()))
-        print(f"largest difference from the unsharded run: {diff:.2e}")
+    compare_with_reference(model, reference)
     if args.save:
         dcp.save({"model": get_model_state_dict(model), "optim": dcp_state_dict(opt)},
                  checkpoint_id=args.save)

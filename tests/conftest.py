@@ -7,7 +7,8 @@ cupy where a GPU is present; a backend not installed here is skipped with the re
 
 Tiers: ``python -m pytest`` runs everything (what CI runs); ``python -m pytest -m "not
 slow"`` is the quick tier to run before a commit. Which tests are slow is decided in one
-table, ``tests/tiers.py``, one line per rule with its reason, so no test file needs editing.
+table, ``tests/tiers.py``, one line per rule with its reason, so no test file needs editing;
+the quick tier also draws a fifth of each hypothesis search's examples (``tiers.examples``).
 
 Layout: one folder per behaviour - ``accuracy/`` (the promise of ``converged`` against the
 float64 oracle), ``certify/`` (λmax bounds, Lanczos, the a-posteriori checks),
@@ -55,6 +56,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 threadpool_limits(TEST_THREADS)
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
+import tiers  # noqa: E402
 from tiers import slow_reason  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
@@ -88,6 +90,17 @@ KNOWN_REGRESSIONS = {
 #: The node ids this session collected, before ``-m``/``-k`` deselect any:
 #: ``project/test_tiers.py`` reads them rather than collecting again.
 COLLECTED = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    """The quick tier (``-m "not slow"``) draws fewer hypothesis examples
+    (:func:`tiers.examples`): its searches sample, the full suite's search."""
+    expression = " ".join(str(config.getoption("markexpr", "") or "").split())
+    if expression == "not slow":
+        tiers.QUICK_RUN = True
+        settings.register_profile("quick", parent=settings.get_profile("ci"),
+                                  max_examples=tiers.examples(25))
+        settings.load_profile("quick")
 
 
 def pytest_collection_modifyitems(config, items):

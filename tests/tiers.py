@@ -58,7 +58,7 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
        "repeats κ = 1e2's check at a larger κ") for kappa in ("1e+04", "1e+06")),
     ("tests/accuracy/test_converged_means_right.py::test_isolated_top_at_n1024[*",
      "n = 1024 solves"),
-    ("tests/optim/test_optim_options.py::test_a_dtensor_parameter_in_a_world_of_one*",
+    ("tests/optim/test_shampoo_sharded_state.py::test_a_dtensor_parameter_in_a_world_of_one*",
      "starts a process group"),
     ("tests/autodiff/test_gradients.py::test_jax_vmap_over_coupled_newton",
      "compiles a vmapped coupled Newton solve"),
@@ -136,6 +136,73 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "repeats p = 4's search at p = 8"),
     ("tests/optim/test_soap_optax.py::test_inject_hyperparams_learning_rate_under_jit",
      "compiles a SOAP step"),
+    # Issue 39's cut (measured with --durations; each repeats a check that a quicker test
+    # of the same module keeps in the quick tier, named in the reason).
+    ("tests/backends/test_jax_user_loop.py::test_the_user_loop_finishes_with_default_flags",
+     "trains in a fresh JAX process (the watchdog's quick test keeps LAPACK off the pool)"),
+    ("tests/backends/test_jax_user_loop.py::test_every_lapack_call_of_the_step_runs_without*",
+     "compiles a Shampoo step; test_jax_watchdog's LAPACK check stays quick"),
+    ("tests/backends/test_jax_user_loop.py::test_chunked_lapack_calls_give_the_unchunked*[shape1]",
+     "repeats shape0's chunking check at another shape"),
+    ("tests/backends/test_jax_user_loop.py::test_chunked_lapack_calls_give_the_unchunked*[shape2]",
+     "repeats shape0's chunking check at another shape"),
+    ("tests/backends/test_jax_user_loop.py::test_chunked_lapack_calls_give_the_unchunked*[shape3]",
+     "repeats shape0's chunking check at another shape"),
+    ("tests/certify/test_randomized_check.py::test_on_every_backend[jax]",
+     "JAX compiles the check; test_under_jax_jit keeps JAX quick"),
+    ("tests/accuracy/test_accuracy_target.py::test_jit_agrees_with_eager_within_rounding[newton*",
+     "repeats minimax's jit-against-eager check (what auto runs) for another method"),
+    ("tests/accuracy/test_accuracy_target.py::test_jit_agrees_with_eager_within_rounding[coupled*",
+     "repeats minimax's jit-against-eager check (what auto runs) for another method"),
+    ("tests/eigenbasis/test_eigenbasis.py::test_jax_jit_matches_eager_and_falls_back_by_where",
+     "compiles refreshes; the SOAP optax jit test keeps the refresh under jit quick"),
+    ("tests/eigenbasis/test_eigenbasis.py::test_adversarial_spectra[jax-*",
+     "JAX compiles each spectrum anew; NumPy and torch keep them quick"),
+    ("tests/eigenbasis/test_eigenbasis.py::test_soap_refresh_converges_without_fallback[jax-*",
+     "JAX compiles each case anew; NumPy and torch keep them quick"),
+    ("tests/eigenbasis/test_eigenbasis.py::test_nan_basis_falls_back_to_eigh_for_that*[jax]",
+     "JAX compiles the fallback; NumPy and torch keep it quick"),
+    ("tests/eigenbasis/test_eigenbasis.py::test_batch_shape_and_float16_come_back[jax]",
+     "JAX compiles each dtype; NumPy and torch keep it quick"),
+    ("tests/eigenbasis/test_eigenbasis.py::test_nan_matrix_changes_no_neighbour[jax]",
+     "JAX compiles the refresh; NumPy and torch keep it quick"),
+    ("tests/optim/test_optax.py::test_the_jitted_step_compiles_once[default]",
+     "compiles a Shampoo step and counts the compiles"),
+    ("tests/optim/test_optax.py::test_optax_matches_numpy_core[jit-roots-not-kept]",
+     "repeats [jit] with roots not kept"),
+    ("tests/optim/test_optax.py::test_a_root_that_overflows_float16_storage_is_a_counted*",
+     "compiles a Shampoo step; the torch shell's twin (test_shampoo_root_storage) is quick"),
+    ("tests/optim/test_soap_optax.py::test_nan_gradient_is_skipped_under_jit",
+     "compiles a SOAP step; the NaN screen is block_core's, quick in the Shampoo test"),
+    ("tests/inputs/test_input_forms.py::test_jax_eager_takes_bound_arrays_of_any_library[*-evd]",
+     "eager JAX, op by op: minimax's case keeps it quick"),
+    ("tests/inputs/test_input_forms.py::test_jax_eager_takes_bound_arrays_of_any_library[*-newton*",
+     "eager JAX, op by op: minimax's case keeps it quick"),
+    ("tests/polar/test_muon.py::test_muon_vs_adamw_example_quick_run_writes_its_table",
+     "runs examples/muon_vs_adamw.py end to end"),
+    ("tests/accuracy/test_loose_tolerances.py::test_minimax_p1_loose_tol_under_jax_jit",
+     "compiles a minimax solve; the same loose-tol case runs eagerly in the quick tier"),
+    ("tests/project/test_docstrings.py::test_docstring_examples"
+     "[matroot.optim.optax.block_core.block_core_transform]",
+     "a SOAP step in eager JAX; soap's example runs the same shell quick"),
+    ("tests/launches/test_launch_budgets.py::test_fixed_steps_keep_the_promise[*-1]",
+     "repeats p = 4's search at p = 1"),
+    ("tests/launches/test_launch_budgets.py::test_fixed_steps_keep_the_promise[*-2]",
+     "repeats p = 4's search at p = 2"),
+    ("tests/launches/test_launch_budgets.py::test_operations_and_syncs_per_solve[minimax-2]",
+     "repeats p = 4's count at p = 2"),
+    ("tests/accuracy/test_converged_means_right.py::test_drifted_coupled_iterates_are_not*"
+     "[kappa1e8-newton_db-2]", "repeats coupled Newton's κ = 1e8 case for another method"),
+    ("tests/accuracy/test_converged_means_right.py::test_drifted_coupled_iterates_are_not*"
+     "[kappa1e8-minimax-2]", "repeats coupled Newton's κ = 1e8 case for another method"),
+    ("tests/accuracy/test_converged_means_right.py::test_drifted_coupled_iterates_are_not*"
+     "[kappa1e8-coupled_newton-1]", "repeats p = 2's κ = 1e8 case at p = 1"),
+    ("tests/autodiff/test_gradients.py::test_jax_forward_mode_derivative",
+     "JAX's jvp compiles; torch's forward mode and JAX's grad under jit stay quick"),
+    ("tests/certify/test_lanczos.py::test_estimate_keeps_namespace_and_clips[jax]",
+     "JAX compiles Lanczos; the restarts-under-jit test keeps JAX quick"),
+    ("tests/eigenbasis/test_refresh_work.py::test_a_converged_matrix_keeps_its_step_while*[jax]",
+     "JAX compiles the refresh; NumPy, torch and the strict namespace keep it quick"),
 )
 
 
@@ -161,3 +228,18 @@ def slow_reason(node_id: str, markers: set[str]) -> str | None:
         if fnmatch.fnmatchcase(node_id, glob):
             return reason
     return None
+
+
+#: Whether this run is the quick tier (``-m "not slow"``): set by conftest's
+#: ``pytest_configure`` before any test module is imported.
+QUICK_RUN = False
+
+#: The share of a hypothesis search's examples that the quick tier draws: the same
+#: strategies and assertions, fewer draws; the full suite searches with them all.
+QUICK_SHARE = 0.2
+
+
+def examples(full: int) -> int:
+    """``max_examples`` for a hypothesis search of ``full`` examples in the full suite:
+    :data:`QUICK_SHARE` of them (at least 3) in the quick tier."""
+    return max(3, round(full * QUICK_SHARE)) if QUICK_RUN else full

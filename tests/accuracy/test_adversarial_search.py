@@ -7,9 +7,9 @@ across the dtype's range and a call (default tol, a tol near 1/n or larger, a
 fixed step count with ``tol=0``, an accuracy target ``rtol=``), at times a ridge ``eps``
 and, for the iterative methods, κ past the table (to 1e8 / 1e13). Every matrix reported
 converged must be within ``rtol``, else ``max(table(κ), tol)``, of the float64 oracle
-(:func:`matroot.solvers.registry.accuracy_target` at the matrix's true κ). The default run keeps
-to small sizes and a few dozen examples (about a minute); the ``slow`` profile searches
-longer and up to n = 512.
+(:func:`matroot.solvers.registry.accuracy_target` at the matrix's true κ). The quick searches
+keep to n ≤ 128 and 150 and 100 examples (a fifth of them in the quick tier,
+:func:`tiers.examples`); the ``slow`` one searches longer and up to n = 512.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from matroot.solvers import SOLVERS
 from matroot.testing import oracle_inv_root, relative_error
 from matroot.testing.spectra import FAMILIES, family_stack
 from matroot.solvers.registry import accuracy_target
+from tiers import examples
 
 #: κ at most this (the README table's end; chebyshev's rows end at 1e4).
 TABLE_END = {"chebyshev": 1e4}
@@ -111,14 +112,14 @@ def _check_call(method, p, dtype, n, kappa, family, scale, options, seed):
                            f"estimate {np.asarray(res.error_estimate)}")
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(call=calls(max_n=128))
 def test_converged_means_right_on_searched_inputs(call):
     _check_call(*call)
 
 
-@settings(max_examples=100, deadline=None,
+@settings(max_examples=examples(100), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(call=calls(max_n=128, where=HARD))
 def test_converged_means_right_where_earlier_rounds_found_cases(call):

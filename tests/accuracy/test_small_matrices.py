@@ -87,9 +87,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from matroot.testing import inv_root_options, spd_stacks  # noqa: E402
 from matroot.testing.tolerances import promised_tolerance  # noqa: E402
+from tiers import examples  # noqa: E402
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(case=spd_stacks(n=(1, 4), kappa=(1.0, 1e7), dtype=["float32", "float64"],
                        batch_shape=(4,)),
        options=inv_root_options())

@@ -12,6 +12,7 @@ from matroot.testing import check_eigenbasis_refresh, eigenbasis_errors
 from matroot.testing.eigenbasis import eigenbasis_case
 
 from conftest import to_numpy
+from tiers import examples
 
 
 def _soap_pair(rng, batch: int, n: int, rank: int, beta: float = 0.95):
@@ -55,7 +56,7 @@ def test_soap_refresh_converges_without_fallback(backend, dtype, method):
 def test_conformance_numpy_float32(method):
     check_eigenbasis_refresh(
         lambda a, q: matroot.refresh_eigenbasis(a, q, rtol=1e-3, method=method),
-        rtol=1e-3, max_examples=40)
+        rtol=1e-3, max_examples=examples(40))
 
 
 @pytest.mark.parametrize("method", ["block", "orthogonal"])
@@ -63,7 +64,7 @@ def test_conformance_without_fallback_float64(method):
     check_eigenbasis_refresh(
         lambda a, q: matroot.refresh_eigenbasis(a, q, rtol=1e-6, fallback="none",
                                                 method=method),
-        rtol=1e-6, dtype="float64", max_examples=40)
+        rtol=1e-6, dtype="float64", max_examples=examples(40))
 
 
 def test_block_method_bounds_the_orthogonality_it_cannot_restore():

@@ -186,7 +186,7 @@ def test_the_jitted_step_compiles_once(committed):
 
 
 def test_a_root_that_overflows_float16_storage_is_a_counted_failure_under_jit():
-    """The torch shell's test (test_optim_options) through the optax shell: factors of
+    """The torch shell's test (test_shampoo_root_storage) through the optax shell: factors of
     1e-27·I have roots ~4.7e6·I, Inf in float16; each refresh fails and is counted, the
     blocks keep their identity roots and the updates stay finite."""
     params = {"w": jnp.ones((4, 4), dtype=jnp.float32)}

@@ -12,15 +12,13 @@ or any optax schedule works.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from ... import _xp
 from ..shampoo_core import core
 from ..shampoo_core.config import check_keywords
+from .block_core import block_core_transform
 from .keywords import host_values, with_keywords
-from .leaves import check_leaves_fit
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
 
@@ -63,71 +61,10 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
                         "inject_hyperparams(..., static_args=('weight_decay',))")
     else:
         hyperparameters["weight_decay"] = 0.0
-    config = core.ShampooConfig(lr=1.0, **hyperparameters)
-    plans: dict = {}
-
-    def plan_of(leaves):
-        """The block plan of these leaves' shapes and dtypes (static under jit)."""
-        key = tuple((tuple(x.shape), jnp.dtype(x.dtype)) for x in leaves)
-        if key not in plans:
-            plans[key] = core.make_plan(leaves, config)
-        return plans[key]
-
-    def build_state(leaves):
-        state = core.init(leaves, config, plan=plan_of(leaves))
-        counter = jnp.zeros((), jnp.int32)
-        return state._replace(step=counter, param_steps=(counter,) * len(leaves),
-                              root_refreshes=counter, skipped_steps=counter)
-
-    def init_fn(params):
-        leaves = jax.tree_util.tree_leaves(params)
-        if not leaves:      # nothing to optimize (optax.masked with every leaf masked)
-            return optax.EmptyState()
-        # Every array of the state is committed to a device, or none is, as the params
-        # are: jax.jit keys its cache on it, so a mix compiles the step a second time
-        # once the first step's outputs come back committed. A jitted init's outputs
-        # depend on no input's values, so they are uncommitted. Traced params (init under
-        # jax.jit, jax.eval_shape, jax.vmap) have no placement to follow: reading it raises.
-        state = jax.jit(build_state)(leaves)
-        committed = [leaf for leaf in leaves
-                     if not _xp.is_traced(leaf) and getattr(leaf, "committed", False)]
-        if committed and len(committed[0].sharding.device_set) == 1:
-            state = jax.device_put(state, next(iter(committed[0].sharding.device_set)))
-        return state
-
-    def update_fn(updates, state, params=None):
-        leaves, treedef = jax.tree_util.tree_flatten(updates)
-        if not leaves:
-            return updates, state
-        check_leaves_fit(updates, [layout.shape for layout in state.plan.params], "shampoo")
-        # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
-        state = jax.tree_util.tree_map(jnp.asarray, state)
-        param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
-        # A traced step cannot raise, so there NaN/Inf gradients skip the step on the
-        # device (counted in skipped_steps) whatever the policy; eagerly "raise" raises.
-        # Whether this runs traced shows in the flag itself, not in the inputs: a branch
-        # of an eager optax.apply_if_finite's lax.cond closes over concrete gradients
-        # and state, and so does a scan body over constant gradients.
-        finite = core.all_finite(leaves)
-        raises = config.nonfinite_grads == "raise" and not _xp.is_traced(finite)
-        step_before = state.step
-        # lr = 1 gives −(d + weight_decay·param); optax's sign convention wants +.
-        directions, state = core.update(
-            leaves, state, param_leaves, config, check_grads=raises,
-            finite=None if raises else finite)
-        directions = [-d for d in directions]
-        if traced_decay is not None:
-            if param_leaves is None:
-                raise ValueError(core.DECAY_NEEDS_PARAMS)
-            # A skipped step (NaN/Inf gradients) stays a zero update.
-            taken = state.step != step_before
-            directions = [d + jnp.where(taken, traced_decay, 0.0) * p.astype(d.dtype)
-                          for d, p in zip(directions, param_leaves)]
-        # Updates in the gradients' dtypes, as optax's transforms give them: a bfloat16
-        # model's hand-written `p + u` stays bfloat16 (the core computes in float32).
-        return treedef.unflatten([d.astype(g.dtype) for d, g in zip(directions, leaves)]), state
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return block_core_transform(
+        "shampoo", core.ShampooConfig(lr=1.0, **hyperparameters), make_plan=core.make_plan,
+        init=core.init, update=core.update, counters=("step", "root_refreshes", "skipped_steps"),
+        traced_decay=traced_decay)
 
 
 def shampoo(learning_rate, **hyperparameters) -> optax.GradientTransformation:

@@ -11,16 +11,14 @@ is a ``lax.cond`` on the step count), and the learning rate is
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from ... import _xp
 from ..soap import core
 from ..soap.config import FIELDS, SOAPConfig, check_soap_keywords
 from ..soap.state import SOAPState, init, make_plan
+from .block_core import block_core_transform
 from .keywords import host_values, with_keywords
-from .leaves import check_leaves_fit
 
 __all__ = ["soap", "scale_by_soap", "SOAPOptaxState"]
 
@@ -48,44 +46,9 @@ def scale_by_soap(**hyperparameters) -> optax.GradientTransformation:
         raise ValueError("scale_by_soap takes no lr: chain it with "
                          "optax.scale_by_learning_rate (matroot.optim.optax.soap does)")
     check_soap_keywords(hyperparameters, "scale_by_soap")
-    config = SOAPConfig(lr=1.0, **hyperparameters)
-    plans: dict = {}
-
-    def plan_of(leaves):
-        key = tuple((tuple(x.shape), jnp.dtype(x.dtype)) for x in leaves)
-        if key not in plans:
-            plans[key] = make_plan(leaves, config)
-        return plans[key]
-
-    def build_state(leaves):
-        state = init(leaves, config, plan=plan_of(leaves))
-        counter = jnp.zeros((), jnp.int32)
-        return state._replace(step=counter, param_steps=(counter,) * len(leaves),
-                              refreshes=counter, skipped_steps=counter)
-
-    def init_fn(params):
-        leaves = jax.tree_util.tree_leaves(params)
-        if not leaves:
-            return optax.EmptyState()
-        return jax.jit(build_state)(leaves)
-
-    def update_fn(updates, state, params=None):
-        leaves, treedef = jax.tree_util.tree_flatten(updates)
-        if not leaves:
-            return updates, state
-        check_leaves_fit(updates, [layout.shape for layout in state.plan.params], "soap")
-        state = jax.tree_util.tree_map(jnp.asarray, state)
-        param_leaves = None if params is None else jax.tree_util.tree_leaves(params)
-        # As in the Shampoo shell: traced, NaN/Inf gradients skip the step on the device
-        # whatever the policy; eagerly "raise" raises.
-        finite = core.all_finite(leaves)
-        raises = config.nonfinite_grads == "raise" and not _xp.is_traced(finite)
-        directions, state = core.update(leaves, state, param_leaves, config,
-                                        check_grads=raises, finite=None if raises else finite)
-        return treedef.unflatten([(-d).astype(g.dtype) for d, g in zip(directions, leaves)]), \
-            state
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return block_core_transform(
+        "soap", SOAPConfig(lr=1.0, **hyperparameters), make_plan=make_plan, init=init,
+        update=core.update, counters=("step", "refreshes", "skipped_steps"))
 
 
 def soap(learning_rate, **hyperparameters) -> optax.GradientTransformation:

@@ -29,6 +29,7 @@ from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use
 from ..distributed.core import resolve_process_group
 from ..distributed.dtensor import is_dtensor
 from ..distributed.muon_step import ShardedMuon
+from .closure import closure_loss
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
@@ -235,10 +236,7 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
         """One step; ``closure`` re-evaluates the model and returns the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         if self._process_group is not None:
             self._sharded_step()
             return loss

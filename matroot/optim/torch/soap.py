@@ -32,6 +32,7 @@ from ..distributed.core import resolve_process_group
 from ..soap import core
 from ..soap.config import FIELDS, PER_PARAMETER, SOAPConfig, check_soap_keywords
 from ..soap.state import SOAPState, init, make_plan
+from .closure import closure_loss
 from .soap_sharding import SoapSharding
 
 __all__ = ["SOAP"]
@@ -173,10 +174,7 @@ class SOAP(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
         """One step; ``closure`` re-evaluates the model and returns the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         group_of = self._group_of()
         self._form_families(group_of)
         for family in self._families:
