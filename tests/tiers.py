@@ -132,6 +132,8 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
     ("tests/optim/test_optax_conventions.py::test_optax_apply_if_finite_wraps_shampoo_eagerly",
      "eager JAX, op by op"),
     ("tests/distributed/test_soap_distributed.py::*", "starts process groups"),
+    ("tests/distributed/test_soap_fsdp.py::test_fsdp2_*",
+     "spawns gloo process groups of 2 and 3 ranks (FSDP2, DCP)"),
     ("tests/launches/test_launch_budgets.py::test_fixed_steps_keep_the_promise[*-8]",
      "repeats p = 4's search at p = 8"),
     ("tests/optim/test_soap_optax.py::test_inject_hyperparams_learning_rate_under_jit",
