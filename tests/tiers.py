@@ -132,6 +132,7 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
     ("tests/optim/test_optax_conventions.py::test_optax_apply_if_finite_wraps_shampoo_eagerly",
      "eager JAX, op by op"),
     ("tests/distributed/test_soap_distributed.py::*", "starts process groups"),
+    ("tests/optim/test_soap_compile.py::*", "torch.compile traces SOAP steps (30 s here)"),
     ("tests/distributed/test_soap_fsdp.py::test_fsdp2_*",
      "spawns gloo process groups of 2 and 3 ranks (FSDP2, DCP)"),
     ("tests/launches/test_launch_budgets.py::test_fixed_steps_keep_the_promise[*-8]",
