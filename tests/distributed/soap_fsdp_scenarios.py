@@ -20,7 +20,7 @@ STEPS = 6
 SAVED_AT, RESUMED = 3, 3      # DCP: save after 3 steps, then 3 more
 
 
-def _train(world, options, steps):
+def _train(world, options, steps, nan_at=None, rank=0):
     model, reference, mesh = _models(world)
     extras, twins = _extras(mesh)
     params = [*model.parameters(), *extras]
@@ -37,6 +37,10 @@ def _train(world, options, steps):
         # deficient factors) turn such rounding into O(lr) moves (docs/soap.rst).
         for p, q in zip(model.parameters(), reference.parameters()):
             q.grad = _whole(p.grad).clone()
+        if nan_at == step:    # in rank 0's shard only; the reference sees it too
+            reference.hidden.weight.grad[0, 0] = float("nan")
+            if rank == 0:
+                model.hidden.weight.grad.to_local()[0, 0] = float("nan")
         _extra_grads(extras, step)
         _extra_grads(twins, step)
         opt.step()
@@ -49,6 +53,7 @@ def _train(world, options, steps):
                          "digest": _digest([_whole(p) for p in params]),
                          "local_digest": _local_digest(params),
                          "refreshes": opt.diagnostics()["refreshes"],
+                         "skipped": opt.diagnostics()["skipped_steps"],
                          "sharded": all(f.sharding is not None for f in opt._families)}
 
 
@@ -100,6 +105,9 @@ def _resume(base):
 def scenarios(rank, world, tmpdir):
     out = {}
     _, params, out["equality"] = _train(world, OPTIONS, STEPS)
+    # L2 decay here: the core reads the parameters, gathered whole on every rank.
+    _, _, out["nan_skip"] = _train(world, dict(OPTIONS, nonfinite_grads="skip",
+                                               weight_decay_type="l2"), 3, nan_at=1, rank=rank)
     base = os.path.dirname(tmpdir)
     if world == 2:
         out["uninterrupted"] = _save(base)

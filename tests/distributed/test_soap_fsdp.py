@@ -76,6 +76,17 @@ def test_fsdp2_soap_keeps_a_share_of_the_state_per_rank(ranks):
             f"rank {rank}: {eq['state_bytes']} of {eq['single_state_bytes']} bytes"
 
 
+def test_fsdp2_nan_in_one_shard_is_skipped_on_every_rank(ranks):
+    """A NaN in rank 0's shard is in every rank's whole gradient: all skip the step, and
+    the run (with L2 weight decay, which gathers the parameters) stays with a single
+    process that skipped it too."""
+    _, results = ranks
+    for rank, r in enumerate(results):
+        assert r["nan_skip"]["skipped"] == 1, f"rank {rank}"
+        assert max(r["nan_skip"]["diffs"]) <= ROUNDING_ATOL, f"rank {rank}"
+    assert len({r["nan_skip"]["digest"] for r in results}) == 1
+
+
 def _max_diff(a, b) -> float:
     return max(float((torch.tensor(x) - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
 

@@ -222,10 +222,12 @@ class SOAP(torch.optim.Optimizer):
             return
         local = sharding.local_grads(grads)
         decoupled = config.weight_decay_type == "decoupled"
+        decays_here = [0.0] * len(params) if decoupled else decays
+        # Gathered on every rank, owner or not: a DTensor's gather is a collective.
+        decayed_params = _decayed_params(params, decays_here)
         if any(g is not None for g in local):
-            decays_here = [0.0] * len(params) if decoupled else decays
             updates, family.state = core.update(
-                local, family.state, _decayed_params(params, decays_here), config, lr=lrs,
+                local, family.state, decayed_params, config, lr=lrs,
                 weight_decay=decays_here, check_grads=False, in_place=True)
         else:       # this rank owns nothing of the family: its counters still advance
             updates = [None] * len(params)
