@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 
+import torch
 import torch.distributed as dist
+from torch.distributed.tensor import distribute_tensor
 from fsdp_scenarios import _digest, _extra_grads, _extras, _local_digest, _loss, _models, _whole
 from spawned_ranks import state_dict_bytes
 
@@ -102,12 +104,39 @@ def _resume(base):
     return [_whole(p).tolist() for p in model.parameters()]
 
 
+def _lone_block(world):
+    """One 4x4 FSDP2 weight, one block: the other ranks own nothing of its family but
+    must still enter the gather of the parameter that L2 decay reads."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(1)
+    layer, twin = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+    twin.load_state_dict(layer.state_dict())
+    fully_shard(layer, mesh=init_device_mesh("cpu", (world,)))
+    options = dict(OPTIONS, weight_decay_type="l2", weight_decay=0.1)
+    opt = SOAP(layer.parameters(), **options)
+    ref = SOAP(twin.parameters(), distributed=None, **options)
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step)
+        grad = torch.randn(4, 4, generator=gen)
+        twin.weight.grad = grad.clone()
+        layer.weight.grad = distribute_tensor(grad, layer.weight.device_mesh,
+                                              layer.weight.placements)
+        opt.step()
+        ref.step()
+    owners = sum(f.sharding is not None and bool(f.sharding.owned) for f in opt._families)
+    return {"diff": float((_whole(layer.weight) - twin.weight.detach()).abs().max()),
+            "owns": owners}
+
+
 def scenarios(rank, world, tmpdir):
     out = {}
     _, params, out["equality"] = _train(world, OPTIONS, STEPS)
     # L2 decay here: the core reads the parameters, gathered whole on every rank.
     _, _, out["nan_skip"] = _train(world, dict(OPTIONS, nonfinite_grads="skip",
                                                weight_decay_type="l2"), 3, nan_at=1, rank=rank)
+    out["lone_block"] = _lone_block(world)
     base = os.path.dirname(tmpdir)
     if world == 2:
         out["uninterrupted"] = _save(base)

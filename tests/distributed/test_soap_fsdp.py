@@ -87,6 +87,15 @@ def test_fsdp2_nan_in_one_shard_is_skipped_on_every_rank(ranks):
     assert len({r["nan_skip"]["digest"] for r in results}) == 1
 
 
+def test_fsdp2_ranks_owning_nothing_of_a_family_still_gather_its_parameters(ranks):
+    """A one-block model with L2 decay: the ranks that own no block still enter the
+    parameter's gather (before, only the owner did, and the ranks hung)."""
+    world, results = ranks
+    assert sum(r["lone_block"]["owns"] for r in results) == 1
+    for rank, r in enumerate(results):
+        assert r["lone_block"]["diff"] <= ROUNDING_ATOL, f"rank {rank}"
+
+
 def _max_diff(a, b) -> float:
     return max(float((torch.tensor(x) - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
 
