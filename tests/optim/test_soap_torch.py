@@ -200,3 +200,25 @@ def test_group_values_are_read_at_every_step():
     opt.param_groups[0]["block_size"] = 8
     with pytest.raises(ValueError, match="block_size changed after the first step"):
         _train(model, opt, 1, seed=2)
+
+
+def test_before_the_first_refresh_soap_is_adamw():
+    """What an Adam graft would supply before preconditioning starts, SOAP already is:
+    with identity bases its update is AdamW's (docs/soap.rst, "Grafting")."""
+    rng = np.random.default_rng(1)
+    start = [torch.tensor(rng.standard_normal(s)) for s in SHAPES]
+    mine = [p.clone().requires_grad_() for p in start]
+    theirs = [p.clone().requires_grad_() for p in start]
+    opt = SOAP(mine, **dict(OPTIONS, start_preconditioning_step=100))
+    adamw = torch.optim.AdamW(theirs, lr=OPTIONS["lr"], betas=OPTIONS["betas"],
+                              eps=OPTIONS["eps"], weight_decay=OPTIONS["weight_decay"])
+    for _ in range(5):
+        grads = _grads([p.detach().numpy() for p in mine], rng)
+        for params in (mine, theirs):
+            for p, g in zip(params, grads):
+                p.grad = torch.tensor(g)
+        opt.step()
+        adamw.step()
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert opt.diagnostics()["refreshes"] == 0

@@ -67,8 +67,9 @@ def dcp_state_dict(optimizer) -> dict:
     return {f"rank{rank}_of_{world}": buffer.getvalue()}
 
 
-def _saved_entries(checkpoint_id, key: str) -> tuple[list[str], int]:
-    """Names of the saved ranks' entries under ``key`` and the world size they form."""
+def _saved_entries(checkpoint_id, key: str, what: str = "Shampoo") -> tuple[list[str], int]:
+    """Names of the saved ranks' entries under ``key`` and the world size they form
+    (``what``: the optimizer the messages name)."""
     import torch.distributed.checkpoint as dcp
 
     try:
@@ -84,13 +85,13 @@ def _saved_entries(checkpoint_id, key: str) -> tuple[list[str], int]:
             found[name] = (int(match.group(1)), int(match.group(2)))
     if not found:
         raise ValueError(
-            f"checkpoint {checkpoint_id!r} holds no Shampoo state under {key!r}: save it "
+            f"checkpoint {checkpoint_id!r} holds no {what} state under {key!r}: save it "
             f"with dcp.save({{{key!r}: dcp_state_dict(optimizer), ...}}) (keys found: "
             f"{sorted(metadata.state_dict_metadata)[:8]})")
     worlds = {world for _, world in found.values()}
     ranks = sorted(rank for rank, _ in found.values())
     if len(worlds) != 1 or ranks != list(range(next(iter(worlds)))):
-        raise ValueError(f"checkpoint {checkpoint_id!r} is incomplete or mixed: Shampoo "
+        raise ValueError(f"checkpoint {checkpoint_id!r} is incomplete or mixed: {what} "
                          f"entries {sorted(found)} do not form one run's ranks")
     return sorted(found, key=lambda n: found[n][0]), next(iter(worlds))
 

@@ -34,7 +34,8 @@ _RENAMED = {
     "correct_bias": "use bias_correction",
     "preconditioner_config": "SOAP is the preconditioner: leave it out (eigenbasis_* set "
                              "the eigenvector refresh)",
-    "grafting_config": "SOAP takes no grafting: leave it out",
+    "grafting_config": "SOAP takes no grafting: leave it out (its update is Adam's in the "
+                       "eigenbasis, and AdamW's before the first refresh; docs/soap.rst)",
     "merge_dims": "tensors are merged to matrices as Shampoo merges them: leave it out",
 }
 

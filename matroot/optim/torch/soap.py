@@ -29,6 +29,8 @@ import torch.distributed as dist
 
 from ... import _xp
 from ..distributed.core import resolve_process_group
+from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
+from ..distributed.soap_checkpoint import cut_family
 from ..soap import core
 from ..soap.config import FIELDS, PER_PARAMETER, SOAPConfig, check_soap_keywords
 from ..soap.state import SOAPState, init, make_plan
@@ -55,6 +57,13 @@ def _config_of(group) -> SOAPConfig:
 def _shared(config: SOAPConfig) -> SOAPConfig:
     """The part of a config that parameters sharing stacks agree on."""
     return dataclasses.replace(config, **{f: getattr(_DEFAULTS, f) for f in PER_PARAMETER})
+
+
+def _decayed_params(params, decays) -> list:
+    """The parameters for the core's weight decay: a DTensor gathered whole only where
+    its decay is not 0 (None otherwise; the core reads no parameter without decay)."""
+    return [whole(p.detach()) if decay and is_dtensor(p) else
+            None if is_dtensor(p) else p for p, decay in zip(params, decays)]
 
 
 class _Family:
@@ -185,15 +194,18 @@ class SOAP(torch.optim.Optimizer):
             groups = [group_of[id(p)] for p in family.params]
             lrs = [float(g["lr"]) for g in groups]
             decays = [float(g["weight_decay"]) for g in groups]
+            # DTensor (FSDP2) gradients are gathered whole, on every rank in one order.
+            grads = [whole(g) for g in grads]
             if family.sharding is not None:
                 self._sharded_step(family, config, grads, lrs, decays)
                 continue
-            updates, family.state = core.update(grads, family.state, family.params, config,
+            updates, family.state = core.update(grads, family.state,
+                                                _decayed_params(family.params, decays), config,
                                                 lr=lrs, weight_decay=decays, in_place=True)
             pairs = [(p, u) for p, u in zip(family.params, updates) if u is not None]
-            # One foreach addition for the family, not one per parameter.
-            torch._foreach_add_([p for p, _ in pairs],
-                                [u if u.dtype == p.dtype else u.to(p.dtype) for p, u in pairs])
+            # Plain parameters in one foreach addition; a DTensor takes its own rows.
+            add_all_to_local([p for p, _ in pairs],
+                             [u if u.dtype == p.dtype else u.to(p.dtype) for p, u in pairs])
         return loss
 
     def _sharded_step(self, family: _Family, config: SOAPConfig, grads, lrs, decays) -> None:
@@ -208,22 +220,24 @@ class SOAP(torch.optim.Optimizer):
             return
         local = sharding.local_grads(grads)
         decoupled = config.weight_decay_type == "decoupled"
+        decays_here = [0.0] * len(params) if decoupled else decays
+        # Gathered on every rank, owner or not: a DTensor's gather is a collective.
+        decayed_params = _decayed_params(params, decays_here)
         if any(g is not None for g in local):
             updates, family.state = core.update(
-                local, family.state, params, config, lr=lrs,
-                weight_decay=[0.0] * len(params) if decoupled else decays, check_grads=False,
-                in_place=True)
+                local, family.state, decayed_params, config, lr=lrs,
+                weight_decay=decays_here, check_grads=False, in_place=True)
         else:       # this rank owns nothing of the family: its counters still advance
             updates = [None] * len(params)
             family.state = family.state._replace(step=family.state.step + 1)
         summed = sharding.summed(params, updates)
         present = [i for i, u in enumerate(summed) if u is not None]
         decayed = [i for i in present if decoupled and lrs[i] * decays[i]]
-        if decayed:
-            torch._foreach_mul_([params[i] for i in decayed],
+        if decayed:      # on this rank's rows of a DTensor parameter
+            torch._foreach_mul_([local_view(params[i].detach()) for i in decayed],
                                 [1.0 - lrs[i] * decays[i] for i in decayed])
-        torch._foreach_add_([params[i] for i in present],
-                            [summed[i].to(params[i].dtype) for i in present])
+        add_all_to_local([params[i] for i in present],
+                         [summed[i].to(params[i].dtype) for i in present])
 
     def diagnostics(self) -> dict:
         """Steps taken, refresh rounds and skipped steps (of the first family), and the
@@ -269,10 +283,13 @@ class SOAP(torch.optim.Optimizer):
             family = _new_family(members, config, self._process_group)
             shard = None if family.sharding is None else \
                 [family.sharding.world, family.sharding.rank]
+            if entry.get("shard") is None and shard is not None:    # this rank's part
+                entry = cut_family(entry, make_plan(members, config), *shard)
             if entry.get("shard") != shard:
-                raise ValueError(f"the state dict's SOAP family was saved on rank/world "
+                raise ValueError(f"the state dict's SOAP family was saved on world/rank "
                                  f"{entry.get('shard')}, this optimizer runs on {shard}: "
-                                 "load it with the world size it was saved with")
+                                 "load it with the world size it was saved with, or merge "
+                                 "every rank's (matroot.optim.distributed.soap_checkpoint)")
             fresh = family.state
             arrays: dict[str, Any] = {name: int(entry[name]) for name in _COUNTERS}
             for name in _ARRAYS:
@@ -289,6 +306,15 @@ class SOAP(torch.optim.Optimizer):
             family.state = fresh._replace(param_steps=tuple(entry["param_steps"]), **arrays)
             families.append(family)
         self._families = families
+
+    def _saved_plans(self, state_dict: dict) -> list:
+        """The whole block plan of each family of ``state_dict`` on this optimizer's
+        parameters, with the settings it was saved with."""
+        params = self._all_params()
+        group_of = {i: g for g in state_dict["param_groups"] for i in g["params"]}
+        return [make_plan([params[i] for i in entry["params"]],
+                          _shared(_config_of(group_of[entry["params"][0]])))
+                for entry in state_dict["soap_families"]]
 
     def __repr__(self) -> str:
         return f"SOAP({len(self.param_groups)} groups, {_config_of(self.param_groups[0])})"
