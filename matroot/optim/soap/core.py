@@ -35,10 +35,10 @@ import numbers
 from ... import _xp
 from ..shampoo_core import lists
 from ..shampoo_core.blocking import subgroup
-from ..shampoo_core.config import NonFiniteGradientError
 from ..shampoo_core.core import DECAY_NEEDS_PARAMS, GradientTransformation, _per_param
 from ..shampoo_core.counters import advance, advance_param_steps
-from ..shampoo_core.gradients import all_finite, check_gradients, nonfinite_flags
+from ..shampoo_core.gradients import (all_finite, apply_nonfinite_policy, check_gradients,
+                                      nonfinite_flags)
 from ..shampoo_core.grafting import effective_gradients, final_updates, grafting_directions
 from ..shampoo_core.phases import Schedule, compute_dtype
 from ..shampoo_core.stack_io import assign, gather_blocks, write_blocks
@@ -62,12 +62,8 @@ def nonfinite_params(xp, grads) -> list[int]:
 def screen(xp, grads, state: SOAPState, config: SOAPConfig):
     """Shampoo's non-finite policy on the host: None when every gradient is finite, else
     raise (``"raise"``) or return the skipped step's zero updates and state (``"skip"``)."""
-    bad = nonfinite_params(xp, grads)
-    if not bad:
+    if not apply_nonfinite_policy(nonfinite_params(xp, grads), config.nonfinite_grads):
         return None
-    if config.nonfinite_grads == "raise":
-        raise NonFiniteGradientError(f"gradients of parameters {bad} contain NaN or Inf; pass "
-                                     "nonfinite_grads='skip' to skip such steps instead")
     return ([None if g is None else xp.zeros(g.shape, dtype=compute_dtype(xp, g),
                                               device=_xp.device_of(g)) for g in grads],
             state._replace(skipped_steps=state.skipped_steps + 1))

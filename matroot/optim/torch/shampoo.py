@@ -49,6 +49,7 @@ from ..distributed.core import (BlockSharding, agree_on_parameters,
                           resolve_process_group)
 from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
 from ..shampoo_core import lists
+from .closure import closure_loss
 from .graph_replay import ReplayedSteps, StepGraphs
 from .prepare import _ON_DEVICE, _SKIPPED, StepPreparation
 from .state import ShampooStateDict, _Family, host_number, update_dtypes
@@ -291,10 +292,7 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
     @torch.no_grad()
     def step(self, closure=None):
         """Take one optimization step; ``closure`` re-evaluates the model and returns the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         jobs, grads, screen = self._prepare_step()
         if jobs is None:
             return loss
