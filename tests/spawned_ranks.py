@@ -84,3 +84,34 @@ def run_on_ranks(scenarios, world: int, tmpdir: str) -> list:
         with open(os.path.join(tmpdir, f"result-{world}-{rank}.json")) as handle:
             results.append(json.load(handle))
     return results
+
+
+def two_then_three_ranks(scenarios, folder: str):
+    """The module fixtures of a test module whose ``scenarios`` run at 2 ranks, then at 3
+    (which may resume the 2-rank run's checkpoint): ``base``, ``two_ranks``,
+    ``three_ranks`` and ``ranks`` (parametrized over both, yielding ``(world, results)``).
+    A module binds them by name: ``base, two_ranks, three_ranks, ranks = ...``."""
+
+    @pytest.fixture(scope="module")
+    def base(tmp_path_factory):
+        return tmp_path_factory.mktemp(folder)
+
+    def run(world, base):
+        tmpdir = base / f"world{world}"
+        tmpdir.mkdir()
+        return run_on_ranks(scenarios, world, str(tmpdir))
+
+    @pytest.fixture(scope="module")
+    def two_ranks(base):
+        return run(2, base)
+
+    @pytest.fixture(scope="module")
+    def three_ranks(base, two_ranks):
+        return run(3, base)      # after two_ranks: it may resume the 2-rank checkpoint
+
+    @pytest.fixture(params=[2, 3], ids=lambda w: f"{w}ranks")
+    def ranks(request):
+        world = request.param
+        return world, request.getfixturevalue({2: "two_ranks", 3: "three_ranks"}[world])
+
+    return base, two_ranks, three_ranks, ranks

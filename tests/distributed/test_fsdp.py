@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from spawned_ranks import run_on_ranks
+from spawned_ranks import run_on_ranks, two_then_three_ranks
 
 from matroot.optim import Shampoo
 
@@ -32,31 +32,7 @@ from fsdp_scenarios import (HSDP_MESH, OPTIONS, RESUMED, ROUNDING_ATOL,  # noqa:
                             SAVED_AT, Tiny, _hsdp_scenarios, _scenarios, _steps)
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return tmp_path_factory.mktemp("fsdp")
-
-
-def _run(world, base):
-    tmpdir = base / f"world{world}"
-    tmpdir.mkdir()
-    return run_on_ranks(_scenarios, world, str(tmpdir))
-
-
-@pytest.fixture(scope="module")
-def two_ranks(base):
-    return _run(2, base)
-
-
-@pytest.fixture(scope="module")
-def three_ranks(base, two_ranks):
-    return _run(3, base)      # after two_ranks: it resumes the 2-rank checkpoint
-
-
-@pytest.fixture(params=[2, 3], ids=lambda w: f"{w}ranks")
-def ranks(request):
-    world = request.param
-    return world, request.getfixturevalue({2: "two_ranks", 3: "three_ranks"}[world])
+base, two_ranks, three_ranks, ranks = two_then_three_ranks(_scenarios, "fsdp")
 
 
 def test_fsdp2_run_equals_single_process_to_rounding(ranks):

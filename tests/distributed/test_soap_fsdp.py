@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from spawned_ranks import run_on_ranks
+from spawned_ranks import two_then_three_ranks
 
 from matroot.optim import SOAP
 from matroot.optim.distributed.soap_checkpoint import cut_family, merge_family
@@ -29,31 +29,7 @@ from soap_fsdp_scenarios import OPTIONS, RESUMED, SAVED_AT, scenarios, steps
 ROUNDING_ATOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return tmp_path_factory.mktemp("soap_fsdp")
-
-
-def _run(world, base):
-    tmpdir = base / f"world{world}"
-    tmpdir.mkdir()
-    return run_on_ranks(scenarios, world, str(tmpdir))
-
-
-@pytest.fixture(scope="module")
-def two_ranks(base):
-    return _run(2, base)
-
-
-@pytest.fixture(scope="module")
-def three_ranks(base, two_ranks):
-    return _run(3, base)      # after two_ranks: it resumes the 2-rank checkpoint
-
-
-@pytest.fixture(params=[2, 3], ids=lambda w: f"{w}ranks")
-def ranks(request):
-    world = request.param
-    return world, request.getfixturevalue({2: "two_ranks", 3: "three_ranks"}[world])
+base, two_ranks, three_ranks, ranks = two_then_three_ranks(scenarios, "soap_fsdp")
 
 
 def test_fsdp2_soap_equals_one_process_to_rounding(ranks):

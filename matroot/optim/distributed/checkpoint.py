@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from .core import consolidate_state_dicts, shard_state_dict
 
-__all__ = ["dcp_state_dict", "load_dcp_state_dict"]
+__all__ = ["dcp_state_dict", "load_dcp_state_dict", "saved_state_dicts"]
 
 _ENTRY = re.compile(r"rank(\d+)_of_(\d+)$")
 
@@ -96,6 +96,25 @@ def _saved_entries(checkpoint_id, key: str, what: str = "Shampoo") -> tuple[list
     return sorted(found, key=lambda n: found[n][0]), next(iter(worlds))
 
 
+def saved_state_dicts(checkpoint_id, key: str, what: str = "Shampoo") -> list[dict]:
+    """Every saved rank's state dict under ``key`` of a DCP checkpoint, in rank order
+    (a collective when ``torch.distributed`` runs; ``what``: the optimizer the
+    messages name)."""
+    import torch.distributed.checkpoint as dcp
+
+    names, _ = _saved_entries(checkpoint_id, key, what)
+    holder: dict = {key: dict.fromkeys(names)}
+    dcp.load(holder, checkpoint_id=checkpoint_id)
+    shards = []
+    for name in names:
+        try:
+            shards.append(torch.load(io.BytesIO(holder[key][name]), weights_only=True))
+        except Exception as err:
+            raise ValueError(f"checkpoint {checkpoint_id!r}: the {what} state {name} cannot "
+                             f"be read ({type(err).__name__}: {err})") from err
+    return shards
+
+
 def load_dcp_state_dict(optimizer, checkpoint_id, *, key: str = "optim") -> None:
     """Load a DCP checkpoint's Shampoo state into ``optimizer``, whatever world size saved it.
 
@@ -119,18 +138,7 @@ def load_dcp_state_dict(optimizer, checkpoint_id, *, key: str = "optim") -> None
         are missing or unreadable, or the state does not fit the optimizer's
         parameters (then naming what differs).
     """
-    import torch.distributed.checkpoint as dcp
-
-    names, _ = _saved_entries(checkpoint_id, key)
-    holder: dict = {key: dict.fromkeys(names)}
-    dcp.load(holder, checkpoint_id=checkpoint_id)
-    shards = []
-    for name in names:
-        try:
-            shards.append(torch.load(io.BytesIO(holder[key][name]), weights_only=True))
-        except Exception as err:
-            raise ValueError(f"checkpoint {checkpoint_id!r}: the Shampoo state {name} cannot "
-                             f"be read ({type(err).__name__}: {err})") from err
+    shards = saved_state_dicts(checkpoint_id, key)
     merged = consolidate_state_dicts(shards) if len(shards) > 1 else shards[0]
     rank, world = _rank_and_world(optimizer)
     optimizer.load_state_dict(merged if world == 1 else shard_state_dict(merged, world, rank))

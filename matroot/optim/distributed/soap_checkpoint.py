@@ -29,12 +29,11 @@ Example (every rank)::
 
 from __future__ import annotations
 
-import io
 
 import torch
 
 from ..shampoo_core.blocking import BlockPlan
-from .checkpoint import _saved_entries
+from .checkpoint import saved_state_dicts
 from .rank_part import local_plan
 from .resharding import slot_map
 from .sharding import shard_plan
@@ -186,18 +185,7 @@ def load_soap_dcp_state_dict(optimizer, checkpoint_id, *, key: str = "optim") ->
         If the checkpoint has no SOAP entries under ``key``, some ranks' entries are
         missing or unreadable, or the state does not fit the optimizer's parameters.
     """
-    import torch.distributed.checkpoint as dcp
-
-    names, _ = _saved_entries(checkpoint_id, key, what="SOAP")
-    holder: dict = {key: dict.fromkeys(names)}
-    dcp.load(holder, checkpoint_id=checkpoint_id)
-    shards = []
-    for name in names:
-        try:
-            shards.append(torch.load(io.BytesIO(holder[key][name]), weights_only=True))
-        except Exception as err:
-            raise ValueError(f"checkpoint {checkpoint_id!r}: the SOAP state {name} cannot "
-                             f"be read ({type(err).__name__}: {err})") from err
+    shards = saved_state_dicts(checkpoint_id, key, what="SOAP")
     if any("soap_families" not in sd for sd in shards):
         raise ValueError(f"checkpoint {checkpoint_id!r} holds no SOAP state under {key!r} "
                          "(another optimizer's?)")
