@@ -135,6 +135,7 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
     ("tests/optim/test_soap_compile.py::*", "torch.compile traces SOAP steps (30 s here)"),
     ("tests/distributed/test_soap_fsdp.py::test_fsdp2_*",
      "spawns gloo process groups of 2 and 3 ranks (FSDP2, DCP)"),
+    ("tests/distributed/test_soap_fsdp.py::test_hsdp_*", "spawns a 4-rank gloo process group"),
     ("tests/launches/test_launch_budgets.py::test_fixed_steps_keep_the_promise[*-8]",
      "repeats p = 4's search at p = 8"),
     ("tests/optim/test_soap_optax.py::test_inject_hyperparams_learning_rate_under_jit",

@@ -22,8 +22,8 @@ STEPS = 6
 SAVED_AT, RESUMED = 3, 3      # DCP: save after 3 steps, then 3 more
 
 
-def _train(world, options, steps, nan_at=None, rank=0):
-    model, reference, mesh = _models(world)
+def _train(world, options, steps, nan_at=None, rank=0, mesh_shape=None):
+    model, reference, mesh = _models(world, mesh_shape)
     extras, twins = _extras(mesh)
     params = [*model.parameters(), *extras]
     ref_params = [*reference.parameters(), *twins]
@@ -56,7 +56,9 @@ def _train(world, options, steps, nan_at=None, rank=0):
                          "local_digest": _local_digest(params),
                          "refreshes": opt.diagnostics()["refreshes"],
                          "skipped": opt.diagnostics()["skipped_steps"],
-                         "sharded": all(f.sharding is not None for f in opt._families)}
+                         "sharded": all(f.sharding is not None for f in opt._families),
+                         "placements": sorted({str(p.placements) for p in params
+                                               if hasattr(p, "placements")})}
 
 
 def training(world):
@@ -144,3 +146,13 @@ def scenarios(rank, world, tmpdir):
         out["resumed"] = _resume(base)
     dist.barrier()
     return out
+
+
+#: HSDP: two replicas of the model, each sharded over two ranks (as Shampoo's and Muon's).
+HSDP_MESH = (2, 2)
+
+
+def hsdp_scenarios(rank, world, tmpdir):
+    """The equality run on a 2-D mesh: FSDP2's HSDP placements ``(Replicate, Shard(0))``."""
+    _, _, out = _train(world, OPTIONS, STEPS, mesh_shape=HSDP_MESH)
+    return {"hsdp": out}
