@@ -122,12 +122,6 @@ def _groups(named, extras):
                                                "split": 3}]
 
 
-def _rows(p, world, rank):
-    from matroot.optim.distributed.muon_owners import row_ranges
-
-    return row_ranges(p.shape[0], world)[rank]
-
-
 def _flags(opt):
     return [g["use_muon"] for g in opt.param_groups for _ in g["params"]]
 
@@ -160,9 +154,8 @@ def _fsdp_equality(world, mesh_shape=None):
     expected = 4 * sum(o._elements(m, o.rank) if m.owner != o.rank else
                        sum(o._elements(m, r) for r in range(world) if r != o.rank)
                        for m in o.matrices)
-    spread = [p for p, flag in zip(params, sharded.row_sharded) if not flag]
-    largest = max(sum((b - a) * math.prod(p.shape[1:]) for p in spread
-                      for a, b in [_rows(p, world, r)])
+    spread = [i for i, flag in enumerate(sharded.row_sharded) if not flag]
+    largest = max(sum(math.prod(sharded.part_shape(i, params[i].shape, r)) for i in spread)
                   for r in range(world))
     return {"sent": o.sent_bytes / STEPS, "expected_sent": expected,
             "gathered": sharded.gathered_bytes / STEPS, "expected_gathered": 4 * world * largest,
@@ -267,15 +260,99 @@ def _mismatch(rank):
     return "stepped"
 
 
+#: Small first dimensions: whole (plain) Muon matrices and AdamW biases, and one
+#: ``fully_shard`` (3, 512) weight, whose rows FSDP2 cuts (on a 1-D mesh).
+SMALL_SHAPES = {"a.weight": (3, 512), "b.weight": (5, 64), "c.weight": (3, 8, 8),
+                "d.weight": (2, 3), "a.bias": (3,), "b.bias": (5,), "c.bias": (7,)}
+SMALL_STEPS, SMALL_SAVED_AT = 4, 2
+
+
+def _small_model(world, mesh_shape=None):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    gen = torch.Generator().manual_seed(5)
+    values = {n: torch.randn(s, generator=gen) for n, s in SMALL_SHAPES.items()}
+    torch.manual_seed(2)
+    layer = torch.nn.Linear(512, 3, bias=False)
+    named = [(n, torch.nn.Parameter(v)) for n, v in values.items()]
+    if world > 1:
+        mesh_shape = mesh_shape or (world,)
+        fully_shard(layer, mesh=init_device_mesh(
+            "cpu", mesh_shape, mesh_dim_names=("replicate", "shard")[-len(mesh_shape):]))
+    return named + [("fsdp.weight", layer.weight)], layer
+
+
+def _small_step(named, layer, opt, step):
+    gen = torch.Generator().manual_seed(50 + step)
+    for _, p in named[:-1]:
+        p.grad = torch.randn(p.shape, generator=gen)
+    layer(torch.randn(4, 512, generator=gen)).square().sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _small_first_dims(world, mesh_shape=None, base=None):
+    """Per-rank state of parameters whose first dimension is small against the world,
+    trained beside one process fed the same gradients; at 2 ranks a DCP checkpoint
+    saved midway, which 3 ranks resume."""
+    import torch.distributed.checkpoint as dcp
+
+    from matroot.optim.distributed.muon_checkpoint import (load_muon_dcp_state_dict,
+                                                           muon_dcp_state_dict)
+
+    named, layer = _small_model(world, mesh_shape)
+    twins, twin_layer = _small_model(1)
+    opt = Muon(named, **OPTIONS)
+    ref = Muon(twins, distributed=None, **OPTIONS)
+    diffs = []
+    for step in range(SMALL_STEPS):
+        _small_step(named, layer, opt, step)
+        _small_step(twins, twin_layer, ref, step)
+        diffs.append(max(float((_whole(p) - q.detach()).abs().max())
+                         for (_, p), (_, q) in zip(named, twins)))
+        if base is not None and world == 2 and step + 1 == SMALL_SAVED_AT:
+            dcp.save({"params": {n: p.detach() for n, p in named},
+                      "optim": muon_dcp_state_dict(opt)},
+                     checkpoint_id=os.path.join(base, "small_dcp"))
+
+    def state_bytes(o, params):
+        return _local_bytes({p: o.state[p] for p in params})
+
+    out = {"diffs": diffs,
+           "state": state_bytes(opt, [p for _, p in named]),
+           "single_state": state_bytes(ref, [q for _, q in twins]),
+           "fsdp": state_bytes(opt, [layer.weight]),
+           "single_fsdp": state_bytes(ref, [twin_layer.weight]),
+           "layout": [None if part is None else [part.dim, part.holder]
+                      for part in opt._sharded.layout]}
+    if base is not None and world == 3:
+        named, layer = _small_model(world)
+        opt = Muon(named, **OPTIONS)
+        path = os.path.join(base, "small_dcp")
+        params = {n: p.detach() for n, p in named}
+        dcp.load({"params": params}, checkpoint_id=path)
+        load_muon_dcp_state_dict(opt, path)
+        for step in range(SMALL_SAVED_AT, SMALL_STEPS):
+            _small_step(named, layer, opt, step)
+        out["resumed"] = max(float((_whole(p) - q.detach()).abs().max())
+                             for (_, p), (_, q) in zip(named, twins))
+        out["resumed_layout"] = [None if part is None else [part.dim, part.holder]
+                                 for part in opt._sharded.layout]
+    return out
+
+
 def _scenarios(rank, world, tmpdir):
     out = {"fsdp": _fsdp_equality(world), "ddp": _ddp_equality(world, rank),
-           "dcp": _dcp(world, os.path.dirname(tmpdir)), "mismatch": _mismatch(rank)}
+           "dcp": _dcp(world, os.path.dirname(tmpdir)), "mismatch": _mismatch(rank),
+           "small": _small_first_dims(world, base=os.path.dirname(tmpdir))}
     dist.barrier()
     return out
 
 
 def _hsdp_scenarios(rank, world, tmpdir):
-    return {"hsdp": _fsdp_equality(world, HSDP_MESH)}
+    return {"hsdp": _fsdp_equality(world, HSDP_MESH),
+            "small": _small_first_dims(world, HSDP_MESH)}
 
 
 #: HSDP: two replicas of a model sharded over two ranks each.

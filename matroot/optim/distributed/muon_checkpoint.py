@@ -1,11 +1,11 @@
 """Muon's state in ``torch.distributed.checkpoint`` (DCP) checkpoints, for any world size.
 
 A sharded :class:`~matroot.optim.Muon` keeps every state tensor as a ``DTensor`` of
-its parameter's shape holding this rank's rows
-(:mod:`matroot.optim.distributed.muon_step`), one process keeps plain tensors; DCP
-saves either as the whole tensor and loads it into whichever layout the loading
-optimizer has, so a run saved at 2 ranks resumes at 3, or in one process, with the
-same state. :func:`muon_dcp_state_dict` names each parameter's entries by its
+its parameter's shape holding this rank's part (rows, columns, or all of it on one
+rank: :mod:`matroot.optim.distributed.muon_layout`), one process keeps plain
+tensors; DCP saves either as the whole tensor and loads it into whichever layout
+the loading optimizer has, so a run saved at 2 ranks resumes at 3, or in one
+process, with the same state. :func:`muon_dcp_state_dict` names each parameter's entries by its
 position in the optimizer's groups.
 
 Example (every rank)::

@@ -1,19 +1,24 @@
 """The torch shell's Muon step over the ranks of a process group (DDP, FSDP2, DTensor).
 
-Each rank keeps the state of its rows of every parameter (:func:`~matroot.optim.
-distributed.muon_owners.row_ranges`: the rows ``fully_shard`` gives it), stored as a
-``DTensor`` sharded on the first dimension, so a rank holds about 1/world of one
-process's state and ``torch.distributed.checkpoint`` reshards it
-(:mod:`matroot.optim.distributed.muon_checkpoint`). A parameter is either
+Each rank keeps the state of its part of every parameter, a ``torch.chunk`` of one
+dimension (:func:`~matroot.optim.distributed.muon_owners.row_ranges`) or, on one
+rank, all of it, stored as a ``DTensor`` of the parameter's shape (``Shard(dim)``,
+or ``Replicate`` on that rank's mesh), so ``torch.distributed.checkpoint`` reshards
+it (:mod:`matroot.optim.distributed.muon_checkpoint`). A parameter is either
 
 - **row-sharded**: a ``DTensor`` placed ``Shard(0)`` on a 1-D mesh of the
   optimizer's ranks, as ``fully_shard`` makes it. Its gradient's local part is
-  this rank's rows; its update's rows are added to its local part, with no more
-  communication; or
+  this rank's rows, so its state is those rows (``fully_shard``'s split sets this
+  rank's share: ``ceil(rows/world)/rows`` at most); its update's rows are added to
+  its local part, with no more communication; or
 - **whole** on every rank: a plain tensor (DDP), a ``Replicate`` DTensor, or any
   other placement (HSDP's 2-D mesh, ``Shard(1)``): its gradient is made whole
-  (``full_tensor()`` for a DTensor), the rank takes its rows, and one
-  all-gather per dtype gives every rank every row of the update.
+  (``full_tensor()`` for a DTensor), the rank takes its part, and one all-gather
+  per dtype gives every rank every part of the update. The parts follow a
+  size-balanced plan (:func:`~matroot.optim.distributed.muon_layout.plan_state`):
+  chunks of the better dimension (the columns of a ``(3, 512)`` matrix at 4 ranks,
+  a quarter each, where its rows would give rank 0 a third), or the whole
+  parameter on the least-loaded rank.
 
 Muon's matrices then go to their owners and back
 (:class:`~matroot.optim.distributed.muon_owners.MatrixOwners`); AdamW's
@@ -33,7 +38,8 @@ import torch.distributed as dist
 from ..muon.core import MuonConfig, adamw_directions, muon_momentum, orthogonalized
 from .core import _all_gather, _check_device, agree_on_gradients, agree_on_parameters
 from .dtensor import _local_rows, is_dtensor, whole
-from .muon_owners import MatrixOwners, row_ranges
+from .muon_layout import plan_state
+from .muon_owners import MatrixOwners
 
 __all__ = ["ShardedMuon"]
 
@@ -67,11 +73,24 @@ class ShardedMuon:
         self.row_sharded = [self._row_sharded(p, ranks) for p in params]
         # A scalar has no rows: every rank keeps its state and computes its update.
         self.scalar = [p.ndim == 0 for p in params]
+        # Each parameter's part of the state (FSDP2's rows, else a size-balanced plan);
+        # a whole parameter on one rank needs that rank's own mesh, which every rank of
+        # the default group makes: only when the optimizer's group is all of them.
+        hold = self.world == dist.get_world_size()
+        self.layout = plan_state([tuple(p.shape) for p in params], use_muon,
+                                 self.row_sharded,
+                                 [p.element_size() * (1 if u else 2)
+                                  for p, u in zip(params, use_muon)], self.world, hold)
         self.muon = [i for i, u in enumerate(use_muon) if u]
         self.owners = MatrixOwners([tuple(params[i].shape) for i in self.muon],
                                    [_dtype_name(params[i].dtype) for i in self.muon],
-                                   [splits[i] for i in self.muon], self.world, self.rank)
+                                   [splits[i] for i in self.muon], self.world, self.rank,
+                                   [self.layout[i].dim for i in self.muon],
+                                   [self.layout[i].ranges for i in self.muon])
         self.mesh = DeviceMesh.from_group(group, self.device.type)
+        self._holder_meshes = {r: DeviceMesh(self.device.type, [ranks[r]]) for r in
+                               sorted({part.holder for part in self.layout
+                                       if part is not None and part.holder is not None})}
         #: Bytes the all-gathers of whole parameters' updates returned here so far.
         self.gathered_bytes = 0
 
@@ -91,24 +110,42 @@ class ShardedMuon:
         return (tuple(p.placements) == (Shard(0),)
                 and p.device_mesh.mesh.flatten().tolist() == list(ranks))
 
-    def rows(self, p) -> tuple[int, int]:
-        """This rank's rows of ``p``'s first dimension."""
-        return row_ranges(p.shape[0], self.world)[self.rank]
+    def part(self, i: int, tensor, rank: int | None = None):
+        """``rank``'s (default this one's) part of the whole ``tensor`` (of parameter
+        ``i``'s shape): its chunk of the plan's dimension."""
+        layout = self.layout[i]
+        start, stop = layout.ranges[self.rank if rank is None else rank]
+        return tensor.narrow(layout.dim, start, stop - start)
+
+    def part_shape(self, i: int, shape, rank: int | None = None) -> tuple[int, ...]:
+        """The shape of ``rank``'s part of parameter ``i`` (of ``shape``)."""
+        return self.layout[i].shape(shape, self.rank if rank is None else rank)
 
     def zeros(self, i: int, p):
-        """Zero state for parameter ``i``: a DTensor of ``p``'s shape holding this rank's rows."""
+        """Zero state for parameter ``i``: a DTensor of ``p``'s shape holding this
+        rank's part (``Shard`` of its dimension, or ``Replicate`` on its holder's mesh)."""
         if self.row_sharded[i] or self.scalar[i]:
             return torch.zeros_like(p)
-        from torch.distributed.tensor import DTensor, Shard
+        from torch.distributed.tensor import DTensor, Replicate, Shard
 
-        start, stop = self.rows(p)
-        local = torch.zeros((stop - start, *p.shape[1:]), dtype=p.dtype, device=p.device)
-        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False,
+        layout = self.layout[i]
+        local = torch.zeros(self.part_shape(i, p.shape), dtype=p.dtype, device=p.device)
+        mesh, placement = ((self.mesh, Shard(layout.dim)) if layout.holder is None else
+                           (self._holder_meshes[layout.holder], Replicate()))
+        return DTensor.from_local(local, mesh, [placement], run_check=False,
                                   shape=p.shape, stride=_contiguous_strides(p.shape))
+
+    def local(self, i: int, tensor):
+        """This rank's part of state ``tensor`` of parameter ``i``, shaped as its part of
+        the gradient (a DTensor on another rank's mesh keeps an empty 1-D local tensor)."""
+        local = _local(tensor)
+        if local.numel() == 0 and not self.scalar[i]:
+            return local.reshape(self.part_shape(i, tensor.shape))
+        return local
 
     def _own_rows(self, i: int, p, s: dict) -> None:
         """Cut whole state tensors (a single-process state dict given to
-        ``load_state_dict``) to this rank's rows, in place in ``s``."""
+        ``load_state_dict``) to this rank's part, in place in ``s``."""
         for key in ("momentum_buffer", "exp_avg_sq"):
             value = s.get(key)
             if value is None or is_dtensor(value) or self.scalar[i]:
@@ -117,8 +154,7 @@ class ShardedMuon:
                 raise ValueError(f"the state's {key!r} of a parameter of shape "
                                  f"{tuple(p.shape)} has shape {tuple(value.shape)}")
             kept = self.zeros(i, p)
-            start, stop = self.rows(p)
-            _local(kept).copy_(value[start:stop])
+            self.local(i, kept).copy_(self.part(i, value))
             s[key] = kept
 
     def _local_grad(self, i: int, p, grad):
@@ -128,8 +164,7 @@ class ShardedMuon:
             return grad.to_local()
         if self.scalar[i]:
             return whole(grad)
-        start, stop = self.rows(p)
-        return whole(grad)[start:stop]
+        return self.part(i, whole(grad))
 
     def step(self, params, groups, state, config: MuonConfig) -> None:
         """One step of every parameter with a gradient (``groups[i]``: its group dict,
@@ -151,7 +186,7 @@ class ShardedMuon:
                     s["exp_avg_sq"] = self.zeros(i, params[i])
             self._own_rows(i, params[i], s)
         grads = {i: self._local_grad(i, params[i], params[i].grad) for i in live}
-        buffers = {i: _local(state[params[i]]["momentum_buffer"]) for i in live}
+        buffers = {i: self.local(i, state[params[i]]["momentum_buffer"]) for i in live}
         for i in live:
             state[params[i]]["step"] = int(state[params[i]]["step"]) + 1
         directions = {}
@@ -164,7 +199,7 @@ class ShardedMuon:
             directions.update(self._orthogonalized(dict(zip(muon, inputs)), config))
         adamw = [i for i in live if not self.use_muon[i]]
         if adamw:
-            seconds = [_local(state[params[i]]["exp_avg_sq"]) for i in adamw]
+            seconds = [self.local(i, state[params[i]]["exp_avg_sq"]) for i in adamw]
             first, squares, steps = adamw_directions(
                 [grads[i] for i in adamw], [buffers[i] for i in adamw], seconds,
                 [state[params[i]]["step"] for i in adamw],
@@ -174,7 +209,7 @@ class ShardedMuon:
         self._apply(params, groups, live, directions)
 
     def _orthogonalized(self, inputs: dict, config: MuonConfig) -> dict:
-        """This rank's rows of every Muon direction, each matrix factored by its owner."""
+        """This rank's part of every Muon direction, each matrix factored by its owner."""
         number = {i: k for k, i in enumerate(self.muon)}
         present = [i in inputs for i in self.muon]
         whole_matrices = self.owners.to_owners({number[i]: u for i, u in inputs.items()},
@@ -186,8 +221,8 @@ class ShardedMuon:
     def _apply(self, params, groups, live, directions) -> None:
         """``p ← p·(1 − lr·wd) − lr·D``, as one process does it, on each rank's part."""
         spread = [i for i in live if not (self.row_sharded[i] or self.scalar[i])]
-        wholes = dict(zip(spread, self._gather_rows([params[i] for i in spread],
-                                                    [directions[i] for i in spread])))
+        wholes = dict(zip(spread, self._gather_parts(spread, [params[i] for i in spread],
+                                                     [directions[i] for i in spread])))
         for i in live:
             p, lr, decay = params[i], float(groups[i]["lr"]), float(groups[i]["weight_decay"])
             direction = wholes.get(i, directions[i])
@@ -199,14 +234,14 @@ class ShardedMuon:
                 target.mul_(1 - lr * decay)
             target.add_(direction * -lr)
 
-    def _gather_rows(self, params, rows) -> list:
-        """Whole directions of ``params`` from every rank's ``rows``: one all-gather per dtype."""
+    def _gather_parts(self, numbers, params, rows) -> list:
+        """Whole directions of ``params`` (numbered ``numbers``) from every rank's part
+        ``rows``: one all-gather per dtype."""
         out: list = [None] * len(params)
         for dtype in sorted({r.dtype for r in rows}, key=str):
             members = [k for k, r in enumerate(rows) if r.dtype == dtype]
-            sizes = [[(b - a) * _row_size(params[k]) for k in members
-                      for a, b in [row_ranges(params[k].shape[0], self.world)[r]]]
-                     for r in range(self.world)]
+            sizes = [[math.prod(self.part_shape(numbers[k], params[k].shape, r))
+                      for k in members] for r in range(self.world)]
             padded = max(sum(s) for s in sizes)
             send = torch.zeros(padded, dtype=dtype, device=self.device)
             mine = torch.cat([rows[k].reshape(-1) for k in members])
@@ -221,18 +256,14 @@ class ShardedMuon:
             for r in range(self.world):
                 parts = recv[r, :sum(sizes[r])].split(sizes[r])
                 for k, part in zip(members, parts):
-                    a, b = row_ranges(params[k].shape[0], self.world)[r]
-                    out[k][a:b] = part.view((b - a, *params[k].shape[1:]))
+                    target = self.part(numbers[k], out[k], r)
+                    target.copy_(part.view(target.shape))
         return out
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
     """The strides of a contiguous tensor of ``shape``."""
     return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
-
-
-def _row_size(p) -> int:
-    return math.prod(p.shape[1:])
 
 
 def _local(tensor):

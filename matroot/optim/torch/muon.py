@@ -173,7 +173,7 @@ class Muon(torch.optim.Optimizer):
     distributed : "auto", None or ProcessGroup
         Split the work over the ranks of this process group (``"auto"``: the default
         group when ``torch.distributed`` runs more than one rank): each rank keeps
-        the state of its rows of every parameter and orthogonalizes the matrices it
+        the state of its part of the parameters and orthogonalizes the matrices it
         owns whole (:mod:`matroot.optim.distributed.muon_step`); DDP, FSDP2
         (``fully_shard``) and other DTensor parameters, mixed. None: one process.
     **config
