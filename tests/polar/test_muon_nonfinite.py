@@ -84,7 +84,7 @@ def test_skip_leaves_no_trace_and_counts_the_step():
 
 
 def test_an_unknown_policy_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match="nonfinite_grads.*'raise', 'skip'"):
+    with pytest.raises(ValueError, match=r"nonfinite_grads.*'raise', 'skip'"):
         Muon(_model().named_parameters(), nonfinite_grads="ignore")
 
 
