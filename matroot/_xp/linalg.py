@@ -18,6 +18,7 @@ __all__ = [
     "add_scaled_identity",
     "batched_matmul",
     "add_product",
+    "add_product_over",
     "add_scaled",
     "shifted_product",
     "scaled_plus_identity",
@@ -99,6 +100,28 @@ def add_product(base, a, b, *, beta: float = 1.0, alpha: float = 1.0):
     if alpha != 1.0:
         product = alpha * product
     return (base if beta == 1.0 else beta * base) + product
+
+
+def add_product_over(base, a, b, *, alpha: float = 1.0):
+    """:func:`add_product` (``beta = 1``) for a ``base`` the caller discards: on torch
+    the product is added into ``base`` itself (``baddbmm_``) where ``base`` needs no
+    gradient, which spares the copy of ``base`` that ``baddbmm`` makes first (as
+    long as the product's own pass). Elsewhere (and under ``torch.compile``) it is
+    :func:`add_product`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> add_product_over(np.ones((1, 2, 2)), np.eye(2)[None], np.full((1, 2, 2), 2.0), alpha=0.5)
+    array([[[2., 2.],
+            [2., 2.]]])
+    """
+    xp = array_namespace(a)
+    if (is_torch_namespace(xp) and _torch_batched(a, b) and base.dtype == a.dtype
+            and tuple(base.shape) == (a.shape[0], a.shape[1], b.shape[2])
+            and not base.requires_grad and not is_traced(base)):
+        return base.baddbmm_(a, b, alpha=alpha)
+    return add_product(base, a, b, alpha=alpha)
 
 
 def add_scaled(x, alpha, y):

@@ -68,8 +68,10 @@ def _quotients_and_residual(qt, zt):
     return d, _xp.frobenius_norm(_xp.add_scaled(zt, -d[..., None], qt))
 
 
-def _block_step(a, shift, qt_t, zt_t, qt_r, zt_r):
-    """One block step on the rows ``(Q_t, Z_t)`` (top) and ``(Q_r, Z_r)`` (rest)."""
+def _block_step(a, shift, qt_t, zt_t, qt_r, zt_r, *, overwrite: bool = False):
+    """One block step on the rows ``(Q_t, Z_t)`` (top) and ``(Q_r, Z_r)`` (rest);
+    ``overwrite``: the rest's arrays are not read afterwards (their update may be
+    written over them)."""
     xp = _xp.array_namespace(a)
     mt = xp.matrix_transpose
     y = _xp.lapack_in_order(xp.linalg.qr, mt(_xp.add_scaled(zt_t, shift, qt_t)))[0]
@@ -82,8 +84,9 @@ def _block_step(a, shift, qt_t, zt_t, qt_r, zt_r):
     # Q_r − F·(diag(1/(1 + c))·Fᵀ·Q_r + Uᵀ·Q_t), the same for Z_r; the subtraction is
     # folded into the product (one pass over the rest fewer on torch).
     damped, ut, minus_f = mt(f) * (1 / (1 + c))[:, :, None], mt(u), -f
-    qt_r = _xp.add_product(qt_r, minus_f, _xp.add_product(ut @ qt_t, damped, qt_r))
-    zt_r = _xp.add_product(zt_r, minus_f, _xp.add_product(ut @ zt_t, damped, zt_r))
+    update = _xp.add_product_over if overwrite else _xp.add_product
+    qt_r = update(qt_r, minus_f, _xp.add_product_over(ut @ qt_t, damped, qt_r))
+    zt_r = update(zt_r, minus_f, _xp.add_product_over(ut @ zt_t, damped, zt_r))
     return mt(top), mt(z_top), qt_r, zt_r
 
 
@@ -120,12 +123,13 @@ def block_rotation(a, basis, *, iterations: int, rtol: float, block: int, traced
 
     def step(state, k):
         *old, residual, done, steps = state
-        new = _block_step(a, shift, *old[:4])
+        first = isinstance(k, int) and k == 0   # then nothing reads the old rows again
+        new = _block_step(a, shift, *old[:4], overwrite=first)
         d_top, r_top = _quotients_and_residual(new[0], new[1])
         d_rest, r_rest = _quotients_and_residual(new[2], new[3])
         new = (*new, d_top, d_rest)
         new_residual = xp.sqrt(r_top * r_top + r_rest * r_rest) / safe_norm[:, 0]
-        if not (isinstance(k, int) and k == 0):  # before the first step none is done
+        if not first:  # before the first step none is done
             new = tuple(xp.where(xp.reshape(done, (-1,) + (1,) * (now.ndim - 1)), was, now)
                         for was, now in zip(old, new))
             new_residual = xp.where(done, residual, new_residual)

@@ -33,6 +33,8 @@ FALLBACKS = ("eigh", "none")
 #: The methods: block steps (thin products, :mod:`.block_rotation`) or orthogonal
 #: iteration (a full QR per step, :mod:`.orthogonal_iteration`).
 METHODS = ("block", "orthogonal")
+#: A matrix whose largest entry magnitude lies in this range is used unscaled.
+MODERATE = (2.0 ** -40, 2.0 ** 40)
 #: Past this many steps an eigh is cheaper on every backend measured (bench/eigenbasis_refresh.py).
 MAX_ITERATIONS = 64
 
@@ -237,8 +239,15 @@ def _iterate(stack, *, start, iterations: int, rtol: float, method: str, block: 
     # A sum is NaN or Inf where an entry is (or where it overflows: then the start,
     # not the promise, is lost).
     usable = finite & xp.isfinite(xp.sum(start, axis=(-2, -1)))
-    # Eagerly one host read spares the selects of the (usual) all-finite call.
-    clean = not traced and bool(xp.all(usable))
+    # A matrix whose entries lie in MODERATE is used as it is (no product, square or
+    # sum of n terms of them leaves the normal range), others are scaled by a power
+    # of two. Eagerly one host read spares the selects of the (usual) all-finite call
+    # and, where every matrix is moderate, the pass that would divide them by 1.
+    moderate = (peak >= MODERATE[0]) & (peak <= MODERATE[1])
+    clean, all_moderate = False, False
+    if not traced:
+        clean, all_moderate = (bool(flag) for flag in _xp.to_numpy(
+            xp.stack([xp.all(usable), xp.all(moderate)])))
     if not clean:
         peak = xp.where(finite, peak, xp.zeros_like(peak))
         stack = _xp.batched_where(finite, stack, xp.zeros_like(stack))
@@ -247,11 +256,16 @@ def _iterate(stack, *, start, iterations: int, rtol: float, method: str, block: 
     # (A + Aᵀ)/2 scaled by a power of two in two passes: A/2^e + (A/2^e)ᵀ = sym(A)/2^(e−1)
     # with 2^e just above max|a_ij| (exact divisions; at the top of the range 2^e = 2^(e−1)
     # and the entries stay below 4).
-    below = _xp.power_of_two_scale(peak[:, None, None])
-    double = xp.where(below < float(xp.finfo(stack.dtype).max) / 2, 2 * below, below)
-    scaled = stack / double[:, None, None]
-    scaled = scaled + xp.matrix_transpose(scaled)
-    scale = double / 2
+    if all_moderate:
+        scaled = stack + xp.matrix_transpose(stack)     # 2·sym(A), exactly
+        scale = xp.full_like(peak, 0.5)
+    else:
+        below = _xp.power_of_two_scale(peak[:, None, None])
+        double = xp.where(below < float(xp.finfo(stack.dtype).max) / 2, 2 * below, below)
+        double = xp.where(moderate, xp.ones_like(double), double)
+        scaled = stack / double[:, None, None]
+        scaled = scaled + xp.matrix_transpose(scaled)
+        scale = double / 2
     if method == "block":
         q, d, residual, converged, steps = block_rotation(
             scaled, start, iterations=iterations, rtol=rtol, block=block, traced=traced)

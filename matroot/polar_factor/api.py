@@ -252,8 +252,8 @@ def _polar_stack(g, *, method, rows, rtol, matmul_dtype, work_name, sigma_bound)
     returned_in_work = xp.astype(returned, work, copy=False)
     n_side = returned_in_work.shape[-1]
     eye = _xp.identity_stack(xp, n_side, work, _xp.device_of(returned_in_work))
-    defect = _xp.frobenius_norm(
-        xp.matrix_transpose(returned_in_work) @ returned_in_work - eye)
+    defect = _xp.frobenius_norm(_xp.add_product(
+        eye, xp.matrix_transpose(returned_in_work), returned_in_work, beta=-1.0))
     nan = xp.full_like(defect, float("nan"))
     defect = xp.where(finite, defect, nan)
     error = defect / math.sqrt(n_side)

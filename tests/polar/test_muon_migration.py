@@ -177,6 +177,8 @@ def test_a_step_dispatches_under_a_third_of_torchs_operations():
                 for opt in optimizers:
                     opt.step()
         counts[name] = count
-    assert counts["ours"].syncs == 0
+    # One host read: the NaN/Inf screen of nonfinite_grads (torch.optim.Muon has none
+    # and writes a NaN gradient into the parameters).
+    assert counts["ours"].syncs == 1
     assert counts["ours"].ops <= 0.3 * counts["theirs"].ops, (counts["ours"].ops,
                                                                counts["theirs"].ops)

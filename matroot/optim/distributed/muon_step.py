@@ -35,6 +35,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..shampoo_core.gradients import apply_nonfinite_policy
 from ..muon.core import MuonConfig, adamw_directions, muon_momentum, orthogonalized
 from .core import _all_gather, _check_device, agree_on_gradients, agree_on_parameters
 from .dtensor import _local_rows, is_dtensor, whole
@@ -166,17 +167,21 @@ class ShardedMuon:
             return whole(grad)
         return self.part(i, whole(grad))
 
-    def step(self, params, groups, state, config: MuonConfig) -> None:
+    def step(self, params, groups, state, config: MuonConfig) -> bool:
         """One step of every parameter with a gradient (``groups[i]``: its group dict,
-        ``state[p]``: its state, made here at its first gradient)."""
-        # Raises on every rank if some lack a gradient; NaN/Inf go through, as in one
-        # process, so its other answer is not used.
-        agree_on_gradients(
+        ``state[p]``: its state, made here at its first gradient); False when
+        ``config.nonfinite_grads`` skips it (the same answer on every rank)."""
+        # Raises on every rank if some lack a gradient; every rank sees the same NaN/Inf
+        # flags, so all raise or all skip, as one process would.
+        nonfinite = agree_on_gradients(
             [None if p.grad is None else (p.grad.to_local() if is_dtensor(p.grad) else p.grad)
              for p in params], self.group, self.device)
+        if apply_nonfinite_policy([i for i, bad in enumerate(nonfinite) if bad],
+                                  config.nonfinite_grads, numbering=" (state_dict numbering)"):
+            return False
         live = [i for i, p in enumerate(params) if p.grad is not None]
         if not live:
-            return
+            return True
         for i in live:
             s = state[params[i]]
             if not s:
@@ -207,6 +212,7 @@ class ShardedMuon:
             torch._foreach_copy_([buffers[i] for i in adamw] + seconds, first + squares)
             directions.update(zip(adamw, steps))
         self._apply(params, groups, live, directions)
+        return True
 
     def _orthogonalized(self, inputs: dict, config: MuonConfig) -> dict:
         """This rank's part of every Muon direction, each matrix factored by its owner."""

@@ -35,7 +35,8 @@ from ... import _xp
 from ...solvers.polar.coefficients import MUON_LOWER
 from ...solvers.polar.registry import get_polar_method, polar_method_names
 from ...polar_factor.api import polar_info
-from ..shampoo_core.config import check_keywords
+from ..shampoo_core.config import NONFINITE_POLICIES, check_keywords
+from ..shampoo_core.option_groups import check_one_of
 
 __all__ = ["MuonConfig", "MuonState", "SHAPE_SCALES", "muon_init", "muon_directions",
            "matrix_stack_shape", "shape_scale", "default_use_muon", "check_muon_keywords",
@@ -150,6 +151,13 @@ class MuonConfig:
         Operand dtype of the polar iteration's products.
     betas, eps : tuple of float, float
         AdamW's moments and denominator floor, for the non-Muon parameters.
+    nonfinite_grads : {"raise", "skip"}
+        What a step whose gradients hold NaN or Inf does, as Shampoo's and SOAP's
+        (:func:`~matroot.optim.shampoo_core.gradients.apply_nonfinite_policy`):
+        ``"raise"`` (the default) raises ``NonFiniteGradientError`` naming the
+        parameters, ``"skip"`` leaves parameters and state untouched. Either costs
+        the step one host read (torch.optim.Muon reads none and writes the NaN into
+        the parameters).
     """
 
     momentum: float = 0.95
@@ -161,6 +169,7 @@ class MuonConfig:
     matmul_dtype: str | None = None
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
+    nonfinite_grads: str = "raise"
 
     def __post_init__(self):
         if self.shape_scale not in SHAPE_SCALES:
@@ -170,6 +179,7 @@ class MuonConfig:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+        check_one_of(self.nonfinite_grads, "nonfinite_grads", NONFINITE_POLICIES)
         if self.polar_method not in polar_method_names():
             get_polar_method(self.polar_method)  # a ValueError naming the choices
 

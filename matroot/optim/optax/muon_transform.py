@@ -19,6 +19,7 @@ import optax
 from ... import _xp
 from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
                          is_unnamed, muon_directions, unnamed_matrices_warning)
+from ..shampoo_core.gradients import all_finite, apply_nonfinite_policy, nonfinite_params
 from .keywords import host_values, with_keywords
 from .leaves import check_leaves_fit
 
@@ -146,8 +147,21 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
             momentum=None if momentum is None else [momentum] * len(leaves), split=splits,
             place=place)
         directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
-        return (treedef.unflatten(directions),
-                MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq))
+        new_state = MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq)
+        # NaN/Inf gradients: eagerly "raise" raises (naming the leaves); a traced step
+        # cannot raise, so there, and with "skip", the step is a zero update that leaves
+        # the state as it was (Shampoo's and SOAP's optax rule).
+        finite = all_finite(leaves)
+        if settings.nonfinite_grads == "raise" and not _xp.is_traced(finite) \
+                and not bool(finite):
+            apply_nonfinite_policy(nonfinite_params(jnp, leaves), "raise",
+                                   numbering=" (pytree leaf order)")
+        if not (_xp.is_traced(finite) or not bool(finite)):
+            return treedef.unflatten(directions), new_state
+        directions = [jnp.where(finite, d, jnp.zeros_like(d)) for d in directions]
+        kept = jax.tree_util.tree_map(lambda now, was: jnp.where(finite, now, was),
+                                      new_state, state)
+        return treedef.unflatten(directions), kept
 
     return optax.GradientTransformation(init_fn, update_fn)
 

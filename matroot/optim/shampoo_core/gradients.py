@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ... import _xp
+from . import lists
 from .blocking import BlockPlan
 from .config import NonFiniteGradientError
 
-__all__ = ["check_gradients", "nonfinite_flags", "all_finite", "apply_nonfinite_policy"]
+__all__ = ["check_gradients", "nonfinite_flags", "nonfinite_params", "all_finite",
+           "apply_nonfinite_policy"]
 
 
 def apply_nonfinite_policy(bad: Sequence[int], policy: str | Callable[[int], str], *,
@@ -112,6 +114,23 @@ def nonfinite_flags(grads) -> list:
     if bool(xp.all(xp.isfinite(xp.stack([xp.sum(g, **wide) for g in present])))):
         return [False] * len(grads)
     return [g is not None and not bool(xp.all(xp.isfinite(g))) for g in grads]
+
+
+def nonfinite_params(xp, grads) -> list[int]:
+    """The positions of the gradients holding NaN/Inf (None entries are skipped): one
+    host read when all are finite (on PyTorch from one foreach reduction, whatever
+    their number), the per-gradient flags only when something is found.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> nonfinite_params(np, [np.ones(2), None, np.array([1.0, np.nan])])
+    [2]
+    """
+    present = [g for g in grads if g is not None]
+    if not present or bool(lists.finite_flag(xp, present)):
+        return []
+    return [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
 
 
 def all_finite(grads):

@@ -27,6 +27,7 @@ from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use
                          is_unnamed, matrix_stack_shape, muon_directions,
                          unnamed_matrices_warning)
 from ..distributed.core import resolve_process_group
+from ..shampoo_core.gradients import apply_nonfinite_policy, nonfinite_params
 from ..distributed.dtensor import is_dtensor
 from ..distributed.muon_step import ShardedMuon
 from .closure import closure_loss
@@ -179,7 +180,10 @@ class Muon(torch.optim.Optimizer):
     **config
         :class:`~matroot.optim.muon.core.MuonConfig` fields (momentum, nesterov,
         shape_scale, polar_method, polar_lower, polar_steps, matmul_dtype,
-        betas, eps); ``momentum`` and ``betas`` are the groups' defaults.
+        betas, eps, nonfinite_grads); ``momentum`` and ``betas`` are the groups'
+        defaults. A step with NaN/Inf gradients raises ``NonFiniteGradientError``
+        (``nonfinite_grads="raise"``) or is skipped and counted in
+        ``skipped_steps`` (``"skip"``).
 
     Examples
     --------
@@ -201,6 +205,8 @@ class Muon(torch.optim.Optimizer):
         self.config = MuonConfig(**config)
         self._process_group = resolve_process_group(distributed)
         self._sharded: ShardedMuon | None = None
+        #: Steps skipped for NaN/Inf gradients (``nonfinite_grads="skip"``); not saved.
+        self.skipped_steps = 0
         self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
         groups = _split_groups(params, *self._split_defaults)
         # "betas" is in every group but not in the defaults: a momentum-cycling
@@ -276,7 +282,9 @@ class Muon(torch.optim.Optimizer):
         pairs = [(p, g) for g in self.param_groups for p in g["params"]]
         sharded = self._sharding(pairs)
         self._check_states(pairs)
-        sharded.step([p for p, _ in pairs], [g for _, g in pairs], self.state, self.config)
+        if not sharded.step([p for p, _ in pairs], [g for _, g in pairs], self.state,
+                            self.config):
+            self.skipped_steps += 1
 
     def _sharding(self, pairs) -> ShardedMuon:
         """The split of the current parameters over the ranks (made again after
@@ -323,10 +331,17 @@ class Muon(torch.optim.Optimizer):
         with gradients, their state (made at the first gradient), step counts and group
         values. Returned rather than read in the compiled part, so that a scheduler's
         new lr or momentum is an input of the graph, not a guard that recompiles it."""
-        pairs = [(p, group) for group in self.param_groups for p in group["params"]
-                 if p.grad is not None]
+        numbered = [(number, p, group) for number, (p, group) in enumerate(
+            (p, group) for group in self.param_groups for p in group["params"])
+            if p.grad is not None]
+        pairs = [(p, group) for _, p, group in numbered]
         self._check_states(pairs)
         if not pairs:
+            return None
+        bad = nonfinite_params(torch, [p.grad for p, _ in pairs])
+        if apply_nonfinite_policy([numbered[i][0] for i in bad], self.config.nonfinite_grads,
+                                  numbering=" (state_dict numbering)"):
+            self.skipped_steps += 1
             return None
         for p, group in pairs:
             state = self.state[p]

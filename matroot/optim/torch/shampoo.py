@@ -98,6 +98,9 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
     ----------
     params : iterable of tensors or dicts
         Parameters or parameter groups; any hyperparameter may be set per group.
+    lr : float or tensor, optional
+        The learning rate, by position or keyword as torch's optimizers take it
+        (unset: :class:`~matroot.optim.ShampooConfig`'s default).
     distributed : "auto", None or ProcessGroup
         ``"auto"``: when ``torch.distributed`` is initialised with more than one
         rank, split the blocks over its ranks (see :mod:`matroot.optim.distributed.core`
@@ -147,11 +150,13 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
     2
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *,
-                 distributed: str | dist.ProcessGroup | None = "auto",
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+                 lr: Any = None, *, distributed: str | dist.ProcessGroup | None = "auto",
                  graft_only: Callable[[torch.Tensor], bool] | None = None,
                  graph_replay: str | bool = "auto",
                  **hyperparameters: Any) -> None:
+        if lr is not None:
+            hyperparameters["lr"] = lr
         check_keywords(hyperparameters)
         config = core.ShampooConfig(**{k: host_number(v) for k, v in hyperparameters.items()})
         defaults = {name: getattr(config, name) for name in _CONFIG_FIELDS}
