@@ -17,6 +17,7 @@ Not installed and not a test::
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import statistics
 import sys
@@ -88,7 +89,9 @@ def main() -> None:
             seconds, ops[k] = step(k, *setups[k])
             times[k].append(seconds)
     median = {k: statistics.median(v) for k, v in times.items()}
-    print(f"torch {torch.__version__}, {args.threads} thread(s), matroot {matroot.__version__}")
+    tuned = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    print(f"torch {torch.__version__}, {args.threads} thread(s), matroot {matroot.__version__}, "
+          f"malloc: {tuned or 'glibc defaults'}")
     print("| optimizer | step ms (median) | dispatched operations | matroot's time / this "
           "| matroot's operations / this |\n|---|---|---|---|---|")
     for k in kinds:
