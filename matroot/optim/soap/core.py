@@ -41,11 +41,12 @@ from ..shampoo_core.gradients import (all_finite, apply_nonfinite_policy, check_
                                       nonfinite_flags)
 from ..shampoo_core.grafting import effective_gradients, final_updates, grafting_directions
 from ..shampoo_core.phases import Schedule, compute_dtype
-from ..shampoo_core.stack_io import assign, gather_blocks, write_blocks
+from ..shampoo_core.stack_io import gather_blocks, write_blocks
 from .config import SOAPConfig, check_soap_keywords
 from .rotation import accumulate_factors, from_eigenbasis, refresh_bases, side_slots, \
     to_eigenbasis
-from .state import SOAPState, init
+from .grafting import advance_grafting, check_grafting_state, grafted, grafted_each
+from .state import SOAPState, init, put_step_moments, step_moments
 
 __all__ = ["update", "soap", "all_finite", "nonfinite_params", "screen"]
 
@@ -180,33 +181,43 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
              for g, layout in zip(effective, plan.params)]
     runs = _runs(plan, present)
     gathered = [gather_blocks(run, views, xp) for _, _, _, run in runs]
-    bases, block_m, block_v = state.bases, list(state.block_exp_avg), \
-        list(state.block_exp_avg_sq)
     # Adam, in one list operation per term for every unfactored parameter and every run.
     flat = [i for i in indices if plan.params[i].kind == "elementwise"]
-    sides = [side_slots(bases, run) for _, _, _, run in runs]
+    sides = [side_slots(state.bases, run) for _, _, _, run in runs]
     rotated = [to_eigenbasis(xp, blocks, *qs) for blocks, qs in zip(gathered, sides)]
-    whole = [a == 0 and b == len(plan.groups[g].blocks) for g, a, b, _ in runs]
-    run_m = [block_m[g] if w else block_m[g][a:b, ...] for (g, a, b, _), w in zip(runs, whole)]
-    run_v = [block_v[g] if w else block_v[g][a:b, ...] for (g, a, b, _), w in zip(runs, whole)]
-    new_m, new_v, _, directions = grafting_directions(
+    steps = [this_step[i] for i in flat] + [_run_step(xp, this_step, run, blocks)
+                                            for (_, _, _, run), blocks in zip(runs, rotated)]
+    new_m, new_v, m_hats, directions = grafting_directions(
         xp, [effective[i] for i in flat] + rotated,
-        [state.exp_avg[i] for i in flat] + run_m, [state.exp_avg_sq[i] for i in flat] + run_v,
-        [this_step[i] for i in flat] + [_run_step(xp, this_step, run, blocks)
-                                        for (_, _, _, run), blocks in zip(runs, rotated)],
-        adam, in_place=in_place, step_taken=taken)
-    exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
-    for j, i in enumerate(flat):
-        exp_avg[i], exp_avg_sq[i] = new_m[j], new_v[j]
+        step_moments(state.exp_avg, state.block_exp_avg, flat, runs),
+        step_moments(state.exp_avg_sq, state.block_exp_avg_sq, flat, runs),
+        steps, adam, in_place=in_place, step_taken=taken)
+    exp_avg, block_m = put_step_moments(state.exp_avg, state.block_exp_avg, flat, runs, new_m,
+                                        in_place=in_place)
+    exp_avg_sq, block_v = put_step_moments(state.exp_avg_sq, state.block_exp_avg_sq, flat,
+                                           runs, new_v, in_place=in_place)
+    offset = len(flat)
+    grafting_fields: dict = {}
+    started, grafting = False, None
+    if config.grafting != "none":
+        check_grafting_state(state, config)
+        started = config.grafting_started(step)
+        if config.keeps_grafting_moments:     # blocks' in the parameter's basis
+            grafting_fields, grafting = advance_grafting(
+                xp, state, config, flat, runs, [effective[i] for i in flat] + gathered, steps,
+                in_place=in_place, step_taken=taken)
+        else:                                 # sgd: m̂, blocks' in their eigenbasis
+            grafting = m_hats
+            directions = directions[:offset] + [grafted(xp, started, d, a) for d, a in zip(
+                directions[offset:], m_hats[offset:])]
+        directions = grafted_each(xp, started, directions[:offset], grafting[:offset]) \
+            + directions[offset:]
     out: list = [None] * count
     for j, i in enumerate(flat):
         out[i] = directions[j]
-    offset = len(flat)
-    for r, ((g, a, b, _), w) in enumerate(zip(runs, whole)):
-        m, v = new_m[offset + r], new_v[offset + r]
-        block_m[g] = m if w else assign(block_m[g], (slice(a, b), ...), m, in_place=in_place)
-        block_v[g] = v if w else assign(block_v[g], (slice(a, b), ...), v, in_place=in_place)
     back = [from_eigenbasis(xp, d, *qs) for d, qs in zip(directions[offset:], sides)]
+    if config.keeps_grafting_moments:
+        back = [grafted(xp, started, d, a) for d, a in zip(back, grafting[offset:])]
     written = write_blocks(xp, plan, [run for _, _, _, run in runs], back, views)
     for i, layout in enumerate(plan.params):
         if written[i] is not None:
@@ -235,8 +246,8 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
         return tuple(list(o) for o in operands)
 
     bases, residuals, block_m, block_v = schedule.branch(
-        schedule.refresh, refreshed, kept, bases, state.residuals, block_m, block_v) \
-        if plan.stacks else kept(bases, state.residuals, block_m, block_v)
+        schedule.refresh, refreshed, kept, state.bases, state.residuals, block_m, block_v) \
+        if plan.stacks else kept(state.bases, state.residuals, block_m, block_v)
     refreshes = schedule.counted(xp, state.refreshes, schedule.refresh, in_place=overwrite)
     skipped = state.skipped_steps
     if taken is not None:
@@ -244,7 +255,7 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
     return updates, state._replace(
         step=step, param_steps=param_steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
         block_exp_avg=block_m, block_exp_avg_sq=block_v, factors=factors, bases=bases,
-        residuals=residuals, refreshes=refreshes, skipped_steps=skipped)
+        residuals=residuals, refreshes=refreshes, skipped_steps=skipped, **grafting_fields)
 
 
 def soap(**hyperparameters) -> GradientTransformation:
