@@ -179,6 +179,7 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "compiles a SOAP step; the NaN screen is block_core's, quick in the Shampoo test"),
     ("tests/optim/test_soap_grafting.py::test_jit_optax_shell_equals_the_torch_shell_with*",
      "compiles a SOAP step; the core's grafting is checked quick against the reference"),
+    ("tests/optim/test_soap_grafting_distributed.py::*", "starts process groups"),
     ("tests/inputs/test_input_forms.py::test_jax_eager_takes_bound_arrays_of_any_library[*-evd]",
      "eager JAX, op by op: minimax's case keeps it quick"),
     ("tests/inputs/test_input_forms.py::test_jax_eager_takes_bound_arrays_of_any_library[*-newton*",

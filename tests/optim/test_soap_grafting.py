@@ -113,14 +113,14 @@ def test_sgd_block_norms_are_the_gradient_norms():
 
 
 def test_bad_grafting_values_name_the_choices():
-    with pytest.raises(ValueError, match="grafting='momentum' is not one of 'none', 'adam'"):
+    with pytest.raises(ValueError, match=r"grafting='momentum' is not one of 'none', 'adam'"):
         SOAPConfig(grafting="momentum")
     with pytest.raises(ValueError, match="grafting_beta2"):
         SOAPConfig(grafting="adam", grafting_beta2=1.5)
     with pytest.raises(ValueError, match="grafting_eps"):
         SOAPConfig(grafting="adam", grafting_eps=-1.0)
     from matroot.optim.soap import soap
-    with pytest.raises(TypeError, match="grafting_config.*grafting='adam'.*grafting_beta2="):
+    with pytest.raises(TypeError, match=r"grafting_config.*grafting='adam'.*grafting_beta2="):
         soap(grafting_config=None)
 
 
@@ -239,7 +239,7 @@ def test_grafting_with_moments_cannot_be_switched_on_mid_run():
     w.grad = torch.randn(4, 3)
     opt.step()
     opt.param_groups[0]["grafting"] = "adam"
-    with pytest.raises(ValueError, match="grafting .*changed after the first step"):
+    with pytest.raises(ValueError, match=r"grafting \(to or from one with moments\) changed"):
         opt.step()
 
 

@@ -2,11 +2,12 @@
 
 A sharded :class:`~matroot.optim.SOAP` rank keeps the factors, eigenbases and block
 moments (SOAP's, and the grafting direction's when it has any) of its own run of every
-group's blocks and the moments of the unfactored parameters it owns (:mod:`matroot.optim.torch.soap_sharding`), a split
-that depends on the world size. :func:`merge_family` puts every rank's arrays back
-where they sit in the single-process state, :func:`cut_family` takes one rank's out of
-it for any world size. :class:`~matroot.optim.SOAP`'s ``load_state_dict`` cuts a
-single-process state dict itself, so a merged one loads at any world size.
+group's blocks and the moments of the unfactored parameters it owns
+(:mod:`matroot.optim.torch.soap_sharding`), a split that depends on the world size.
+:func:`merge_family` puts every rank's arrays back where they sit in the
+single-process state, :func:`cut_family` takes one rank's out of it for any world size.
+:class:`~matroot.optim.SOAP`'s ``load_state_dict`` cuts a single-process state dict
+itself, so a merged one loads at any world size.
 
 In a DCP checkpoint each rank's ``state_dict()`` is one entry, as for Shampoo
 (:func:`~matroot.optim.distributed.checkpoint.dcp_state_dict`);

@@ -13,6 +13,8 @@ parameters with a gradient, on the per-stack path Shampoo's core uses
    (:func:`~matroot.optim.shampoo_core.grafting.grafting_directions`, one list operation
    per term for every stack and every unfactored parameter together); back,
    ``D = Q_L·D̃·Q_Rᵀ``, written to the parameters once per block shape.
+   With ``grafting``, each block's ``D`` is rescaled to the norm of its grafting
+   direction (before ``start_preconditioning_step``, replaced by it; below).
 3. ``update = −lr·(D + weight_decay·param)`` (decoupled;
    :func:`~matroot.optim.shampoo_core.grafting.final_updates`).
 4. Factors: ``L ← β·L + (1−β)·G·Gᵀ``, ``R ← β·R + (1−β)·Gᵀ·G`` (``β`` is
@@ -39,13 +41,13 @@ from ..shampoo_core.core import DECAY_NEEDS_PARAMS, GradientTransformation, _per
 from ..shampoo_core.counters import advance, advance_param_steps
 from ..shampoo_core.gradients import (all_finite, apply_nonfinite_policy, check_gradients,
                                       nonfinite_flags)
-from ..shampoo_core.grafting import effective_gradients, final_updates, grafting_directions
+from ..shampoo_core.grafting import effective_gradients, final_updates, graft, \
+    grafting_directions
 from ..shampoo_core.phases import Schedule, compute_dtype
 from ..shampoo_core.stack_io import gather_blocks, write_blocks
 from .config import SOAPConfig, check_soap_keywords
 from .rotation import accumulate_factors, from_eigenbasis, refresh_bases, side_slots, \
     to_eigenbasis
-from .grafting import advance_grafting, check_grafting_state, grafted, grafted_each
 from .state import SOAPState, init, put_step_moments, step_moments
 
 __all__ = ["update", "soap", "all_finite", "nonfinite_params", "screen"]
@@ -97,6 +99,74 @@ def _run_step(xp, this_step, run, like):
     column = xp.stack([xp.asarray(s, dtype=like.dtype, device=_xp.device_of(like))
                        for s in steps])
     return xp.reshape(column, (len(steps),) + (1,) * (like.ndim - 1))
+
+
+# --- grafting (SOAPConfig.grafting) ----------------------------------------------------
+#
+# Distributed Shampoo's rule for its grafting_config, with Shampoo's math
+# (shampoo_core.grafting: grafting_directions for the grafting direction a, graft for
+# the rescaling; one copy for both optimizers). From start_preconditioning_step on each
+# block's SOAP direction D becomes ‖a‖_F/‖D‖_F·D (per block of a factored parameter, per
+# parameter without factors); before it the step is a itself. For "sgd", a = m̂ is SOAP's
+# own: a block's is kept in its eigenbasis, where it has the norm of the parameter-basis
+# m̂ (orthonormal bases), so it is grafted there at no cost in state. "adam", "rmsprop"
+# and "adagrad" keep moments of their own, in the parameter's basis.
+
+def check_grafting_state(state: SOAPState, config: SOAPConfig) -> None:
+    """A ValueError unless ``state`` holds the grafting moments ``config`` needs (a state
+    made for another ``grafting``)."""
+    kept = any(a is not None for a in state.graft_exp_avg + state.block_graft_exp_avg)
+    expected = config.keeps_grafting_moments and bool(
+        state.plan.groups or any(a is not None for a in state.exp_avg))
+    if kept != expected:
+        raise ValueError(f"the SOAP state was made for another grafting than "
+                         f"grafting={config.grafting!r} ({'with' if kept else 'without'} "
+                         "grafting moments): make it with init(params, config) of this "
+                         "config, or keep the grafting it was made with")
+
+
+def advance_grafting(xp, state: SOAPState, config: SOAPConfig, flat, runs, gradients, steps, *,
+                     in_place: bool, step_taken=None) -> tuple:
+    """Advance the grafting moments of the parameters ``flat`` and the block ``runs``
+    (``gradients`` and ``steps`` in that order, blocks in the parameter's basis).
+
+    Returns
+    -------
+    fields : dict
+        The state's new grafting moment lists.
+    directions : list
+        The grafting directions, in the order of ``gradients``.
+    """
+    method = config.grafting_method
+    assert method is not None, "advance_grafting needs a grafting"
+    new_m, new_v, _, directions = grafting_directions(
+        xp, gradients,
+        step_moments(state.graft_exp_avg, state.block_graft_exp_avg, flat, runs),
+        step_moments(state.graft_exp_avg_sq, state.block_graft_exp_avg_sq, flat, runs),
+        steps, method, in_place=in_place, step_taken=step_taken)
+    m, block_m = put_step_moments(state.graft_exp_avg, state.block_graft_exp_avg, flat, runs,
+                                  new_m, in_place=in_place)
+    v, block_v = put_step_moments(state.graft_exp_avg_sq, state.block_graft_exp_avg_sq, flat,
+                                  runs, new_v, in_place=in_place)
+    return {"graft_exp_avg": m, "graft_exp_avg_sq": v, "block_graft_exp_avg": block_m,
+            "block_graft_exp_avg_sq": block_v}, directions
+
+
+def grafted(xp, started, blocks, grafting_blocks):
+    """The ``(k, ...)`` directions ``blocks`` rescaled block by block to the norms of
+    ``grafting_blocks`` where ``started`` (a bool, or a 0-d boolean array on the
+    device), ``grafting_blocks`` themselves where not."""
+    if isinstance(started, bool):
+        return graft(blocks, grafting_blocks) if started else grafting_blocks
+    return xp.where(started, graft(blocks, grafting_blocks), grafting_blocks)
+
+
+def grafted_each(xp, started, directions, grafting) -> list:
+    """:func:`grafted` of each parameter's direction as one block."""
+    if isinstance(started, bool) and not started:
+        return list(grafting)
+    return [grafted(xp, started, d[None, ...], a[None, ...])[0, ...]
+            for d, a in zip(directions, grafting)]
 
 
 def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weight_decay=None,
@@ -198,7 +268,7 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
                                            runs, new_v, in_place=in_place)
     offset = len(flat)
     grafting_fields: dict = {}
-    started, grafting = False, None
+    started, grafting = False, []
     if config.grafting != "none":
         check_grafting_state(state, config)
         started = config.grafting_started(step)
