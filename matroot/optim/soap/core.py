@@ -162,11 +162,20 @@ def grafted(xp, started, blocks, grafting_blocks):
 
 
 def grafted_each(xp, started, directions, grafting) -> list:
-    """:func:`grafted` of each parameter's direction as one block."""
+    """:func:`grafted` of each parameter's direction as one block, those of one shape
+    and dtype stacked (one rescaling for all of a model's same-size biases)."""
     if isinstance(started, bool) and not started:
         return list(grafting)
-    return [grafted(xp, started, d[None, ...], a[None, ...])[0, ...]
-            for d, a in zip(directions, grafting)]
+    kinds: dict = {}
+    for j, d in enumerate(directions):
+        kinds.setdefault((tuple(d.shape), d.dtype), []).append(j)
+    out: list = [None] * len(directions)
+    for members in kinds.values():
+        done = grafted(xp, started, xp.stack([directions[j] for j in members]),
+                       xp.stack([grafting[j] for j in members]))
+        for r, j in enumerate(members):
+            out[j] = done[r, ...]
+    return out
 
 
 def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weight_decay=None,
