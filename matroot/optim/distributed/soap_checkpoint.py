@@ -1,12 +1,13 @@
 """SOAP's state across world sizes, and in ``torch.distributed.checkpoint`` (DCP) checkpoints.
 
 A sharded :class:`~matroot.optim.SOAP` rank keeps the factors, eigenbases and block
-moments of its own run of every group's blocks and the Adam moments of the
-unfactored parameters it owns (:mod:`matroot.optim.torch.soap_sharding`), a split
-that depends on the world size. :func:`merge_family` puts every rank's arrays back
-where they sit in the single-process state, :func:`cut_family` takes one rank's out of
-it for any world size. :class:`~matroot.optim.SOAP`'s ``load_state_dict`` cuts a
-single-process state dict itself, so a merged one loads at any world size.
+moments (SOAP's, and the grafting direction's when it has any) of its own run of every
+group's blocks and the moments of the unfactored parameters it owns
+(:mod:`matroot.optim.torch.soap_sharding`), a split that depends on the world size.
+:func:`merge_family` puts every rank's arrays back where they sit in the
+single-process state, :func:`cut_family` takes one rank's out of it for any world size.
+:class:`~matroot.optim.SOAP`'s ``load_state_dict`` cuts a single-process state dict
+itself, so a merged one loads at any world size.
 
 In a DCP checkpoint each rank's ``state_dict()`` is one entry, as for Shampoo
 (:func:`~matroot.optim.distributed.checkpoint.dcp_state_dict`);
@@ -40,20 +41,36 @@ from .sharding import shard_plan
 
 __all__ = ["merge_family", "cut_family", "merge_state_dicts", "load_soap_dcp_state_dict"]
 
-_BLOCK_ARRAYS = ("block_exp_avg", "block_exp_avg_sq")
+_BLOCK_ARRAYS = ("block_exp_avg", "block_exp_avg_sq", "block_graft_exp_avg",
+                 "block_graft_exp_avg_sq")
 _STACK_ARRAYS = ("factors", "bases", "residuals")
-_PARAM_ARRAYS = ("exp_avg", "exp_avg_sq")
+_PARAM_ARRAYS = ("exp_avg", "exp_avg_sq", "graft_exp_avg", "graft_exp_avg_sq")
+#: Arrays a record holds only with a grafting that keeps moments (None entries, or no
+#: key in a record saved before grafting existed, without).
+_GRAFTING = ("block_graft_exp_avg", "block_graft_exp_avg_sq", "graft_exp_avg",
+             "graft_exp_avg_sq")
 
 
 def _dtype(name: str):
     return getattr(torch, name)
 
 
-def _fresh_full(plan: BlockPlan, name: str) -> list:
-    """Single-process CPU arrays of ``name`` as :func:`matroot.optim.soap.init` makes them."""
+def _arrays(entry: dict, name: str, count: int) -> list:
+    """``entry[name]``; for a grafting array a record lacks, ``count`` Nones."""
+    return entry.get(name, [None] * count) if name in _GRAFTING else entry[name]
+
+
+def _kept(entries, name: str) -> bool:
+    """Whether the records hold the grafting array ``name`` (any rank's, not None)."""
+    return any(a is not None for e in entries for a in e.get(name) or ())
+
+
+def _fresh_full(plan: BlockPlan, name: str, kept: bool = True) -> list:
+    """Single-process CPU arrays of ``name`` as :func:`matroot.optim.soap.init` makes them
+    (Nones for a grafting array not ``kept``)."""
     if name in _BLOCK_ARRAYS:
         return [torch.zeros((len(g.blocks), *g.shape), dtype=_dtype(g.dtype))
-                for g in plan.groups]
+                if kept else None for g in plan.groups]
     if name == "bases":
         return [torch.eye(s.size, dtype=_dtype(s.dtype)).repeat(s.count, 1, 1)
                 for s in plan.stacks]
@@ -100,15 +117,21 @@ def merge_family(entries, plan: BlockPlan) -> dict:
     out.update(shard=None, refreshes=max(int(e["refreshes"]) for e in entries),
                param_steps=[max(int(e["param_steps"][i]) for e in entries)
                             for i in range(len(plan.params))])
-    full = {name: _fresh_full(plan, name) for name in (*_BLOCK_ARRAYS, *_STACK_ARRAYS)}
+    kept = {name: name not in _GRAFTING or _kept(entries, name) for name in _BLOCK_ARRAYS}
+    full = {name: _fresh_full(plan, name, kept.get(name, True))
+            for name in (*_BLOCK_ARRAYS, *_STACK_ARRAYS)}
+    count = len(plan.params)
     for name in _PARAM_ARRAYS:
-        out[name] = [next((e[name][i].cpu() for e in entries if e[name][i] is not None), None)
-                     for i in range(len(plan.params))]
+        out[name] = [next((a[i].cpu() for a in (_arrays(e, name, count) for e in entries)
+                           if a[i] is not None), None) for i in range(count)]
     for rank, entry in enumerate(entries):
         local, owned = local_plan(plan, split, rank)
         for name in _BLOCK_ARRAYS:
-            _check_fits(entry[name], _fresh_full(local, name), name, f"rank {rank}")
-            for part, (g, start, stop) in zip(entry[name], owned):
+            parts = _arrays(entry, name, len(local.groups))
+            _check_fits(parts, _fresh_full(local, name, kept[name]), name, f"rank {rank}")
+            if not kept[name]:
+                continue
+            for part, (g, start, stop) in zip(parts, owned):
                 full[name][g][start:stop] = part.cpu()
         for name in _STACK_ARRAYS:
             _check_fits(entry[name], _fresh_full(local, name), name, f"rank {rank}")
@@ -138,9 +161,12 @@ def cut_family(entry: dict, plan: BlockPlan, world: int, rank: int) -> dict:
     mine = set(split.elementwise_of(rank))
     out = dict(entry, shard=[world, rank])
     for name in _PARAM_ARRAYS:
-        out[name] = [a if i in mine else None for i, a in enumerate(entry[name])]
+        out[name] = [a if i in mine else None
+                     for i, a in enumerate(_arrays(entry, name, len(plan.params)))]
     for name in _BLOCK_ARRAYS:
-        out[name] = [entry[name][g][start:stop].clone() for g, start, stop in owned]
+        whole = _arrays(entry, name, len(plan.groups))
+        out[name] = [None if whole[g] is None else whole[g][start:stop].clone()
+                     for g, start, stop in owned]
     for name in _STACK_ARRAYS:
         stacks = _fresh_full(local, name)
         for ls, lslots, fs, fslots in slot_map(plan, split, rank):

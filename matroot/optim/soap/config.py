@@ -8,6 +8,7 @@ this class.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -18,9 +19,13 @@ from ...eigenbasis.refresh import METHODS
 from ..shampoo_core.blocking import DEFAULT_MAX_FACTOR_RATIO, FactorPolicy, check_block_size
 from ..shampoo_core.config import (NONFINITE_POLICIES, WEIGHT_DECAY_TYPES, ShampooConfig,
                                    check_keywords)
-from ..shampoo_core.option_groups import check_one_of, check_positive_int, check_real
+from ..shampoo_core.option_groups import GRAFTING, check_one_of, check_positive_int, check_real
 
-__all__ = ["SOAPConfig", "PER_PARAMETER", "check_soap_keywords"]
+__all__ = ["SOAPConfig", "PER_PARAMETER", "GRAFTINGS", "check_soap_keywords"]
+
+#: SOAP's ``grafting`` choices: none (its own step sizes), or the norm of Shampoo's
+#: grafting directions.
+GRAFTINGS = ("none",) + GRAFTING
 
 #: Fields that may differ between parameters sharing factor stacks: read per parameter.
 PER_PARAMETER = ("lr", "weight_decay")
@@ -34,8 +39,10 @@ _RENAMED = {
     "correct_bias": "use bias_correction",
     "preconditioner_config": "SOAP is the preconditioner: leave it out (eigenbasis_* set "
                              "the eigenvector refresh)",
-    "grafting_config": "SOAP takes no grafting: leave it out (its update is Adam's in the "
-                       "eigenbasis, and AdamW's before the first refresh; docs/soap.rst)",
+    "grafting_config": "use grafting='adam' for Adam{Grafting,Preconditioner}Config(beta2, "
+                       "epsilon) with grafting_beta2=beta2, grafting_eps=epsilon; 'rmsprop' "
+                       "and 'adagrad' for RMSprop/AdaGrad's likewise, 'sgd' for SGD's; "
+                       "None is grafting='none', the default",
     "merge_dims": "tensors are merged to matrices as Shampoo merges them: leave it out",
 }
 
@@ -79,6 +86,19 @@ class SOAPConfig:
         Steps between eigenbasis refreshes.
     start_preconditioning_step : int
         The first refresh (1-based); before it the basis is the identity (Adam).
+    grafting : {"none", "adam", "rmsprop", "adagrad", "sgd"}
+        "none": SOAP's own step. Otherwise each block's direction (each parameter's,
+        for a parameter without factors) is rescaled to the Frobenius norm of that
+        block's grafting direction, and before ``start_preconditioning_step`` the
+        grafting direction is the step (Distributed Shampoo's ``grafting_config``):
+        "sgd" the bias-corrected first moment ``m̂`` (no extra state); "adam"
+        ``m̂/(√v̂ + grafting_eps)`` from moments of its own, "rmsprop" the same
+        without bias correction of ``v``, "adagrad" with ``v`` a running sum (each
+        keeps one parameter-sized pair of moments more).
+    grafting_beta2 : float, optional
+        ``β₂`` of the grafting second moment ("adam", "rmsprop"). Default ``β₂``.
+    grafting_eps : float, optional
+        Added to the grafting ``√v̂``. Default ``eps``.
     eigenbasis_iterations, eigenbasis_rtol, eigenbasis_method
         ``iterations``, ``rtol`` and ``method`` of :func:`matroot.refresh_eigenbasis`
         (its defaults); a basis it does not certify comes from eigh.
@@ -109,6 +129,9 @@ class SOAPConfig:
     precondition_1d: bool = False
     precondition_frequency: int = 10
     start_preconditioning_step: int = 1
+    grafting: str = "none"
+    grafting_beta2: float | None = None
+    grafting_eps: float | None = None
     eigenbasis_iterations: int = DEFAULT_ITERATIONS
     eigenbasis_rtol: float = DEFAULT_RTOL
     eigenbasis_method: str = "block"
@@ -136,6 +159,11 @@ class SOAPConfig:
             if self.max_factor_ratio != math.inf else None
         check_positive_int(self.precondition_frequency, "precondition_frequency")
         check_positive_int(self.start_preconditioning_step, "start_preconditioning_step")
+        check_one_of(self.grafting, "grafting", GRAFTINGS)
+        if self.grafting_beta2 is not None:
+            check_real(self.grafting_beta2, "grafting_beta2", 0.0, 1.0)
+        if self.grafting_eps is not None:
+            check_real(self.grafting_eps, "grafting_eps", 0.0)
         check_positive_int(self.eigenbasis_iterations, "eigenbasis_iterations")
         check_real(self.eigenbasis_rtol, "eigenbasis_rtol", 0.0, 1.0, low_open=True,
                    high_open=True)
@@ -171,6 +199,29 @@ class SOAPConfig:
                              weight_decay_type=self.weight_decay_type,
                              bias_correction=self.bias_correction, maximize=self.maximize,
                              grafting="adam", nonfinite_grads=self.nonfinite_grads)
+
+    @functools.cached_property
+    def grafting_method(self) -> ShampooConfig | None:
+        """The Shampoo config whose grafting direction
+        (:func:`~matroot.optim.shampoo_core.grafting.grafting_directions`) sets each
+        block's step length; None for ``grafting="none"``."""
+        if self.grafting == "none":
+            return None
+        eps = self.eps if self.grafting_eps is None else self.grafting_eps
+        return dataclasses.replace(self.adam, eps=eps, grafting=self.grafting,
+                                   grafting_beta2=self.grafting_beta2)
+
+    @property
+    def keeps_grafting_moments(self) -> bool:
+        """Whether the grafting direction has moments of its own (all but sgd, none)."""
+        return self.grafting not in ("none", "sgd")
+
+    def grafting_started(self, step):
+        """Whether (1-based) ``step`` takes SOAP's grafted direction rather than the
+        grafting direction itself: from ``start_preconditioning_step`` on (a bool for
+        an int, a boolean array for a 0-d integer array)."""
+        started = step >= self.start_preconditioning_step
+        return bool(started) if isinstance(step, numbers.Integral) else started
 
 
 def check_soap_keywords(names, where: str = "SOAP") -> None:

@@ -13,6 +13,8 @@ parameters with a gradient, on the per-stack path Shampoo's core uses
    (:func:`~matroot.optim.shampoo_core.grafting.grafting_directions`, one list operation
    per term for every stack and every unfactored parameter together); back,
    ``D = Q_L·D̃·Q_Rᵀ``, written to the parameters once per block shape.
+   With ``grafting``, each block's ``D`` is rescaled to the norm of its grafting
+   direction (before ``start_preconditioning_step``, replaced by it; below).
 3. ``update = −lr·(D + weight_decay·param)`` (decoupled;
    :func:`~matroot.optim.shampoo_core.grafting.final_updates`).
 4. Factors: ``L ← β·L + (1−β)·G·Gᵀ``, ``R ← β·R + (1−β)·Gᵀ·G`` (``β`` is
@@ -39,13 +41,14 @@ from ..shampoo_core.core import DECAY_NEEDS_PARAMS, GradientTransformation, _per
 from ..shampoo_core.counters import advance, advance_param_steps
 from ..shampoo_core.gradients import (all_finite, apply_nonfinite_policy, check_gradients,
                                       nonfinite_flags)
-from ..shampoo_core.grafting import effective_gradients, final_updates, grafting_directions
+from ..shampoo_core.grafting import effective_gradients, final_updates, graft, \
+    grafting_directions
 from ..shampoo_core.phases import Schedule, compute_dtype
-from ..shampoo_core.stack_io import assign, gather_blocks, write_blocks
+from ..shampoo_core.stack_io import gather_blocks, write_blocks
 from .config import SOAPConfig, check_soap_keywords
 from .rotation import accumulate_factors, from_eigenbasis, refresh_bases, side_slots, \
     to_eigenbasis
-from .state import SOAPState, init
+from .state import SOAPState, init, put_step_moments, step_moments
 
 __all__ = ["update", "soap", "all_finite", "nonfinite_params", "screen"]
 
@@ -96,6 +99,83 @@ def _run_step(xp, this_step, run, like):
     column = xp.stack([xp.asarray(s, dtype=like.dtype, device=_xp.device_of(like))
                        for s in steps])
     return xp.reshape(column, (len(steps),) + (1,) * (like.ndim - 1))
+
+
+# --- grafting (SOAPConfig.grafting) ----------------------------------------------------
+#
+# Distributed Shampoo's rule for its grafting_config, with Shampoo's math
+# (shampoo_core.grafting: grafting_directions for the grafting direction a, graft for
+# the rescaling; one copy for both optimizers). From start_preconditioning_step on each
+# block's SOAP direction D becomes ‖a‖_F/‖D‖_F·D (per block of a factored parameter, per
+# parameter without factors); before it the step is a itself. For "sgd", a = m̂ is SOAP's
+# own: a block's is kept in its eigenbasis, where it has the norm of the parameter-basis
+# m̂ (orthonormal bases), so it is grafted there at no cost in state. "adam", "rmsprop"
+# and "adagrad" keep moments of their own, in the parameter's basis.
+
+def check_grafting_state(state: SOAPState, config: SOAPConfig) -> None:
+    """A ValueError unless ``state`` holds the grafting moments ``config`` needs (a state
+    made for another ``grafting``)."""
+    kept = any(a is not None for a in state.graft_exp_avg + state.block_graft_exp_avg)
+    expected = config.keeps_grafting_moments and bool(
+        state.plan.groups or any(a is not None for a in state.exp_avg))
+    if kept != expected:
+        raise ValueError(f"the SOAP state was made for another grafting than "
+                         f"grafting={config.grafting!r} ({'with' if kept else 'without'} "
+                         "grafting moments): make it with init(params, config) of this "
+                         "config, or keep the grafting it was made with")
+
+
+def advance_grafting(xp, state: SOAPState, config: SOAPConfig, flat, runs, gradients, steps, *,
+                     in_place: bool, step_taken=None) -> tuple:
+    """Advance the grafting moments of the parameters ``flat`` and the block ``runs``
+    (``gradients`` and ``steps`` in that order, blocks in the parameter's basis).
+
+    Returns
+    -------
+    fields : dict
+        The state's new grafting moment lists.
+    directions : list
+        The grafting directions, in the order of ``gradients``.
+    """
+    method = config.grafting_method
+    assert method is not None, "advance_grafting needs a grafting"
+    new_m, new_v, _, directions = grafting_directions(
+        xp, gradients,
+        step_moments(state.graft_exp_avg, state.block_graft_exp_avg, flat, runs),
+        step_moments(state.graft_exp_avg_sq, state.block_graft_exp_avg_sq, flat, runs),
+        steps, method, in_place=in_place, step_taken=step_taken)
+    m, block_m = put_step_moments(state.graft_exp_avg, state.block_graft_exp_avg, flat, runs,
+                                  new_m, in_place=in_place)
+    v, block_v = put_step_moments(state.graft_exp_avg_sq, state.block_graft_exp_avg_sq, flat,
+                                  runs, new_v, in_place=in_place)
+    return {"graft_exp_avg": m, "graft_exp_avg_sq": v, "block_graft_exp_avg": block_m,
+            "block_graft_exp_avg_sq": block_v}, directions
+
+
+def grafted(xp, started, blocks, grafting_blocks):
+    """The ``(k, ...)`` directions ``blocks`` rescaled block by block to the norms of
+    ``grafting_blocks`` where ``started`` (a bool, or a 0-d boolean array on the
+    device), ``grafting_blocks`` themselves where not."""
+    if isinstance(started, bool):
+        return graft(blocks, grafting_blocks) if started else grafting_blocks
+    return xp.where(started, graft(blocks, grafting_blocks), grafting_blocks)
+
+
+def grafted_each(xp, started, directions, grafting) -> list:
+    """:func:`grafted` of each parameter's direction as one block, those of one shape
+    and dtype stacked (one rescaling for all of a model's same-size biases)."""
+    if isinstance(started, bool) and not started:
+        return list(grafting)
+    kinds: dict = {}
+    for j, d in enumerate(directions):
+        kinds.setdefault((tuple(d.shape), d.dtype), []).append(j)
+    out: list = [None] * len(directions)
+    for members in kinds.values():
+        done = grafted(xp, started, xp.stack([directions[j] for j in members]),
+                       xp.stack([grafting[j] for j in members]))
+        for r, j in enumerate(members):
+            out[j] = done[r, ...]
+    return out
 
 
 def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weight_decay=None,
@@ -180,33 +260,43 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
              for g, layout in zip(effective, plan.params)]
     runs = _runs(plan, present)
     gathered = [gather_blocks(run, views, xp) for _, _, _, run in runs]
-    bases, block_m, block_v = state.bases, list(state.block_exp_avg), \
-        list(state.block_exp_avg_sq)
     # Adam, in one list operation per term for every unfactored parameter and every run.
     flat = [i for i in indices if plan.params[i].kind == "elementwise"]
-    sides = [side_slots(bases, run) for _, _, _, run in runs]
+    sides = [side_slots(state.bases, run) for _, _, _, run in runs]
     rotated = [to_eigenbasis(xp, blocks, *qs) for blocks, qs in zip(gathered, sides)]
-    whole = [a == 0 and b == len(plan.groups[g].blocks) for g, a, b, _ in runs]
-    run_m = [block_m[g] if w else block_m[g][a:b, ...] for (g, a, b, _), w in zip(runs, whole)]
-    run_v = [block_v[g] if w else block_v[g][a:b, ...] for (g, a, b, _), w in zip(runs, whole)]
-    new_m, new_v, _, directions = grafting_directions(
+    steps = [this_step[i] for i in flat] + [_run_step(xp, this_step, run, blocks)
+                                            for (_, _, _, run), blocks in zip(runs, rotated)]
+    new_m, new_v, m_hats, directions = grafting_directions(
         xp, [effective[i] for i in flat] + rotated,
-        [state.exp_avg[i] for i in flat] + run_m, [state.exp_avg_sq[i] for i in flat] + run_v,
-        [this_step[i] for i in flat] + [_run_step(xp, this_step, run, blocks)
-                                        for (_, _, _, run), blocks in zip(runs, rotated)],
-        adam, in_place=in_place, step_taken=taken)
-    exp_avg, exp_avg_sq = list(state.exp_avg), list(state.exp_avg_sq)
-    for j, i in enumerate(flat):
-        exp_avg[i], exp_avg_sq[i] = new_m[j], new_v[j]
+        step_moments(state.exp_avg, state.block_exp_avg, flat, runs),
+        step_moments(state.exp_avg_sq, state.block_exp_avg_sq, flat, runs),
+        steps, adam, in_place=in_place, step_taken=taken)
+    exp_avg, block_m = put_step_moments(state.exp_avg, state.block_exp_avg, flat, runs, new_m,
+                                        in_place=in_place)
+    exp_avg_sq, block_v = put_step_moments(state.exp_avg_sq, state.block_exp_avg_sq, flat,
+                                           runs, new_v, in_place=in_place)
+    offset = len(flat)
+    grafting_fields: dict = {}
+    started, grafting = False, []
+    if config.grafting != "none":
+        check_grafting_state(state, config)
+        started = config.grafting_started(step)
+        if config.keeps_grafting_moments:     # blocks' in the parameter's basis
+            grafting_fields, grafting = advance_grafting(
+                xp, state, config, flat, runs, [effective[i] for i in flat] + gathered, steps,
+                in_place=in_place, step_taken=taken)
+        else:                                 # sgd: m̂, blocks' in their eigenbasis
+            grafting = m_hats
+            directions = directions[:offset] + [grafted(xp, started, d, a) for d, a in zip(
+                directions[offset:], m_hats[offset:])]
+        directions = grafted_each(xp, started, directions[:offset], grafting[:offset]) \
+            + directions[offset:]
     out: list = [None] * count
     for j, i in enumerate(flat):
         out[i] = directions[j]
-    offset = len(flat)
-    for r, ((g, a, b, _), w) in enumerate(zip(runs, whole)):
-        m, v = new_m[offset + r], new_v[offset + r]
-        block_m[g] = m if w else assign(block_m[g], (slice(a, b), ...), m, in_place=in_place)
-        block_v[g] = v if w else assign(block_v[g], (slice(a, b), ...), v, in_place=in_place)
     back = [from_eigenbasis(xp, d, *qs) for d, qs in zip(directions[offset:], sides)]
+    if config.keeps_grafting_moments:
+        back = [grafted(xp, started, d, a) for d, a in zip(back, grafting[offset:])]
     written = write_blocks(xp, plan, [run for _, _, _, run in runs], back, views)
     for i, layout in enumerate(plan.params):
         if written[i] is not None:
@@ -235,8 +325,8 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
         return tuple(list(o) for o in operands)
 
     bases, residuals, block_m, block_v = schedule.branch(
-        schedule.refresh, refreshed, kept, bases, state.residuals, block_m, block_v) \
-        if plan.stacks else kept(bases, state.residuals, block_m, block_v)
+        schedule.refresh, refreshed, kept, state.bases, state.residuals, block_m, block_v) \
+        if plan.stacks else kept(state.bases, state.residuals, block_m, block_v)
     refreshes = schedule.counted(xp, state.refreshes, schedule.refresh, in_place=overwrite)
     skipped = state.skipped_steps
     if taken is not None:
@@ -244,7 +334,7 @@ def update(grads, state: SOAPState, params, config: SOAPConfig, *, lr=None, weig
     return updates, state._replace(
         step=step, param_steps=param_steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
         block_exp_avg=block_m, block_exp_avg_sq=block_v, factors=factors, bases=bases,
-        residuals=residuals, refreshes=refreshes, skipped_steps=skipped)
+        residuals=residuals, refreshes=refreshes, skipped_steps=skipped, **grafting_fields)
 
 
 def soap(**hyperparameters) -> GradientTransformation:

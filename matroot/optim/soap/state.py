@@ -3,7 +3,10 @@
 Parameters with factors keep their Adam moments *in the eigenbasis*, one
 ``(k, rows, cols)`` stack per block group (a rotated block has no meaning as a piece
 of its parameter); the others (vectors, scalars, parameters with no factored side)
-keep plain Adam moments, parameter-shaped.
+keep plain Adam moments, parameter-shaped. A grafting direction with moments of its
+own (``grafting="adam"``, ...) keeps them in the parameter's basis, laid out as SOAP's
+(per block group, and per parameter without factors), so a rank's share of the state
+is cut the same way.
 """
 
 from __future__ import annotations
@@ -15,9 +18,15 @@ from typing import Any, NamedTuple
 from ... import _xp
 from ..shampoo_core.blocking import BlockPlan, FactorStackShape, plan_blocks
 from ..shampoo_core.phases import compute_dtype_name
+from ..shampoo_core.stack_io import assign
 from .config import SOAPConfig
 
-__all__ = ["SOAPState", "make_plan", "init", "copy_state", "state_bytes"]
+__all__ = ["SOAPState", "make_plan", "init", "copy_state", "state_bytes", "GRAFTING_FIELDS",
+           "step_moments", "put_step_moments"]
+
+#: The state's grafting moments (per parameter, then per block group).
+GRAFTING_FIELDS = ("graft_exp_avg", "graft_exp_avg_sq", "block_graft_exp_avg",
+                   "block_graft_exp_avg_sq")
 
 
 class SOAPState(NamedTuple):
@@ -44,6 +53,12 @@ class SOAPState(NamedTuple):
         Refresh rounds run.
     skipped_steps : int or 0-d integer array
         Steps skipped for non-finite gradients.
+    graft_exp_avg, graft_exp_avg_sq : list of arrays or None
+        Per parameter without factors, the grafting direction's own moments
+        (``grafting`` "adam", "rmsprop", "adagrad"; None otherwise and for the others).
+    block_graft_exp_avg, block_graft_exp_avg_sq : list of arrays or None
+        Per block group, its blocks' grafting moments in the parameter's basis,
+        ``(k, *group.shape)`` (None unless the grafting keeps moments).
     plan : BlockPlan
     """
 
@@ -58,6 +73,10 @@ class SOAPState(NamedTuple):
     residuals: list
     refreshes: Any
     skipped_steps: Any
+    graft_exp_avg: list
+    graft_exp_avg_sq: list
+    block_graft_exp_avg: list
+    block_graft_exp_avg_sq: list
     plan: BlockPlan
 
 
@@ -143,16 +162,25 @@ def init(params, config: SOAPConfig, *, plan: BlockPlan | None = None,
         (s.count, 1, 1), dtype=dtype(s.dtype), device=device) for s in plan.stacks]
     residuals = [xp.zeros((s.count,), dtype=dtype(s.dtype), device=device)
                  for s in plan.stacks]
+    kept = config.keeps_grafting_moments
+
+    def grafting_zeros(arrays):
+        return [xp.zeros_like(a) if kept and a is not None else None for a in arrays]
+
     return SOAPState(
         step=0, param_steps=(0,) * len(params), exp_avg=exp_avg,
         exp_avg_sq=[None if m is None else xp.zeros_like(m) for m in exp_avg],
         block_exp_avg=blocks, block_exp_avg_sq=[xp.zeros_like(b) for b in blocks],
         factors=factors, bases=bases, residuals=residuals, refreshes=0, skipped_steps=0,
+        graft_exp_avg=grafting_zeros(exp_avg), graft_exp_avg_sq=grafting_zeros(exp_avg),
+        block_graft_exp_avg=grafting_zeros(blocks), block_graft_exp_avg_sq=grafting_zeros(blocks),
         plan=plan)
 
 
-_ARRAY_FIELDS = ("exp_avg", "exp_avg_sq", "block_exp_avg", "block_exp_avg_sq", "factors",
-                 "bases", "residuals")
+#: The state's moments (SOAP's, then the grafting direction's), then its stacks.
+_MOMENT_FIELDS = ("exp_avg", "exp_avg_sq", "block_exp_avg", "block_exp_avg_sq") \
+    + GRAFTING_FIELDS
+_ARRAY_FIELDS = _MOMENT_FIELDS + ("factors", "bases", "residuals")
 
 
 def copy_state(state: SOAPState) -> SOAPState:
@@ -171,9 +199,35 @@ def state_bytes(state: SOAPState) -> dict:
         return sum(math.prod(a.shape) * _xp.array_namespace(a).finfo(a.dtype).bits // 8
                    for a in arrays if a is not None)
 
-    moments = sum(nbytes(getattr(state, n)) for n in _ARRAY_FIELDS[:4])
+    moments = sum(nbytes(getattr(state, n)) for n in _MOMENT_FIELDS)
     factors = nbytes(state.factors) + nbytes(state.bases) + nbytes(state.residuals)
     elements = sum(math.prod(p.shape) for p in state.plan.params)
     total = moments + factors
     return {"moments": moments, "factors": factors, "total": total,
             "per_parameter": total / elements if elements else 0.0}
+
+
+def _whole(per_group, g, start, stop) -> bool:
+    return start == 0 and stop == per_group[g].shape[0]
+
+
+def step_moments(per_param, per_group, flat, runs) -> list:
+    """The moments one step advances: those of the parameters ``flat`` (without
+    factors), then of each run ``(group, start, stop, run)`` of blocks (its group's
+    stack, or a view of its rows)."""
+    return [per_param[i] for i in flat] + [
+        per_group[g] if _whole(per_group, g, a, b) else per_group[g][a:b, ...]
+        for g, a, b, _ in runs]
+
+
+def put_step_moments(per_param, per_group, flat, runs, new, *, in_place: bool) -> tuple:
+    """The lists ``per_param``, ``per_group`` with the advanced moments ``new`` (in the
+    order of :func:`step_moments`) in their places."""
+    per_param, per_group = list(per_param), list(per_group)
+    for j, i in enumerate(flat):
+        per_param[i] = new[j]
+    for r, (g, a, b, _) in enumerate(runs):
+        m = new[len(flat) + r]
+        per_group[g] = m if _whole(per_group, g, a, b) else assign(
+            per_group[g], (slice(a, b), ...), m, in_place=in_place)
+    return per_param, per_group

@@ -33,7 +33,7 @@ from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whol
 from ..distributed.soap_checkpoint import cut_family
 from ..soap import core
 from ..soap.config import FIELDS, PER_PARAMETER, SOAPConfig, check_soap_keywords
-from ..soap.state import SOAPState, init, make_plan
+from ..soap.state import GRAFTING_FIELDS, SOAPState, init, make_plan
 from .closure import closure_loss
 from .soap_sharding import SoapSharding
 
@@ -44,7 +44,7 @@ _DEFAULTS = SOAPConfig()
 _PLAN_FIELDS = ("block_size", "max_preconditioned_dim", "max_factor_ratio", "precondition_1d",
                 "stacked")
 _ARRAYS = ("exp_avg", "exp_avg_sq", "block_exp_avg", "block_exp_avg_sq", "factors", "bases",
-           "residuals")
+           "residuals") + GRAFTING_FIELDS
 _COUNTERS = ("step", "refreshes", "skipped_steps")
 
 
@@ -98,8 +98,9 @@ class SOAP(torch.optim.Optimizer):
     **hyperparameters
         Any :class:`matroot.optim.soap.SOAPConfig` field (``lr``, ``betas``,
         ``shampoo_beta``, ``eps``, ``weight_decay``, ``precondition_frequency``,
-        ``block_size``, ``max_preconditioned_dim``, ``maximize``, ...), its defaults
-        and validation.
+        ``block_size``, ``max_preconditioned_dim``, ``maximize``, ``grafting``, ...),
+        its defaults and validation. A grafting with moments ("adam", "rmsprop",
+        "adagrad") keeps them in the state dict, sharded as SOAP's own.
 
     Examples
     --------
@@ -174,10 +175,12 @@ class SOAP(torch.optim.Optimizer):
                              "hyperparameters other than lr and weight_decay")
         config = configs.pop()
         changed = [k for k in _PLAN_FIELDS if getattr(config, k) != getattr(family.config, k)]
+        if config.keeps_grafting_moments != family.config.keeps_grafting_moments:
+            changed.append("grafting (to or from one with moments)")
         if changed:
             raise ValueError(f"{', '.join(changed)} changed after the first step, which fixed "
-                             "the parameters' blocks: set it before training, or make a new "
-                             "optimizer")
+                             "the parameters' blocks and state: set it before training, or "
+                             "make a new optimizer")
         return config
 
     @torch.no_grad()
@@ -274,6 +277,9 @@ class SOAP(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         saved = state_dict.pop("soap_families", [])
         super().load_state_dict(state_dict)
+        for group in self.param_groups:     # options newer than the state dict: defaults
+            for name in FIELDS:
+                group.setdefault(name, getattr(_DEFAULTS, name))
         params = self._all_params()
         group_of = self._group_of()
         families = []
@@ -293,13 +299,17 @@ class SOAP(torch.optim.Optimizer):
             fresh = family.state
             arrays: dict[str, Any] = {name: int(entry[name]) for name in _COUNTERS}
             for name in _ARRAYS:
-                values = entry[name]
                 expected = getattr(fresh, name)
+                # A state dict saved before grafting existed has none of its moments.
+                values = entry.get(name, [None] * len(expected)) \
+                    if name in GRAFTING_FIELDS else entry[name]
                 if len(values) != len(expected) or any(
                         (a is None) != (b is None) or (b is not None and a.shape != b.shape)
                         for a, b in zip(values, expected)):
+                    cause = (f"saved with another grafting than {config.grafting!r}"
+                             if name in GRAFTING_FIELDS else "saved for another model")
                     raise ValueError(f"the state dict's SOAP {name!r} does not fit these "
-                                     "parameters: it was saved for another model")
+                                     f"parameters: it was {cause}")
                 arrays[name] = [None if a is None else
                                 a.detach().to(device=b.device, dtype=b.dtype, copy=True)
                                 for a, b in zip(values, expected)]
