@@ -1,5 +1,5 @@
 """``lr`` by position, as torch's optimizers (and Distributed Shampoo) take it:
-``Shampoo(model.parameters(), 1e-3)`` was a TypeError."""
+``Shampoo(model.parameters(), 1e-3)`` and ``SOAP(...)`` were TypeErrors."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from matroot.optim import Shampoo  # noqa: E402
+from matroot.optim import SOAP, Shampoo  # noqa: E402
 
-OPTIMIZERS = [Shampoo]
+OPTIMIZERS = [Shampoo, SOAP]
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.__name__)

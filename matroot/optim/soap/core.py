@@ -40,7 +40,7 @@ from ..shampoo_core.blocking import subgroup
 from ..shampoo_core.core import DECAY_NEEDS_PARAMS, GradientTransformation, _per_param
 from ..shampoo_core.counters import advance, advance_param_steps
 from ..shampoo_core.gradients import (all_finite, apply_nonfinite_policy, check_gradients,
-                                      nonfinite_flags)
+                                      nonfinite_params)
 from ..shampoo_core.grafting import effective_gradients, final_updates, graft, \
     grafting_directions
 from ..shampoo_core.phases import Schedule, compute_dtype
@@ -51,15 +51,6 @@ from .rotation import accumulate_factors, from_eigenbasis, refresh_bases, side_s
 from .state import SOAPState, init, put_step_moments, step_moments
 
 __all__ = ["update", "soap", "all_finite", "nonfinite_params", "screen"]
-
-
-def nonfinite_params(xp, grads) -> list[int]:
-    """The parameters whose gradient holds NaN/Inf: one host read when all are finite
-    (on PyTorch from one foreach reduction, whatever their number)."""
-    present = [g for g in grads if g is not None]
-    if not present or bool(lists.finite_flag(xp, present)):
-        return []
-    return [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
 
 
 def screen(xp, grads, state: SOAPState, config: SOAPConfig):

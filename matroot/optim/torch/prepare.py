@@ -12,8 +12,8 @@ import torch
 
 from ..distributed.core import agree_on_gradients
 from ..distributed.dtensor import local_view, whole
-from ..shampoo_core import core, lists
-from ..shampoo_core.gradients import apply_nonfinite_policy
+from ..shampoo_core import core
+from ..shampoo_core.gradients import apply_nonfinite_policy, nonfinite_params
 from .state import host_number
 
 __all__ = ["StepPreparation"]
@@ -129,11 +129,9 @@ class StepPreparation:
         if self._process_group is not None:
             flags = agree_on_gradients(flat, self._process_group, members[0].device)
         else:
-            present = [g for g in flat if g is not None]
-            # One host read: a screen of every gradient at once, then the exact
-            # per-parameter flags only when it finds something.
-            if not present or bool(lists.finite_flag(torch, present)):
+            bad = set(nonfinite_params(torch, flat))
+            if not bad:
                 return []
-            flags = core.nonfinite_flags(flat)
+            flags = [i in bad for i in range(len(flat))]
         index = {id(p): i for i, p in enumerate(self._all_params())}
         return sorted(index[id(p)] for p, bad in zip(members, flags) if bad)

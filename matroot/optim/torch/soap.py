@@ -90,6 +90,9 @@ class SOAP(torch.optim.Optimizer):
     ----------
     params : iterable of tensors or dicts
         Parameters or parameter groups; any hyperparameter may be set per group.
+    lr : float, optional
+        The learning rate, by position or keyword as torch's optimizers take it
+        (unset: :class:`~matroot.optim.soap.config.SOAPConfig`'s default).
     distributed : "auto", None or ProcessGroup
         ``"auto"``: when ``torch.distributed`` is initialised with more than one rank,
         each rank keeps the state of its share of the blocks and the ranks sum their
@@ -117,9 +120,12 @@ class SOAP(torch.optim.Optimizer):
     2
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *,
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+                 lr: float | None = None, *,
                  distributed: str | dist.ProcessGroup | None = "auto",
                  **hyperparameters: Any) -> None:
+        if lr is not None:
+            hyperparameters["lr"] = lr
         check_soap_keywords(hyperparameters)
         config = SOAPConfig(**hyperparameters)
         self._families: list[_Family] = []
