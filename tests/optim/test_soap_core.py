@@ -25,10 +25,10 @@ OPTIONS = dict(lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
 TIGHT = dict(eigenbasis_rtol=1e-12, eigenbasis_iterations=4)
 
 
-def _problem(seed=0):
+def _problem(seed=0, shapes=SHAPES):
     rng = np.random.default_rng(seed)
-    params = [rng.standard_normal(s) for s in SHAPES]
-    targets = [rng.standard_normal(s) for s in SHAPES]
+    params = [rng.standard_normal(s) for s in shapes]
+    targets = [rng.standard_normal(s) for s in shapes]
     return params, targets, rng
 
 

@@ -1,7 +1,8 @@
 """SOAP's ``grafting`` option: the stacked core against the per-parameter float64
 reference (tests/soap_reference.py) for every choice, sgd's block norms, "none" as
-before, torch shell against optax shell, the option's validation and the migration
-message, and the grafting moments through checkpoints (whole and sharded records)."""
+before, the torch shell (its jitted optax twin: test_soap_optax.py), the option's
+validation and the migration message, and the grafting moments through checkpoints
+(whole and sharded records)."""
 
 from __future__ import annotations
 
@@ -13,40 +14,14 @@ import pytest
 
 from matroot.optim.soap import SOAPConfig, init, state_bytes, update
 from soap_reference import ReferenceSOAP
+from test_soap_core import OPTIONS, TIGHT, _grads, _problem, _run
 
-#: As tests/optim/test_soap_core.py: same-shape matrices (one stack), a matrix cut into
-#: blocks, a 3-D tensor, a vector and a scalar (no factors), a one-sided block; every
-#: factor has full rank from the first refresh (step 2) on.
-SHAPES = [(4, 3), (4, 3), (8, 6), (4, 3, 2), (7,), (), (3, 20)]
-OPTIONS = dict(lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-               precondition_frequency=2, start_preconditioning_step=2, block_size=4,
-               max_preconditioned_dim=10)
-TIGHT = dict(eigenbasis_rtol=1e-12, eigenbasis_iterations=4)
 CHOICES = ["sgd", "adam", "rmsprop", "adagrad"]
 
 
-def _problem(seed=0, shapes=SHAPES):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(s) for s in shapes], [rng.standard_normal(s) for s in shapes], rng
-
-
-def _grads(params, targets, rng):
-    return [(p - t) * (1 + 0.3 * rng.standard_normal(p.shape)) for p, t in zip(params, targets)]
-
-
 def _compare(options, steps=9, missing=None):
-    params, targets, rng = _problem()
-    config = SOAPConfig(**options, **TIGHT)
-    state = init(params, config)
-    ref = ReferenceSOAP(params, **options)
-    ref_params = [p.copy() for p in params]
-    for _ in range(steps):
-        grads = _grads(params, targets, rng)
-        for i in (missing or {}).get(state.step + 1, ()):
-            grads[i] = None
-        updates, state = update(grads, state, params, config)
-        params = [p if u is None else p + u for p, u in zip(params, updates)]
-        ref_params = ref.step(ref_params, grads)
+    """test_soap_core's run against the reference, asserted at every step."""
+    for params, ref_params, state in _run(steps, options, missing=missing):  # noqa: B007
         for p, r in zip(params, ref_params):
             np.testing.assert_allclose(p, r, rtol=1e-9, atol=1e-9)
     return state
@@ -270,44 +245,3 @@ def test_sharded_records_cut_and_merge_with_grafting_moments():
                         torch.testing.assert_close(a, b, rtol=0, atol=0)
         kept = any(a is not None for a in entry["block_graft_exp_avg"])
         assert kept == (grafting == "adam")
-
-
-def test_jit_optax_shell_equals_the_torch_shell_with_grafting():
-    """float32, jitted (the start of preconditioning a device-side select) against the
-    torch shell (a host decision), with "adam" grafting starting at step 3."""
-    jax = pytest.importorskip("jax")
-    optax = pytest.importorskip("optax")
-    torch = _torch()
-    import jax.numpy as jnp
-
-    from matroot.optim import SOAP
-    from matroot.optim.optax import soap
-    shapes = {"a": (8, 6), "b": (8, 6), "bias": (6,), "long": (3, 40)}
-    options = dict(betas=(0.9, 0.95), weight_decay=0.1, precondition_frequency=2,
-                   start_preconditioning_step=3, block_size=4, max_preconditioned_dim=16,
-                   eigenbasis_rtol=1e-5, eigenbasis_iterations=4, grafting="adam",
-                   grafting_beta2=0.99)
-    rng = np.random.default_rng(0)
-    start = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
-    grads = [{k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
-             for _ in range(6)]
-    opt = soap(0.02, **options)
-    params = {k: jnp.asarray(v) for k, v in start.items()}
-    state = opt.init(params)
-
-    @jax.jit
-    def step(params, state, grads):
-        updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state
-
-    names = sorted(shapes)
-    tensors = {k: torch.tensor(start[k], requires_grad=True) for k in names}
-    torch_opt = SOAP([tensors[k] for k in names], lr=0.02, **options)
-    for g in grads:
-        params, state = step(params, state, {k: jnp.asarray(v) for k, v in g.items()})
-        for k in names:
-            tensors[k].grad = torch.tensor(g[k])
-        torch_opt.step()
-        for k in names:
-            np.testing.assert_allclose(np.asarray(params[k]), tensors[k].detach().numpy(),
-                                       rtol=2e-4, atol=2e-5, err_msg=k)
