@@ -180,7 +180,6 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "compiles a SOAP step; the NaN screen is block_core's, quick in the Shampoo test"),
     ("tests/optim/test_soap_optax.py::test_jit_steps_equal_the_torch_shell[adam-grafting]",
      "compiles a SOAP step; the core's grafting is checked quick against the reference"),
-    ("tests/optim/test_soap_grafting_distributed.py::*", "starts process groups"),
     ("tests/inputs/test_input_forms.py::test_jax_eager_takes_bound_arrays_of_any_library[*-evd]",
      "eager JAX, op by op: minimax's case keeps it quick"),
     ("tests/inputs/test_input_forms.py::test_jax_eager_takes_bound_arrays_of_any_library[*-newton*",

@@ -1,6 +1,8 @@
 """``matroot.optim.SOAP`` sharded over 2 gloo ranks: the same trajectory as one process,
 about half the state per rank, every rank skipping a NaN step together, a checkpoint
-mid-run; and ``write_blocks`` zero where a rank's blocks do not cover a parameter."""
+mid-run, the same with sgd and adam grafting (a rank's record merged and loaded in one
+process retracing the run); and ``write_blocks`` zero where a rank's blocks do not
+cover a parameter."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from spawned_ranks import run_on_ranks  # noqa: E402
 SHAPES = [(16, 12), (16, 12), (24, 16), (12,), (3, 40), (16,)]
 OPTIONS = dict(lr=0.02, weight_decay=0.1, precondition_frequency=2, block_size=8,
                max_preconditioned_dim=32)
+GRAFTING_OPTIONS = dict(OPTIONS, start_preconditioning_step=2)
 
 
 def _params():
@@ -65,7 +68,55 @@ def _scenarios(rank, world, tmpdir):
             "bytes": state_bytes(opt._families[0].state)["total"],
             "single_bytes": state_bytes(single._families[0].state)["total"],
             "skipped": opt.diagnostics()["skipped_steps"], "steps": opt.diagnostics()["steps"],
-            "params": [p.detach().flatten()[:5].tolist() for p in sharded]}
+            "params": [p.detach().flatten()[:5].tolist() for p in sharded],
+            "grafting": _grafting_scenarios(world)}
+
+
+def _grafting_scenarios(world):
+    """sgd and adam grafting: the single-process trajectory, the grafting moments split
+    with the rest of the state, a rank's checkpoint merged and loaded in one process."""
+    import torch.distributed as dist
+
+    from matroot.optim import SOAP
+    from matroot.optim.distributed.soap_checkpoint import merge_state_dicts
+    from matroot.optim.soap import state_bytes
+    out = {}
+    for grafting in ("sgd", "adam"):
+        one = [p.clone().requires_grad_() for p in _params()]
+        sharded = [p.clone().requires_grad_() for p in _params()]
+        single = SOAP(one, distributed=None, grafting=grafting, **GRAFTING_OPTIONS)
+        opt = SOAP(sharded, grafting=grafting, **GRAFTING_OPTIONS)
+        diffs, saved = [], None
+        for step in range(6):
+            for params, o in ((one, single), (sharded, opt)):
+                _set_grads(params, step)
+                o.step()
+            diffs.append(max(float((a - b).abs().max()) for a, b in zip(one, sharded)))
+            if step == 2:
+                buffer = io.BytesIO()
+                torch.save(opt.state_dict(), buffer)
+                saved = ([p.detach().clone() for p in sharded], buffer.getvalue())
+        # Every rank's record, merged, loaded into one process: it retraces steps 4-6.
+        records: list = [None] * world
+        dist.all_gather_object(records, saved[1])
+        dicts = [torch.load(io.BytesIO(r), weights_only=False) for r in records]
+        restored = [p.clone().requires_grad_() for p in saved[0]]
+        again = SOAP(restored, distributed=None, grafting=grafting, **GRAFTING_OPTIONS)
+        again.load_state_dict(merge_state_dicts(dicts, again._saved_plans(dicts[0])))
+        for step in range(3, 6):
+            _set_grads(restored, step)
+            again.step()
+        mine, whole = opt._families[0].state, single._families[0].state
+        out[grafting] = {
+            "diffs": diffs,
+            "restart_diff": max(float((a - b).abs().max()) for a, b in zip(restored, sharded)),
+            "grafting_bytes": sum(a.numel() for a in mine.block_graft_exp_avg
+                                  + mine.graft_exp_avg if a is not None),
+            "single_grafting_bytes": sum(a.numel() for a in whole.block_graft_exp_avg
+                                         + whole.graft_exp_avg if a is not None),
+            "bytes": state_bytes(mine)["total"],
+            "single_bytes": state_bytes(whole)["total"]}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +141,21 @@ def test_a_nan_step_is_skipped_on_every_rank(ranks):
 
 def test_a_sharded_checkpoint_retraces_the_run(ranks):
     assert all(r["restart_diff"] == 0.0 for r in ranks)
+
+
+@pytest.mark.parametrize("grafting", ["sgd", "adam"])
+def test_sharded_grafting_follows_one_process_and_checkpoints_merge(ranks, grafting):
+    for result in (r["grafting"][grafting] for r in ranks):
+        assert max(result["diffs"]) < 1e-5, result["diffs"]
+        assert result["restart_diff"] < 1e-6, result["restart_diff"]
+        assert result["bytes"] <= 0.65 * result["single_bytes"], result
+
+
+def test_each_rank_keeps_its_share_of_the_grafting_moments(ranks):
+    shares = [r["grafting"]["adam"]["grafting_bytes"] for r in ranks]
+    assert sum(shares) == ranks[0]["grafting"]["adam"]["single_grafting_bytes"] > 0
+    assert all(0 < s < 0.65 * ranks[0]["grafting"]["adam"]["single_grafting_bytes"] for s in shares)
+    assert all(r["grafting"]["sgd"]["grafting_bytes"] == 0 for r in ranks)
 
 
 @pytest.mark.parametrize("library", ["numpy", "torch"])
