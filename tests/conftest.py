@@ -61,6 +61,9 @@ from tiers import slow_reason  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=25, deadline=None)
+# The long searches' full counts (``tiers.examples(..., thorough=...)``), for a run that
+# has the time: ``python -m pytest --hypothesis-profile=thorough``.
+settings.register_profile("thorough", parent=settings.get_profile("ci"))
 settings.load_profile("ci")
 
 
@@ -94,7 +97,9 @@ COLLECTED = pytest.StashKey[list]()
 
 def pytest_configure(config):
     """The quick tier (``-m "not slow"``) draws fewer hypothesis examples
-    (:func:`tiers.examples`): its searches sample, the full suite's search."""
+    (:func:`tiers.examples`): its searches sample, the full suite's search; the
+    ``thorough`` profile draws the long searches' full counts."""
+    tiers.THOROUGH_RUN = config.getoption("hypothesis_profile", None) == "thorough"
     expression = " ".join(str(config.getoption("markexpr", "") or "").split())
     if expression == "not slow":
         tiers.QUICK_RUN = True
