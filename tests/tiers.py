@@ -100,9 +100,6 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "spawns a gloo process group (the 2-rank case stays quick)"),
     ("tests/certify/test_lambda_max_bounds.py::test_bound_certificate_keyword[jax]",
      "JAX compiles the solve once per certificate"),
-    ("tests/distributed/test_distributed.py::"
-     "test_sharded_shampoo_refuses_ranks_that_hold_other_models",
-     "spawns a gloo process group"),
     ("tests/backends/test_jax_watchdog.py::test_jitted_solves_finish_under_a_watchdog",
      "100 jitted solves in a subprocess"),
     ("tests/optim/test_optax.py::test_shampoo_under_jit_beats_adamw_on_digits", "trains a model"),
