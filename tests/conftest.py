@@ -61,10 +61,37 @@ from tiers import slow_reason  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=25, deadline=None)
+# The long searches' full counts (``tiers.examples(..., thorough=...)``), for a run that
+# has the time: ``python -m pytest --hypothesis-profile=thorough``.
+settings.register_profile("thorough", parent=settings.get_profile("ci"))
 settings.load_profile("ci")
 
 
 from matroot.testing.backends import candidate_targets  # noqa: E402
+
+def _jax_compile_cache():
+    """One on-disk JAX compilation cache for this run, shared by its xdist workers
+    (the first process to load this file, pytest's controller, makes the folder; the
+    workers it starts inherit the variable). Eager JAX compiles one program per solver,
+    p, dtype and shape; the workers split a module's cells and every module's end drops
+    the in-memory programs, so the same program was compiled again and again. The
+    cache is new each run (nothing from an earlier run is read) and in this process
+    only: the tests that run JAX as users do, in fresh processes, compile as they do."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import jax
+    if os.environ.get("MATROOT_TEST_JAX_CACHE") == "off":
+        return
+    folder = os.environ.get("MATROOT_TEST_JAX_CACHE")
+    if folder is None:
+        folder = os.environ["MATROOT_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="matroot-jax-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 
 #: Every backend the suite knows (matroot's one backend registry), each skipped with
 #: the reason when it is not installed or has no device here: torch is optional.
@@ -79,6 +106,7 @@ BACKEND_PARAMS = [
 for _target, _missing in candidate_targets():
     if _target.backend == "jax" and _missing is None:
         _ = _target.xp
+        _jax_compile_cache()
 
 
 #: Regressions found by the merged full-suite run at the end of the 2026-12-06 session, kept
@@ -94,7 +122,9 @@ COLLECTED = pytest.StashKey[list]()
 
 def pytest_configure(config):
     """The quick tier (``-m "not slow"``) draws fewer hypothesis examples
-    (:func:`tiers.examples`): its searches sample, the full suite's search."""
+    (:func:`tiers.examples`): its searches sample, the full suite's search; the
+    ``thorough`` profile draws the long searches' full counts."""
+    tiers.THOROUGH_RUN = config.getoption("hypothesis_profile", None) == "thorough"
     expression = " ".join(str(config.getoption("markexpr", "") or "").split())
     if expression == "not slow":
         tiers.QUICK_RUN = True

@@ -100,9 +100,6 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "spawns a gloo process group (the 2-rank case stays quick)"),
     ("tests/certify/test_lambda_max_bounds.py::test_bound_certificate_keyword[jax]",
      "JAX compiles the solve once per certificate"),
-    ("tests/distributed/test_distributed.py::"
-     "test_sharded_shampoo_refuses_ranks_that_hold_other_models",
-     "spawns a gloo process group"),
     ("tests/backends/test_jax_watchdog.py::test_jitted_solves_finish_under_a_watchdog",
      "100 jitted solves in a subprocess"),
     ("tests/optim/test_optax.py::test_shampoo_under_jit_beats_adamw_on_digits", "trains a model"),
@@ -240,12 +237,19 @@ def slow_reason(node_id: str, markers: set[str]) -> str | None:
 #: ``pytest_configure`` before any test module is imported.
 QUICK_RUN = False
 
+#: Whether this run searches thoroughly (``--hypothesis-profile=thorough``): the
+#: searches that name a ``thorough`` count draw it instead of their default one.
+THOROUGH_RUN = False
+
 #: The share of a hypothesis search's examples that the quick tier draws: the same
 #: strategies and assertions, fewer draws; the full suite searches with them all.
 QUICK_SHARE = 0.2
 
 
-def examples(full: int) -> int:
+def examples(full: int, *, thorough: int | None = None) -> int:
     """``max_examples`` for a hypothesis search of ``full`` examples in the full suite:
-    :data:`QUICK_SHARE` of them (at least 3) in the quick tier."""
+    :data:`QUICK_SHARE` of them (at least 3) in the quick tier, and ``thorough`` (where
+    given) under ``--hypothesis-profile=thorough``."""
+    if THOROUGH_RUN and thorough is not None:
+        return thorough
     return max(3, round(full * QUICK_SHARE)) if QUICK_RUN else full

@@ -9,7 +9,8 @@ and, for the iterative methods, κ past the table (to 1e8 / 1e13). Every matrix 
 converged must be within ``rtol``, else ``max(table(κ), tol)``, of the float64 oracle
 (:func:`matroot.solvers.registry.accuracy_target` at the matrix's true κ). The quick searches
 keep to n ≤ 128 and 150 and 100 examples (a fifth of them in the quick tier,
-:func:`tiers.examples`); the ``slow`` one searches longer and up to n = 512.
+:func:`tiers.examples`); the ``slow`` one searches up to n = 512, 100 examples
+(300 under ``--hypothesis-profile=thorough``).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def test_converged_means_right_where_earlier_rounds_found_cases(call):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=examples(100, thorough=300), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(call=calls(max_n=512))
 def test_converged_means_right_on_searched_inputs_long(call):

@@ -72,7 +72,11 @@ def _assert_promise(res, a, p, method, precision, eps=0.0):
 
 # --- 1: a certified λmax upper bound -------------------------------------------------
 
-@pytest.mark.parametrize("make,n", [(isolated_top, 512), (hidden_top, 256)],
+# One n for both: eager JAX compiles the 64-step Lanczos of the randomized bound op by op
+# for each shape (~10 s of CPU here), so the second spectrum reuses the first's programs.
+# At n = 256 the power estimate with its safety factor falls short of isolated_top's λmax
+# by 3.5 % (at 512 by 0.6 %): the finding stands more clearly.
+@pytest.mark.parametrize("make,n", [(isolated_top, 256), (hidden_top, 256)],
                          ids=["isolated_top", "hidden_top"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_certified_lambda_max_is_never_below_lambda_max(backend, make, n, dtype):

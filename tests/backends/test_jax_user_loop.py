@@ -78,12 +78,17 @@ def user_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in SUITE_ONLY_VARIABLES}
 
 
-def run_user_loop(methods: tuple[str, ...], watchdog_s: float = HANG_GUARD_S) -> str:
-    """The user's loop for ``methods`` in a fresh process; fails on a hang or an error."""
+def run_user_loop(methods: tuple[str, ...], watchdog_s: float = HANG_GUARD_S,
+                  compile_cache: str | None = None) -> str:
+    """The user's loop for ``methods`` in a fresh process; fails on a hang or an error.
+    ``compile_cache``: a JAX compilation cache folder the process reads and writes."""
+    env = user_environment()
+    if compile_cache is not None:
+        env.update(JAX_COMPILATION_CACHE_DIR=compile_cache,
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     try:
         run = subprocess.run([sys.executable, "-c", USER_LOOP, *methods],
-                             capture_output=True, text=True, timeout=watchdog_s,
-                             env=user_environment())
+                             capture_output=True, text=True, timeout=watchdog_s, env=env)
     except subprocess.TimeoutExpired as hung:
         pytest.fail(f"the optax Shampoo loop ({methods}) hung for {watchdog_s} s under "
                     f"JAX's default flags; it had printed: {hung.stdout!r}")
@@ -107,8 +112,14 @@ def test_the_user_loop_finishes_with_default_flags():
 @pytest.mark.parametrize("attempt", range(3))
 def test_the_user_loop_finishes_for_every_root_method(attempt):
     """Every root method, 60 steps each, in three fresh processes: the deadlock
-    struck some runs and not others, after a root refresh."""
-    run_user_loop(ROOT_METHODS)
+    struck some runs and not others, after a root refresh (at run time, in LAPACK
+    calls: not while compiling). Attempt 0 runs exactly as a user does; attempts 1
+    and 2 share a JAX compilation cache (the suite's run folder, so a worker of
+    its own compiles once), which hands them the same programs without the
+    compiles, about half of each process's time."""
+    folder = os.environ.get("MATROOT_TEST_JAX_CACHE", "off")
+    cache = None if attempt == 0 or folder == "off" else os.path.join(folder, "user-loop")
+    run_user_loop(ROOT_METHODS, compile_cache=cache)
 
 
 def _lapack_calls(compiled_text: str) -> list[tuple[str, int, int]]:
