@@ -15,8 +15,24 @@ from .linalg import cholesky_succeeds, identity_stack
 from .namespace import array_namespace, backend_name, device_of, is_torch_namespace, is_traced
 from .precision import has_float64
 
-__all__ = ["add_product_of", "constant", "constant_vector", "failure_penalty",
+__all__ = ["add_product_of", "constant", "constant_vector", "failure_penalty", "kept",
            "power_of_two_inverse", "root_entries", "shared_identity"]
+
+
+def kept(cache: dict, key, limit: int, make):
+    """``cache[key]``, made by ``make()`` on a miss and kept (the oldest entry dropped
+    once ``limit`` are kept) unless it is traced: a traced value must not outlive its
+    trace. ``key`` holds strings for backend, device and dtype (not every backend's
+    device object is hashable)."""
+    if key in cache:
+        return cache[key]
+    value = make()
+    if is_traced(value):
+        return value
+    if len(cache) >= limit:
+        del cache[next(iter(cache))]
+    cache[key] = value
+    return value
 
 
 #: 0-d constants kept on their devices for :func:`constant_vector`.
@@ -26,16 +42,8 @@ _CONSTANTS: dict = {}
 def constant(xp, value, dtype, device):
     """A 0-d array of ``value``, made once per value, dtype and device (an operand such as
     ``where``'s that would otherwise be a launch of its own on every call)."""
-    key = (backend_name(xp), str(device), str(dtype), value)
-    scalar = _CONSTANTS.get(key)
-    if scalar is None:
-        scalar = xp.full((), value, dtype=dtype, device=device)
-        if is_traced(scalar):
-            return scalar
-        if len(_CONSTANTS) >= 256:
-            del _CONSTANTS[next(iter(_CONSTANTS))]
-        _CONSTANTS[key] = scalar
-    return scalar
+    return kept(_CONSTANTS, (backend_name(xp), str(device), str(dtype), value), 256,
+                lambda: xp.full((), value, dtype=dtype, device=device))
 
 
 def constant_vector(xp, value, length: int, dtype, device):
@@ -54,16 +62,8 @@ _IDENTITIES_KEPT = 16
 def shared_identity(xp, n: int, dtype, device):
     """:func:`identity_stack`, made once per size, dtype and device and then reused (one
     launch saved per use on a GPU). Read-only: callers never write into it."""
-    key = (backend_name(xp), str(device), str(dtype), n)
-    if key in _IDENTITIES:
-        return _IDENTITIES[key]
-    eye = identity_stack(xp, n, dtype, device)
-    if is_traced(eye):  # a traced value must not outlive its trace
-        return eye
-    if len(_IDENTITIES) >= _IDENTITIES_KEPT:
-        del _IDENTITIES[next(iter(_IDENTITIES))]
-    _IDENTITIES[key] = eye
-    return eye
+    return kept(_IDENTITIES, (backend_name(xp), str(device), str(dtype), n), _IDENTITIES_KEPT,
+                lambda: identity_stack(xp, n, dtype, device))
 
 
 def power_of_two_inverse(m):

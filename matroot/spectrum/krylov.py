@@ -47,16 +47,9 @@ _START_VECTORS_KEPT = 64
 
 def _start_vectors(xp, n: int, k: int, dtype, device):
     # Kept, so the copy to the device happens once per size; callers only read it.
-    key = (_xp.backend_name(xp), str(device), str(dtype), n, k)
-    if key in _START_VECTORS:
-        return _START_VECTORS[key]
-    vectors = _xp.from_numpy(xp, _start_matrix(n, k), dtype=dtype, device=device)
-    if _xp.is_traced(vectors):  # a traced value must not outlive its trace
-        return vectors
-    if len(_START_VECTORS) >= _START_VECTORS_KEPT:
-        del _START_VECTORS[next(iter(_START_VECTORS))]
-    _START_VECTORS[key] = vectors
-    return vectors
+    return _xp.kept(_START_VECTORS, (_xp.backend_name(xp), str(device), str(dtype), n, k),
+                    _START_VECTORS_KEPT,
+                    lambda: _xp.from_numpy(xp, _start_matrix(n, k), dtype=dtype, device=device))
 
 
 def _entry_scale(xp, a):

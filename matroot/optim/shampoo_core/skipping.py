@@ -48,16 +48,8 @@ _VECTORS_KEPT = 64
 
 
 def _vector(xp, values: tuple, dtype, device):
-    key = (_xp.backend_name(xp), str(device), str(dtype), values)
-    vector = _VECTORS.get(key)
-    if vector is None:
-        vector = xp.asarray(values, dtype=dtype, device=device)
-        if _xp.is_traced(vector):    # a traced value must not outlive its trace
-            return vector
-        if len(_VECTORS) >= _VECTORS_KEPT:
-            del _VECTORS[next(iter(_VECTORS))]
-        _VECTORS[key] = vector
-    return vector
+    return _xp.kept(_VECTORS, (_xp.backend_name(xp), str(device), str(dtype), values),
+                    _VECTORS_KEPT, lambda: xp.asarray(values, dtype=dtype, device=device))
 
 
 class SkipCoefficients:
