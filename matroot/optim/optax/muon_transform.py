@@ -137,6 +137,15 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         check_leaves_fit(updates, [m.shape for m in state.momentum], "muon")
         # A state restored from a checkpoint may hold NumPy arrays (flax.serialization).
         state = jax.tree_util.tree_map(jnp.asarray, state)
+        # NaN/Inf gradients: eagerly one host read decides, and "raise" raises (naming
+        # the leaves) before any work; a traced step cannot raise, so there, and with
+        # "skip", the step is a zero update that leaves the state as it was (Shampoo's
+        # and SOAP's optax rule).
+        finite = all_finite(leaves)
+        eagerly_finite = None if _xp.is_traced(finite) else bool(finite)
+        if eagerly_finite is False and settings.nonfinite_grads == "raise":
+            apply_nonfinite_policy(nonfinite_params(jnp, leaves), "raise",
+                                   numbering=" (pytree leaf order)")
         muon = _muon_leaves(updates, use_muon)
         splits = None if split is None else [
             int(split(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
@@ -148,15 +157,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
             place=place)
         directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
         new_state = MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq)
-        # NaN/Inf gradients: eagerly "raise" raises (naming the leaves); a traced step
-        # cannot raise, so there, and with "skip", the step is a zero update that leaves
-        # the state as it was (Shampoo's and SOAP's optax rule).
-        finite = all_finite(leaves)
-        if settings.nonfinite_grads == "raise" and not _xp.is_traced(finite) \
-                and not bool(finite):
-            apply_nonfinite_policy(nonfinite_params(jnp, leaves), "raise",
-                                   numbering=" (pytree leaf order)")
-        if not (_xp.is_traced(finite) or not bool(finite)):
+        if eagerly_finite:
             return treedef.unflatten(directions), new_state
         directions = [jnp.where(finite, d, jnp.zeros_like(d)) for d in directions]
         kept = jax.tree_util.tree_map(lambda now, was: jnp.where(finite, now, was),
