@@ -8,20 +8,25 @@ deterministic, so the run prints the constants checked into the library (the tes
 for ℓ = 5e-3, 3e-3 or 2e-3 instead ends at the same objective (0.2787) to 4 digits.
 Needs SciPy (a test dependency, not the library's). ``--spectra`` prints instead the
 real-arithmetic defect of the fitted and of Polar Express's best 3 steps on spectra
-other than the fitted ones (docs/polar.rst), under both σmax bounds.
+other than the fitted ones (docs/polar.rst), under both σmax bounds; ``--bounds`` the
+numbers behind docs/polar.rst's argument on κ = 1e4 in 12 products (add ``--lp`` for the
+linear program, about 20 minutes).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
 
 from matroot.solvers.polar.coefficients import band_lower, polar_schedule
-from matroot.solvers.polar.fitted import (FITTED_LOOSENESS, FITTED_LOWER, FITTED_MARGIN,
-                                          FITTED_QUINTICS, fit_objective, rms_defect, step_tops)
+from matroot.solvers.polar.fitted import (FITTED_CAP, FITTED_LOOSENESS, FITTED_LOWER,
+                                          FITTED_MARGIN, FITTED_QUINTICS, fit_objective,
+                                          rms_defect, step_tops)
 
-__all__ = ["fit", "main", "spectra", "spectra_table"]
+__all__ = ["bernstein_rms", "bounds_report", "fit", "greedy_error", "main",
+           "positive_envelope", "spectra", "spectra_table"]
 #: Cholesky's σmax bound is at most this far above σmax (its 5 % safety on σmax²).
 CHOLESKY_LOOSENESS = 1.025
 
@@ -72,9 +77,87 @@ def spectra_table(n: int = 64) -> str:
     return "\n".join(lines)
 
 
+def bernstein_rms(degree: int, top: float, kappa: float, n: int = 64,
+                  envelope=None) -> float:
+    """A lower bound on the defect of any odd polynomial of ``degree`` with ``|p| ≤ top``
+    on ``[0, 1]``, on n log-spaced σ over ``[1/κ, 1]``: Bernstein's inequality for the
+    trigonometric polynomial ``p(sin θ)`` gives ``|p(σ)| ≤ top·degree·arcsin σ``
+    (``envelope(σ)``, a sharper bound, replaces it)."""
+    sigma = np.logspace(0.0, -np.log10(kappa), n)
+    reach = (top * degree * np.arcsin(sigma) if envelope is None
+             else np.array([envelope(s) for s in sigma]))
+    p = np.minimum(reach, 1.0)
+    return float(np.sqrt(np.mean((1.0 - p * p) ** 2)))
+
+
+def greedy_error(lower: float, steps: int) -> float:
+    """``max |p(σ) − 1|`` on ``[lower, 1]`` after ``steps`` greedy minimax quintics (no
+    cushion, no margin): the least any composition of that many odd quintics leaves."""
+    from matroot.solvers.minimax_coefficients import quintic_sign_minimax
+
+    lo, hi, error = lower, 1.0, 1.0 - lower
+    for _ in range(steps):
+        _, error = quintic_sign_minimax(lo / hi)
+        lo, hi = 1.0 - error, 1.0 + error
+    return float(error)
+
+
+def positive_envelope(degree: int, top: float, sigma: float, points: int = 4000) -> float:
+    """The largest ``p(σ)`` over odd polynomials of ``degree`` with ``0 ≤ p ≤ top`` on a
+    grid of ``[0, 1]`` (a linear program in the Chebyshev basis). Fewer constraints than
+    the whole interval, so it bounds the true largest value from above."""
+    from scipy.optimize import linprog
+
+    ks = np.arange(1, degree + 1, 2)
+    x = np.unique(np.r_[np.cos(np.linspace(0.0, np.pi / 2, points)),
+                        np.linspace(0.0, 3 * sigma, 400)])
+    basis = np.cos(np.outer(np.arccos(x), ks))
+    result = linprog(-np.cos(ks * np.arccos(sigma)), A_ub=np.r_[basis, -basis],
+                     b_ub=np.r_[np.full(len(x), top), np.zeros(len(x))],
+                     bounds=[(None, None)] * len(ks), method="highs")
+    return float(-result.fun)
+
+
+def bounds_report(lp: bool = False) -> str:
+    """The numbers of docs/polar.rst's κ = 1e4 argument."""
+    from scipy.optimize import brentq
+
+    lines = [f"greedy minimax max |p - 1|: 3 quintics on [1e-2, 1] {greedy_error(1e-2, 3):.3f}, "
+             f"4 on [1e-4, 1] {greedy_error(1e-4, 4):.3f}"]
+    for degree, form in ((625, "4 quintics"), (729, "6 cubics"), (4096, "any 12 products")):
+        bound = bernstein_rms(degree, FITTED_CAP, 1e4)
+        needed = (brentq(lambda top, d=degree: bernstein_rms(d, top, 1e4) - 0.3, 1.0, 50.0)
+                  if bound > 0.3 else float("nan"))
+        lines.append(f"{form} (degree {degree}): defect >= {bound:.3f} at M = {FITTED_CAP}; "
+                     f"0.3 needs M >= {needed:.2f}")
+    if lp:
+        envelope = functools.partial(positive_envelope, 625, FITTED_CAP)
+        lines.append(f"positive, degree 625: p(1e-4) <= {envelope(1e-4):.4f} (Bernstein "
+                     f"{FITTED_CAP * 625 * np.arcsin(1e-4):.4f}); defect >= "
+                     f"{bernstein_rms(625, FITTED_CAP, 1e4, envelope=_capped(envelope)):.3f}")
+    return "\n".join(lines)
+
+
+def _capped(envelope):
+    """``envelope`` that stops solving once it reaches 1 (larger σ reach 1 too)."""
+    reached: list[float] = []
+
+    def capped(sigma: float) -> float:
+        if reached and sigma >= reached[0]:
+            return 1.0
+        value = envelope(sigma)
+        if value >= 1.0:
+            reached.append(sigma)
+        return value
+    return capped
+
+
 def main() -> None:
     if "--spectra" in sys.argv[1:]:
         print(spectra_table())
+        return
+    if "--bounds" in sys.argv[1:]:
+        print(bounds_report(lp="--lp" in sys.argv[1:]))
         return
     rows = fit()
     q_min, tops = step_tops(rows)

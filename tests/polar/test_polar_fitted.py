@@ -149,3 +149,19 @@ def test_a_spectrum_piled_at_the_bottom_is_outside_what_nine_products_can_do():
 def test_muon_runs_the_fitted_steps_when_asked_and_keeps_its_default():
     assert MuonConfig(polar_method="rms_quintic").steps == 3
     assert MuonConfig().steps == 4 and MuonConfig().polar_method == "auto"
+
+
+def test_the_numbers_of_the_twelve_product_argument():
+    """docs/polar.rst's case against κ = 1e4 in 12 products, recomputed."""
+    pytest.importorskip("scipy")
+    from bench.polar_fit import bernstein_rms, greedy_error, positive_envelope
+
+    assert greedy_error(1e-2, 3) == pytest.approx(0.269, abs=1e-3)
+    assert greedy_error(1e-4, 4) == pytest.approx(0.937, abs=1e-3)
+    assert bernstein_rms(625, FITTED_CAP, 1e4) == pytest.approx(0.439, abs=1e-3)
+    assert bernstein_rms(729, FITTED_CAP, 1e4) == pytest.approx(0.420, abs=1e-3)
+    assert bernstein_rms(4096, FITTED_CAP, 1e4) == pytest.approx(0.131, abs=1e-3)
+    assert bernstein_rms(625, 3.66, 1e4) == pytest.approx(0.3, abs=2e-3)
+    # Positivity lowers the envelope below Bernstein's M·d·arcsin σ (degree 125: fast).
+    bernstein = FITTED_CAP * 125 * np.arcsin(2e-3)
+    assert 0.8 * bernstein < positive_envelope(125, FITTED_CAP, 2e-3) < 0.9 * bernstein
