@@ -83,7 +83,7 @@ def bernstein_rms(degree: int, top: float, kappa: float, n: int = 64,
     on ``[0, 1]``, on n log-spaced σ over ``[1/κ, 1]``: Bernstein's inequality for the
     trigonometric polynomial ``p(sin θ)`` gives ``|p(σ)| ≤ top·degree·arcsin σ``
     (``envelope(σ)``, a sharper bound, replaces it)."""
-    sigma = np.logspace(0.0, -np.log10(kappa), n)
+    sigma = np.logspace(-np.log10(kappa), 0.0, n)  # ascending, as _capped needs
     reach = (top * degree * np.arcsin(sigma) if envelope is None
              else np.array([envelope(s) for s in sigma]))
     p = np.minimum(reach, 1.0)
@@ -110,7 +110,7 @@ def positive_envelope(degree: int, top: float, sigma: float, points: int = 4000)
 
     ks = np.arange(1, degree + 1, 2)
     x = np.unique(np.r_[np.cos(np.linspace(0.0, np.pi / 2, points)),
-                        np.linspace(0.0, 3 * sigma, 400)])
+                        np.linspace(0.0, min(3 * sigma, 1.0), 400)])
     basis = np.cos(np.outer(np.arccos(x), ks))
     result = linprog(-np.cos(ks * np.arccos(sigma)), A_ub=np.r_[basis, -basis],
                      b_ub=np.r_[np.full(len(x), top), np.zeros(len(x))],

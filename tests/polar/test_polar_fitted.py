@@ -154,7 +154,7 @@ def test_muon_runs_the_fitted_steps_when_asked_and_keeps_its_default():
 def test_the_numbers_of_the_twelve_product_argument():
     """docs/polar.rst's case against κ = 1e4 in 12 products, recomputed."""
     pytest.importorskip("scipy")
-    from bench.polar_fit import bernstein_rms, greedy_error, positive_envelope
+    from bench.polar_fit import _capped, bernstein_rms, greedy_error, positive_envelope
 
     assert greedy_error(1e-2, 3) == pytest.approx(0.269, abs=1e-3)
     assert greedy_error(1e-4, 4) == pytest.approx(0.937, abs=1e-3)
@@ -165,3 +165,33 @@ def test_the_numbers_of_the_twelve_product_argument():
     # Positivity lowers the envelope below Bernstein's M·d·arcsin σ (degree 125: fast).
     bernstein = FITTED_CAP * 125 * np.arcsin(2e-3)
     assert 0.8 * bernstein < positive_envelope(125, FITTED_CAP, 2e-3) < 0.9 * bernstein
+    envelope = _capped(lambda sigma: positive_envelope(125, FITTED_CAP, sigma, points=500))
+    assert (bernstein_rms(125, FITTED_CAP, 1e3, n=8, envelope=envelope)
+            > bernstein_rms(125, FITTED_CAP, 1e3, n=8) > 0.3)
+
+
+def test_jax_jit_matches_eager_with_bfloat16_products():
+    jax = pytest.importorskip("jax")
+    case = polar_case(np.random.default_rng(1), (3,), 10, 6, 100.0)
+    g = jax.numpy.asarray(case.g.astype(np.float32))
+    options = dict(method="rms_quintic", matmul_dtype="bfloat16")
+    traced = jax.jit(lambda x: matroot.polar_info(x, **options))(g)
+    eager = _solve(g, **options)
+    assert (np.asarray(traced.matmuls) == 9).all()
+    distance = polar_relative_error(np.asarray(traced.root), np.asarray(eager.root, np.float64))
+    assert np.all(distance <= 1e-2)
+
+
+@pytest.mark.compile
+def test_torch_compile_fullgraph_matches_eager():
+    """The Cholesky bound "auto" takes here traces without a graph break."""
+    torch = pytest.importorskip("torch")
+    torch._dynamo.reset()
+    case = polar_case(np.random.default_rng(1), (3,), 10, 6, 100.0)
+    g = torch.asarray(case.g.astype(np.float32))
+    compiled = torch.compile(lambda x: matroot.polar_info(x, method="rms_quintic"),
+                             fullgraph=True)
+    traced, eager = compiled(g), _solve(g, method="rms_quintic")
+    assert torch.equal(traced.matmuls, eager.matmuls)
+    distance = polar_relative_error(traced.root.numpy(), eager.root.double().numpy())
+    assert np.all(distance <= 1e-4)
