@@ -18,10 +18,11 @@ constraints that keep it a polar iteration (:func:`step_tops`):
   pushed above the top by operand rounding stays where the step is positive;
 - the composition never exceeds :data:`FITTED_CAP`.
 
-No pointwise guarantee is possible in 9 products: an odd quintic's slope at 0 is
-its ``c1``, so ``p(1e-2)`` is at most about ``1e-2·∏c1 ≈ 0.57`` here and a spectrum
-piled at ``σmin`` keeps a defect near 1. The fit serves spectra spread over
-``[1e-2, 1]`` (docs/polar.rst gives where it holds and where not).
+No pointwise guarantee is possible in 3 quintic steps: the composition best in the
+max norm (Polar Express's greedy one, without cushion) leaves ``max |p(σ) − 1| = 0.27``
+on ``[1e-2, 1]``, so some σ there keeps ``|p² − 1| ≥ 0.47``, and a spectrum piled
+there keeps that defect (this composition maps 1e-2 to 0.54). The fit serves spectra
+spread over ``[1e-2, 1]`` (docs/polar.rst gives where it holds and where not).
 
 The constants are the output of ``python -m bench.polar_fit`` (Nelder-Mead then
 Powell from the Polar Express rows, deterministic); ``tests/polar/test_polar_fitted.py``
@@ -44,7 +45,8 @@ __all__ = ["FITTED_CAP", "FITTED_KAPPAS", "FITTED_LOOSENESS", "FITTED_LOWER", "F
 FITTED_LOWER = 1e-2
 FITTED_KAPPAS = (10.0, 30.0, 100.0)
 #: The fit holds for σmax bounds ``s ∈ [σmax, FITTED_LOOSENESS·σmax]``: the Cholesky
-#: bound always (≤ 1.025), the Gram-norm bound where ``Σ(σ/σmax)⁸ ≤ 1.2⁸ ≈ 4.3``.
+#: bound's (≤ 1.025·σmax where its power estimate is good), the Gram-norm bound's where
+#: ``Σ(σ/σmax)⁸ ≤ 1.2⁸ ≈ 4.3``.
 FITTED_LOOSENESS = 1.2
 #: Largest value of the composition on ``[0, 1]``.
 FITTED_CAP = 1.35

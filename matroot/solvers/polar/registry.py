@@ -106,9 +106,10 @@ POLAR_METHODS = MappingProxyType({
     "rms_quintic": PolarMethod(
         "rms_quintic",
         f"{len(FITTED_QUINTICS)} odd quintics fitted to the RMS defect of spectra spread "
-        f"over σ/σmax ∈ [{FITTED_LOWER:g}, 1] (9 products; positive, never a sign flip), "
-        f"for σmax bounds up to {FITTED_LOOSENESS}× loose: 'auto' takes the Cholesky bound; "
-        "converged only where rtol is met; max_iter > 3 adds Polar Express steps",
+        f"over σ/σmax ∈ [{FITTED_LOWER:g}, 1] ({3 * len(FITTED_QUINTICS)} products; positive, "
+        f"never a sign flip), for σmax bounds up to {FITTED_LOOSENESS}× loose: 'auto' takes "
+        "the Cholesky bound; converged only where rtol is met; a larger max_iter adds "
+        "Polar Express steps",
         odd_quintic_steps, "certified", fitted_steps, True, len(FITTED_QUINTICS), "cholesky"),
     "quintic": PolarMethod(
         "quintic",
