@@ -5,7 +5,7 @@ of three odd quintics: Nelder-Mead (adaptive) from the first three Polar Express
 for ``[FITTED_LOWER/FITTED_LOOSENESS, 1]``, then Powell from its result. Both are
 deterministic, so the run prints the constants checked into the library (the test
 ``tests/polar/test_polar_fitted.py`` re-runs it). Starting from the Polar Express rows
-for ℓ = 5e-3, 3e-3 or 2e-3 instead ends at the same objective (0.2787) to 4 digits.
+for ℓ = 5e-3 or 3e-3 instead ends at the same objective (0.278694), from 2e-3 at 0.2793.
 Needs SciPy (a test dependency, not the library's). ``--spectra`` prints instead the
 real-arithmetic defect of the fitted and of Polar Express's best 3 steps on spectra
 other than the fitted ones (docs/polar.rst), under both σmax bounds; ``--bounds`` the
