@@ -1,4 +1,4 @@
-"""``python -m bench.polar_fit``: derive :data:`matroot.solvers.polar.fitted.FITTED_QUINTICS`.
+"""``python -m bench polar_fit``: derive :data:`matroot.solvers.polar.fitted.FITTED_QUINTICS`.
 
 Minimises :func:`matroot.solvers.polar.fitted.fit_objective` over the 9 coefficients
 of three odd quintics: Nelder-Mead (adaptive) from the first three Polar Express rows

@@ -24,7 +24,7 @@ on ``[1e-2, 1]``, so some σ there keeps ``|p² − 1| ≥ 0.47``, and a spectru
 there keeps that defect (this composition maps 1e-2 to 0.54). The fit serves spectra
 spread over ``[1e-2, 1]`` (docs/polar.rst gives where it holds and where not).
 
-The constants are the output of ``python -m bench.polar_fit`` (Nelder-Mead then
+The constants are the output of ``python -m bench polar_fit`` (Nelder-Mead then
 Powell from the Polar Express rows, deterministic); ``tests/polar/test_polar_fitted.py``
 re-derives them (slow) and checks the constraints exactly.
 """
@@ -52,7 +52,7 @@ FITTED_LOOSENESS = 1.2
 FITTED_CAP = 1.35
 #: The interval margin of every step (the 16-bit one of :func:`.coefficients.default_margin`).
 FITTED_MARGIN = 0.01
-#: ``(c1, c3, c5)`` of each step, from ``python -m bench.polar_fit``.
+#: ``(c1, c3, c5)`` of each step, from ``python -m bench polar_fit``.
 FITTED_QUINTICS = (
     (6.568885607145405, -18.510763938426123, 13.342709860372667),
     (3.6519019386424882, -3.703728879294883, 1.035069510218902),
@@ -132,7 +132,7 @@ def step_tops(rows, margin: float = FITTED_MARGIN) -> tuple[float, list[float]]:
 
 
 def fit_objective(flat) -> float:
-    """What ``python -m bench.polar_fit`` minimises over the 9 coefficients ``flat``:
+    """What ``python -m bench polar_fit`` minimises over the 9 coefficients ``flat``:
     the largest RMS defect over κ ∈ :data:`FITTED_KAPPAS` and σmax bounds
     ``[1, FITTED_LOOSENESS]·σmax``, plus penalties for a negative ``q_k`` and a top
     above :data:`FITTED_CAP` (both exact, :func:`step_tops`)."""
