@@ -21,7 +21,8 @@ HERE = Path(__file__).resolve().parent
 #: The experiment scripts ``python -m bench NAME`` runs: every bench/*.py that is not
 #: a module of the verbs.
 SCRIPTS = ("dash_reference", "eigenbasis_refresh", "gpu_syncs", "launches_step",
-           "muon_char", "muon_step", "overheads", "overheads_profile", "soap_char")
+           "muon_char", "muon_step", "overheads", "overheads_profile", "polar_fit",
+           "soap_char")
 
 
 def _summary(name: str) -> str:

@@ -257,9 +257,13 @@ def _run_optim(args) -> int:
 
 
 def _configure_polar(parser) -> None:
+    from .polar import PARTS
+
     parser.add_argument("--quick", action="store_true", help="smaller stacks, fewer κ")
     parser.add_argument("--backend", default="torch", metavar="NAME",
                         help="numpy, torch, torch-cuda, jax, ... (default torch)")
+    parser.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="run only these parts (default all)")
     add_thread_option(parser)
     parser.add_argument("--out", metavar="JSON",
                         help="write the report as JSON here (and a .md table beside it)")
@@ -279,7 +283,7 @@ def _run_polar(args) -> int:
     except UnavailableError as err:
         raise UsageError(str(err)) from None
     with thread_policy(args.threads) as threads:
-        report = run(target, quick=args.quick)
+        report = run(target, quick=args.quick, parts=tuple(args.part))
     report["threads"] = threads
     return _print_and_save(report, format_table(report), out)
 

@@ -34,7 +34,8 @@ from ..spectrum.scaling import certified_lambda_max
 __all__ = ["polar", "polar_info", "PolarResult", "SIGMA_BOUNDS", "GRAM_NORM_MAX_N",
            "sigma_bound_looseness"]
 
-#: ``sigma_bound`` choices. ``"auto"`` is ``"gram_norm"`` where it adds no step to
+#: ``sigma_bound`` choices. ``"auto"`` is the method's own bound where its registry
+#: entry names one (``PolarMethod.sigma_bound``), else ``"gram_norm"`` where it adds no step to
 #: the schedule (always under Muon's step cap) or the smaller side is at most
 #: :data:`GRAM_NORM_MAX_N`, ``"cholesky"`` otherwise.
 SIGMA_BOUNDS = ("auto", "gram_norm", "cholesky")
@@ -109,6 +110,8 @@ def _resolve(xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound):
 
     if polar_method.scaling != "certified":
         return method, work_name, rtol, None, rows_for(None)
+    if sigma_bound == "auto" and polar_method.sigma_bound is not None:
+        sigma_bound = polar_method.sigma_bound
     if sigma_bound != "auto":
         return method, work_name, rtol, sigma_bound, rows_for(sigma_bound)
     rows = rows_for("gram_norm")
@@ -291,7 +294,8 @@ def polar(g: Array, /, **options: Any) -> Array:
         Real floating matrices of any shape (tall, wide or square) from NumPy,
         PyTorch, JAX, CuPy or array-api-strict. float16/bfloat16 inputs are
         computed in float32, float64 in float64.
-    method : {"auto", "polar_express", "gram_newton_schulz", "quintic", "svd", "eigh"}
+    method : {"auto", "polar_express", "gram_newton_schulz", "rms_quintic", "quintic", "svd", \
+              "eigh"}
         See :data:`matroot.solvers.polar.POLAR_METHODS`; ``"auto"`` is
         ``"polar_express"``.
     rtol : float, optional
@@ -322,8 +326,9 @@ def polar(g: Array, /, **options: Any) -> Array:
         The proven σmax bound the polynomial methods scale by (module docstring):
         ``"gram_norm"`` (no product, at most ``n^(1/8)`` above σmax) or
         ``"cholesky"`` (within 2.5 %, a power iteration and Cholesky tests);
-        ``"auto"`` takes ``"gram_norm"`` where it adds no step, or for a smaller
-        side up to :data:`GRAM_NORM_MAX_N` (:data:`SIGMA_BOUNDS`).
+        ``"auto"`` takes the method's own bound where its registry entry names one
+        (``"rms_quintic"``: ``"cholesky"``), else ``"gram_norm"`` where it adds no
+        step, or for a smaller side up to :data:`GRAM_NORM_MAX_N` (:data:`SIGMA_BOUNDS`).
 
     Returns
     -------

@@ -10,7 +10,7 @@ from bench import polar as bench_polar
 from matroot.testing.backends import select_targets
 
 TINY = dict(shapes=((2, 12, 8),), kappas=(10.0,), width=8, layers=1, repeats=1,
-            budget_s=0.01)
+            budget_s=0.01, fewest_shapes=((2, 12, 8),), fewest_kappas=(10.0,))
 
 
 @pytest.fixture
@@ -33,8 +33,23 @@ def test_report_compares_every_contender(tiny):
     for bound in ("Gram-norm", "Cholesky"):
         default = rows[f"polar_express, Muon's default (4 steps, lower 0.0033), {bound} bound"]
         assert default["products"] == 12 and default["defect"] <= quintic["defect"]
+    assert rows["rms_quintic (3 fitted steps), Cholesky bound"]["products"] == 9
     assert {r["contender"] for r in report["muon_step"]} == {"stacked", "per-parameter loop"}
     assert "| quintic (5 steps) |" in bench_polar.format_table(report)
+    fewest = {(r["operands"], r["contender"]): r for r in report["fewest_products"]}
+    assert {operands for operands, _ in fewest} == {"float32"}  # numpy has no bfloat16
+    fitted = fewest["float32", "rms_quintic (3 fitted steps), Cholesky bound"]
+    assert fitted["products"] == 9 and fitted["defect"] <= 0.3
+    assert "| float32 | rms_quintic" in bench_polar.format_table(report)
+
+
+def test_parts_run_alone(tiny):
+    report = bench_polar.run(select_targets(["numpy"])[0], quick=True,
+                             parts=("fewest_products",))
+    assert "orthogonalization" not in report and "muon_step" not in report
+    assert bench_polar.format_table(report).startswith("Fewest products")
+    with pytest.raises(ValueError, match="unknown parts"):
+        bench_polar.run(select_targets(["numpy"])[0], quick=True, parts=("nonesuch",))
 
 
 def test_cli_writes_json_and_markdown(tiny, tmp_path):

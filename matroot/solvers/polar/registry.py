@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from .coefficients import MUON_POLAR_STEPS, MUON_QUINTIC, MUON_STEPS, polar_schedule
 from .decomposition import eigh_polar, svd_polar
+from .fitted import FITTED_LOOSENESS, FITTED_LOWER, FITTED_QUINTICS, fitted_steps
 from .polynomial import gram_side_steps, odd_quintic_steps
 
 __all__ = ["PolarMethod", "POLAR_METHODS", "get_polar_method", "polar_method_names"]
@@ -54,6 +55,10 @@ class PolarMethod:
         The steps Muon runs when its ``polar_steps`` is None: the quintic's 5
         (torch.optim.Muon's ``ns_steps``), Polar Express's 4; None for a
         decomposition.
+    sigma_bound : str or None
+        The σmax bound ``sigma_bound="auto"`` takes for this method (a schedule
+        designed for a given looseness); None: the general rule of
+        :data:`matroot.polar_factor.api.SIGMA_BOUNDS`.
     """
 
     name: str
@@ -63,6 +68,7 @@ class PolarMethod:
     steps: Callable
     forms_products: bool
     muon_steps: int | None = None
+    sigma_bound: str | None = None
 
 
 def _polar_express_steps(lower, target, margin, max_iter):
@@ -97,6 +103,14 @@ POLAR_METHODS = MappingProxyType({
         f"{GRAM_RESTART_EVERY} steps (none in runs of up to {GRAM_SHORT_RUN}, Muon's): "
         "cheaper per step for tall m ≫ n, less accurate",
         _gram_side, "certified", _polar_express_steps, True, MUON_POLAR_STEPS),
+    "rms_quintic": PolarMethod(
+        "rms_quintic",
+        f"{len(FITTED_QUINTICS)} odd quintics fitted to the RMS defect of spectra spread "
+        f"over σ/σmax ∈ [{FITTED_LOWER:g}, 1] ({3 * len(FITTED_QUINTICS)} products; positive, "
+        f"never a sign flip), for σmax bounds up to {FITTED_LOOSENESS}× loose: 'auto' takes "
+        "the Cholesky bound; converged only where rtol is met; a larger max_iter adds "
+        "Polar Express steps",
+        odd_quintic_steps, "certified", fitted_steps, True, len(FITTED_QUINTICS), "cholesky"),
     "quintic": PolarMethod(
         "quintic",
         "Muon's fixed quintic (3.4445, -4.7750, 2.0315) five times after a Frobenius "
