@@ -1,7 +1,7 @@
 """torch's generic optimizer checks (test/test_optim.py's OptimizerInfo suite), re-expressed
 against ``matroot.optim.Shampoo``: state dicts with hooks, groups added later or not
-matching, deepcopy and pickle, closures, LR schedulers, ``zero_grad`` and steps without
-gradients.
+matching, deepcopy and pickle (of SOAP and Muon too), closures, LR schedulers,
+``zero_grad`` and steps without gradients.
 
 Where two optimizers are compared bit for bit they run the same program on the same
 inputs (a copy against its original), which is deterministic on one CPU thread pool.
@@ -16,7 +16,7 @@ import pickle
 import pytest
 import torch
 
-from matroot.optim import Shampoo
+from matroot.optim import SOAP, Muon, Shampoo
 
 OPTIONS = dict(lr=0.05, block_size=4, precondition_frequency=2, start_preconditioning_step=2,
                weight_decay=0.01)
@@ -72,6 +72,45 @@ def test_a_copied_optimizer_continues_like_the_original(how):
     assert opt2.diagnostics()["root_refreshes"] == opt.diagnostics()["root_refreshes"] == 3
     # The copy owns its state: the original's stacks were not shared.
     assert opt._families[0].state.factors[0] is not opt2._families[0].state.factors[0]
+
+
+def _soap_or_muon(name, params):
+    if name == "SOAP":
+        return SOAP(params, lr=0.05, block_size=4, precondition_frequency=2)
+    return Muon([{"params": [params[0], params[2]], "use_muon": True},
+                 {"params": [params[1]], "use_muon": False}], nonfinite_grads="skip")
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+@pytest.mark.parametrize("name", ["SOAP", "Muon"])
+def test_soap_and_muon_copies_continue_like_the_original(name, how):
+    """torch's ``__getstate__`` keeps ``defaults``, ``state`` and ``param_groups`` only:
+    a copied SOAP lost its families and a copied Muon its config, and either raised
+    AttributeError at its next step. Copied with the model's parameters (as
+    ``copy.deepcopy({"model": ..., "opt": ...})`` does), a copy follows the original."""
+    params = _params()
+    opt = _soap_or_muon(name, params)
+    _train(opt, params, 3)
+    pair = {"params": params, "opt": opt}
+    if how == "deepcopy":
+        copied = copy.deepcopy(pair)
+    elif how == "pickle":
+        copied = pickle.loads(pickle.dumps(pair))
+    else:
+        buffer = io.BytesIO()
+        torch.save(pair, buffer)
+        buffer.seek(0)
+        copied = torch.load(buffer, weights_only=False)
+    params2, opt2 = copied["params"], copied["opt"]
+    assert all(p is not q for p, q in zip(params, params2)) and _same(params, params2)
+    _train(opt, params, 3, start=3)
+    _train(opt2, params2, 3, start=3)
+    assert _same(params, params2)
+    if name == "SOAP":
+        assert opt2.diagnostics() == opt.diagnostics()
+        assert opt2._families[0].state.factors[0] is not opt._families[0].state.factors[0]
+    else:
+        assert opt2.config == opt.config and opt2.skipped_steps == opt.skipped_steps
 
 
 def test_a_fresh_optimizer_deep_copies_too():

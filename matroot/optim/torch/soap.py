@@ -370,6 +370,22 @@ class SOAP(torch.optim.Optimizer):
             families.append(family)
         self._families = families
 
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's pickled state (``pickle``, ``copy.deepcopy``, ``torch.save(opt)``) plus
+        the families, which torch's leaves out (a copy then failed at its next step)."""
+        if self._process_group is not None:
+            raise TypeError("a sharded SOAP cannot be pickled or deep-copied (its process "
+                            "group does not pickle); save its state_dict() and load it "
+                            "into a new optimizer instead")
+        return {**super().__getstate__(), "_soap_families": self._families}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        families = state.pop("_soap_families", None)
+        super().__setstate__(state)
+        if families is not None:        # unpickled (load_state_dict passes none)
+            self._families, self._process_group = families, None
+
     def _saved_plans(self, state_dict: dict) -> list:
         """The whole block plan of each family of ``state_dict`` on this optimizer's
         parameters, with the settings it was saved with."""
