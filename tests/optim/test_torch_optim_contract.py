@@ -113,6 +113,20 @@ def test_soap_and_muon_copies_continue_like_the_original(name, how):
         assert opt2.config == opt.config and opt2.skipped_steps == opt.skipped_steps
 
 
+@pytest.mark.parametrize("name", ["SOAP", "Muon"])
+def test_repr_lists_every_group_as_torch_does(name):
+    """``print(opt)`` showed SOAP's first group's config only and none of Muon's
+    learning rates; it is torch's listing now, with the values a scheduler set."""
+    params = _params()
+    groups = [{"params": params[:2], "lr": 0.05}, {"params": params[2:], "lr": 0.05}]
+    opt = SOAP(groups) if name == "SOAP" else Muon(
+        [{**group, "use_muon": p.ndim == 2} for group, p in zip(groups, (params[1], params[2]))])
+    opt.param_groups[1]["lr"] = 0.125
+    text = repr(opt)
+    assert text.startswith(f"{name} (") and "Parameter Group 1" in text
+    assert "lr: 0.05" in text and "lr: 0.125" in text
+
+
 def test_a_fresh_optimizer_deep_copies_too():
     params = _params()
     opt2 = copy.deepcopy(Shampoo(params, **OPTIONS))

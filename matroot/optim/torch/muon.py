@@ -297,6 +297,8 @@ class Muon(torch.optim.Optimizer):
             self._process_group = resolve_process_group("auto" if sharded else None)
 
     def __repr__(self) -> str:
+        """torch's (every group's values: ``lr`` as a scheduler left it), then the
+        optimizer-wide :class:`~matroot.optim.muon.core.MuonConfig`."""
         options = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}"
                             for f in dataclasses.fields(self.config))
-        return f"Muon({len(self.param_groups)} groups, {options})"
+        return f"{super().__repr__()[:-1]}Options: {options}\n)"

@@ -394,6 +394,3 @@ class SOAP(torch.optim.Optimizer):
         return [make_plan([params[i] for i in entry["params"]],
                           _shared(_config_of(group_of[entry["params"][0]])))
                 for entry in state_dict["soap_families"]]
-
-    def __repr__(self) -> str:
-        return f"SOAP({len(self.param_groups)} groups, {_config_of(self.param_groups[0])})"
