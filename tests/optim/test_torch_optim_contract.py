@@ -127,6 +127,19 @@ def test_repr_lists_every_group_as_torch_does(name):
     assert "lr: 0.05" in text and "lr: 0.125" in text
 
 
+def test_muon_keeps_the_names_of_named_parameters_as_torch_does():
+    """torch's optimizers keep ``named_parameters()``'s names in each group's
+    ``param_names`` (and state dict); Muon kept them in ``use_muon`` groups but dropped
+    them from the groups its rule splits."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    opt = Muon(model.named_parameters())
+    names = {n for g in opt.param_groups for n in g["param_names"]}
+    assert names == {n for n, _ in model.named_parameters()}
+    for group in opt.param_groups:
+        assert len(group["param_names"]) == len(group["params"])
+    assert all("param_names" in g for g in opt.state_dict()["param_groups"])
+
+
 def test_a_fresh_optimizer_deep_copies_too():
     params = _params()
     opt2 = copy.deepcopy(Shampoo(params, **OPTIONS))

@@ -86,7 +86,7 @@ def split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> list
         for p in members:
             name, tensor = p if isinstance(p, tuple) else (None, p)
             muon = default_use_muon(name, tensor.shape)
-            split[muon].append(tensor)
+            split[muon].append(p)       # a (name, tensor) pair keeps its name, as torch does
             if muon and is_unnamed(name):
                 unnamed.append(tuple(tensor.shape))
             if not muon:
