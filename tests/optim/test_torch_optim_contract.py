@@ -320,3 +320,21 @@ def test_a_fresh_optimizer_without_gradients_has_no_state():
     opt = Shampoo(params, **OPTIONS)
     opt.step()
     assert len(opt.state) == 0 and opt.diagnostics()["steps"] == 0
+
+
+def test_muon_mixes_named_and_unnamed_groups_and_adds_unnamed_ones_later():
+    """torch refuses a group without names beside named ones; keeping the names must
+    not make Muon refuse what it took before: named and unnamed groups together, or a
+    layer unfrozen by ``add_param_group({"params": layer.parameters()})`` after
+    ``Muon(model.named_parameters())``. The names then go from every group."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    extra = torch.nn.Linear(3, 3)
+    mixed = Muon([{"params": list(model.named_parameters())},
+                  {"params": list(extra.parameters()), "use_muon": False}])
+    assert not any("param_names" in g for g in mixed.param_groups)
+    opt = Muon(model.named_parameters())
+    opt.add_param_group({"params": list(extra.parameters()), "use_muon": False})
+    assert not any("param_names" in g for g in opt.param_groups)
+    opt.add_param_group({"params": [("late", torch.nn.Parameter(torch.ones(2, 2)))],
+                         "use_muon": True})
+    assert len(opt.param_groups) == 4 and not any("param_names" in g for g in opt.param_groups)

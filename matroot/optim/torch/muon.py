@@ -31,7 +31,7 @@ from ..shampoo_core.gradients import apply_nonfinite_policy, nonfinite_params
 from ..distributed.dtensor import is_dtensor
 from ..distributed.muon_step import ShardedMuon
 from .closure import closure_loss
-from .muon_groups import split_groups
+from .muon_groups import consistent_names, split_groups
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
@@ -123,7 +123,7 @@ class Muon(torch.optim.Optimizer):
         """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
         for group in split_groups([param_group], *self._split_defaults):
             group.setdefault("betas", self.config.betas)
-            super().add_param_group(group)
+            super().add_param_group(consistent_names(group, self.param_groups))
             added = self.param_groups[-1]
             MuonConfig(momentum=added["momentum"], betas=tuple(added["betas"]))  # validates
             for p in added["params"]:

@@ -9,7 +9,7 @@ import torch
 
 from ..muon.core import default_use_muon, is_unnamed, unnamed_matrices_warning
 
-__all__ = ["split_groups"]
+__all__ = ["consistent_names", "split_groups"]
 
 
 #: Keys of a group without ``use_muon`` that set its AdamW part's value of a key.
@@ -117,3 +117,31 @@ def _check_unambiguous(options, adamw_options, adamw_names) -> None:
             f"constructor's {key} is), but the rule sends {len(adamw_names)} of its "
             f"parameters to AdamW ({adamw_names[0]}, ...): set 'adamw_{key}' in the group "
             "too, or give groups with use_muon=True and use_muon=False")
+
+
+def consistent_names(group: dict, param_groups: list[dict]) -> dict:
+    """``group`` ready for torch's ``add_param_group`` beside ``param_groups``: its
+    ``(name, tensor)`` pairs kept (torch then keeps the names in ``param_names``) only
+    where it and every group before it are named throughout; otherwise every group
+    goes without names.
+
+    torch refuses a group without names beside groups with them (and the reverse),
+    which for its own optimizers is the caller's mistake; here the rule has read the
+    names already, and unfreezing a layer by ``add_param_group({"params":
+    layer.parameters()})`` after ``Muon(model.named_parameters())`` must keep working.
+
+    Examples
+    --------
+    >>> import torch
+    >>> w = torch.zeros(2, 2)
+    >>> groups = [{"params": [w], "param_names": ["w"]}]
+    >>> consistent_names({"params": [w]}, groups)["params"][0] is w, groups[0].keys()
+    (True, dict_keys(['params']))
+    """
+    params = list(group["params"])
+    if params and all(isinstance(p, tuple) for p in params) and \
+            all("param_names" in g for g in param_groups):
+        return group
+    for other in param_groups:
+        other.pop("param_names", None)
+    return {**group, "params": [p[1] if isinstance(p, tuple) else p for p in params]}
