@@ -78,3 +78,28 @@ def test_the_device_side_between_refreshes_is_one_graph():
     for a, b in zip(state.block_exp_avg_sq, eager_state.block_exp_avg_sq):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
     assert int(state.step) == int(eager_state.step) == 3
+
+
+def test_a_step_compiled_by_inductor_runs_past_the_first_step():
+    """As torch users compile an optimizer step: ``torch.compile`` of a function calling
+    ``opt.step()``, the default backend. The step counts once reached Inductor as Python
+    ints that Dynamo made symbols at the second step, and its foreach kernel of the bias
+    corrections named a symbol it never defined (``NameError: name 's1' is not
+    defined``); they reach the core as 0-d tensors now."""
+    torch._dynamo.reset()
+    compiled_model, eager_model = _net(), _net()
+    compiled = SOAP(compiled_model.parameters(), **OPTIONS)
+    eager = SOAP(eager_model.parameters(), **OPTIONS)
+
+    @torch.compile
+    def step():
+        compiled.step()
+
+    for k in range(3):
+        _backward(compiled_model, k)
+        step()
+        _backward(eager_model, k)
+        eager.step()
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)   # Inductor fuses: 1.5e-8
+    assert compiled.state_dict()["soap_families"][0]["param_steps"] == [3, 3, 3, 3]

@@ -202,6 +202,28 @@ def test_group_values_are_read_at_every_step():
         _train(model, opt, 1, seed=2)
 
 
+def test_tensor_learning_rate_and_betas_are_taken_as_torch_adam_takes_them():
+    """``lr=torch.tensor(...)`` (torch's advice for a compiled step: no recompile when a
+    scheduler changes it) and tensor betas were refused ("lr must be a finite real
+    number"); they stay tensors in the groups, a scheduler fills them, and the steps
+    equal those with the same numbers as floats."""
+    plain, tensor = _model(), _model()
+    opt_plain = SOAP(plain.parameters(), lr=1e-2, betas=(0.9, 0.95), precondition_frequency=2)
+    opt_tensor = SOAP(tensor.parameters(), lr=torch.tensor(1e-2, dtype=torch.float64),
+                      betas=(torch.tensor(0.9, dtype=torch.float64),
+                             torch.tensor(0.95, dtype=torch.float64)),
+                      precondition_frequency=2)
+    for opt, model in ((opt_plain, plain), (opt_tensor, tensor)):
+        schedule = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+        for seed in range(4):
+            _train(model, opt, 1, seed=seed)
+            schedule.step()
+    assert torch.is_tensor(opt_tensor.param_groups[0]["lr"])
+    assert float(opt_tensor.param_groups[0]["lr"]) == opt_plain.param_groups[0]["lr"]
+    for p, q in zip(plain.parameters(), tensor.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
 def test_before_the_first_refresh_soap_is_adamw():
     """What an Adam graft would supply before preconditioning starts, SOAP already is:
     with identity bases its update is AdamW's (docs/soap.rst, "Grafting")."""

@@ -1,7 +1,7 @@
 """torch's generic optimizer checks (test/test_optim.py's OptimizerInfo suite), re-expressed
 against ``matroot.optim.Shampoo``: state dicts with hooks, groups added later or not
-matching, deepcopy and pickle, closures, LR schedulers, ``zero_grad`` and steps without
-gradients.
+matching, deepcopy and pickle (of SOAP and Muon too), closures, LR schedulers,
+``zero_grad`` and steps without gradients.
 
 Where two optimizers are compared bit for bit they run the same program on the same
 inputs (a copy against its original), which is deterministic on one CPU thread pool.
@@ -16,7 +16,7 @@ import pickle
 import pytest
 import torch
 
-from matroot.optim import Shampoo
+from matroot.optim import SOAP, Muon, Shampoo
 
 OPTIONS = dict(lr=0.05, block_size=4, precondition_frequency=2, start_preconditioning_step=2,
                weight_decay=0.01)
@@ -72,6 +72,72 @@ def test_a_copied_optimizer_continues_like_the_original(how):
     assert opt2.diagnostics()["root_refreshes"] == opt.diagnostics()["root_refreshes"] == 3
     # The copy owns its state: the original's stacks were not shared.
     assert opt._families[0].state.factors[0] is not opt2._families[0].state.factors[0]
+
+
+def _soap_or_muon(name, params):
+    if name == "SOAP":
+        return SOAP(params, lr=0.05, block_size=4, precondition_frequency=2)
+    return Muon([{"params": [params[0], params[2]], "use_muon": True},
+                 {"params": [params[1]], "use_muon": False}], nonfinite_grads="skip")
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+@pytest.mark.parametrize("name", ["SOAP", "Muon"])
+def test_soap_and_muon_copies_continue_like_the_original(name, how):
+    """torch's ``__getstate__`` keeps ``defaults``, ``state`` and ``param_groups`` only:
+    a copied SOAP lost its families and a copied Muon its config, and either raised
+    AttributeError at its next step. Copied with the model's parameters (as
+    ``copy.deepcopy({"model": ..., "opt": ...})`` does), a copy follows the original."""
+    params = _params()
+    opt = _soap_or_muon(name, params)
+    _train(opt, params, 3)
+    pair = {"params": params, "opt": opt}
+    if how == "deepcopy":
+        copied = copy.deepcopy(pair)
+    elif how == "pickle":
+        copied = pickle.loads(pickle.dumps(pair))
+    else:
+        buffer = io.BytesIO()
+        torch.save(pair, buffer)
+        buffer.seek(0)
+        copied = torch.load(buffer, weights_only=False)
+    params2, opt2 = copied["params"], copied["opt"]
+    assert all(p is not q for p, q in zip(params, params2)) and _same(params, params2)
+    _train(opt, params, 3, start=3)
+    _train(opt2, params2, 3, start=3)
+    assert _same(params, params2)
+    if name == "SOAP":
+        assert opt2.diagnostics() == opt.diagnostics()
+        assert opt2._families[0].state.factors[0] is not opt._families[0].state.factors[0]
+    else:
+        assert opt2.config == opt.config and opt2.skipped_steps == opt.skipped_steps
+
+
+@pytest.mark.parametrize("name", ["SOAP", "Muon"])
+def test_repr_lists_every_group_as_torch_does(name):
+    """``print(opt)`` showed SOAP's first group's config only and none of Muon's
+    learning rates; it is torch's listing now, with the values a scheduler set."""
+    params = _params()
+    groups = [{"params": params[:2], "lr": 0.05}, {"params": params[2:], "lr": 0.05}]
+    opt = SOAP(groups) if name == "SOAP" else Muon(
+        [{**group, "use_muon": p.ndim == 2} for group, p in zip(groups, (params[1], params[2]))])
+    opt.param_groups[1]["lr"] = 0.125
+    text = repr(opt)
+    assert text.startswith(f"{name} (") and "Parameter Group 1" in text
+    assert "lr: 0.05" in text and "lr: 0.125" in text
+
+
+def test_muon_keeps_the_names_of_named_parameters_as_torch_does():
+    """torch's optimizers keep ``named_parameters()``'s names in each group's
+    ``param_names`` (and state dict); Muon kept them in ``use_muon`` groups but dropped
+    them from the groups its rule splits."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    opt = Muon(model.named_parameters())
+    names = {n for g in opt.param_groups for n in g["param_names"]}
+    assert names == {n for n, _ in model.named_parameters()}
+    for group in opt.param_groups:
+        assert len(group["param_names"]) == len(group["params"])
+    assert all("param_names" in g for g in opt.state_dict()["param_groups"])
 
 
 def test_a_fresh_optimizer_deep_copies_too():
@@ -254,3 +320,21 @@ def test_a_fresh_optimizer_without_gradients_has_no_state():
     opt = Shampoo(params, **OPTIONS)
     opt.step()
     assert len(opt.state) == 0 and opt.diagnostics()["steps"] == 0
+
+
+def test_muon_mixes_named_and_unnamed_groups_and_adds_unnamed_ones_later():
+    """torch refuses a group without names beside named ones; keeping the names must
+    not make Muon refuse what it took before: named and unnamed groups together, or a
+    layer unfrozen by ``add_param_group({"params": layer.parameters()})`` after
+    ``Muon(model.named_parameters())``. The names then go from every group."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    extra = torch.nn.Linear(3, 3)
+    mixed = Muon([{"params": list(model.named_parameters())},
+                  {"params": list(extra.parameters()), "use_muon": False}])
+    assert not any("param_names" in g for g in mixed.param_groups)
+    opt = Muon(model.named_parameters())
+    opt.add_param_group({"params": list(extra.parameters()), "use_muon": False})
+    assert not any("param_names" in g for g in opt.param_groups)
+    opt.add_param_group({"params": [("late", torch.nn.Parameter(torch.ones(2, 2)))],
+                         "use_muon": True})
+    assert len(opt.param_groups) == 4 and not any("param_names" in g for g in opt.param_groups)

@@ -5,7 +5,8 @@ by Muon groups) and ``betas`` (read by AdamW groups), so schedulers that cycle
 momentum (``OneCycleLR``, ``CyclicLR``) and per-group settings work; everything
 else (:class:`~matroot.optim.muon.core.MuonConfig`) is optimizer-wide, since the Muon
 matrices of all groups share one polar call per shape. Parameters given without
-``use_muon`` are split by :func:`~matroot.optim.muon.core.default_use_muon` (pass
+``use_muon`` are split by :func:`~matroot.optim.muon.core.default_use_muon`
+(:mod:`matroot.optim.torch.muon_groups`; pass
 ``model.named_parameters()`` so embeddings and heads are recognised: unnamed
 matrices sent to Muon draw a ``UserWarning``), with the
 group keys of :class:`Muon`'s ``params``. Per-parameter state
@@ -23,124 +24,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use_muon,
-                         is_unnamed, matrix_stack_shape, muon_directions,
-                         unnamed_matrices_warning)
+from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, matrix_stack_shape,
+                         muon_directions)
 from ..distributed.core import resolve_process_group
 from ..shampoo_core.gradients import apply_nonfinite_policy, nonfinite_params
 from ..distributed.dtensor import is_dtensor
 from ..distributed.muon_step import ShardedMuon
 from .closure import closure_loss
+from .muon_groups import consistent_names, split_groups
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
-
-#: Keys of a group without ``use_muon`` that set its AdamW part's value of a key.
-_ADAMW_KEYS = {"adamw_lr": "lr", "adamw_weight_decay": "weight_decay"}
-
-
-def _members(params) -> list:
-    """A group's ``params`` as a list of tensors or ``(name, tensor)`` pairs, refused as
-    torch's optimizers refuse them: a set (its order, which a state dict's numbering
-    follows, changes between runs) and anything that is not a tensor."""
-    if isinstance(params, torch.Tensor):
-        # One tensor, as torch's optimizers allow (iterating it would give its rows).
-        return [params]
-    if isinstance(params, set):
-        raise TypeError("optimizer parameters need to be organized in ordered collections, "
-                        "but the ordering of tensors in sets will change between runs. "
-                        "Please use a list instead.")
-    members = list(params)
-    for p in members:
-        tensor = p[1] if isinstance(p, tuple) and len(p) == 2 else p
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(
-                f"Muon optimizes tensors or (name, tensor) pairs, but one of the params "
-                f"is {torch.typename(p)}: pass model.parameters() or "
-                "model.named_parameters() (a dict iterates its names)")
-    return members
-
-
-def _split_groups(params, lr, weight_decay, adamw_lr, adamw_weight_decay) -> list[dict]:
-    """torch-style ``params`` (tensors, (name, tensor) pairs or group dicts) as groups
-    that each say ``use_muon``."""
-    if isinstance(params, torch.Tensor):
-        raise TypeError("params argument given to Muon should be an iterable of Tensors "
-                        f"or dicts, but got a single {torch.typename(params)}: pass [tensor]")
-    entries = list(params)
-    if not entries:
-        raise ValueError("Muon got an empty parameter list")
-    if not isinstance(entries[0], dict):
-        entries = [{"params": entries}]
-    groups, unnamed = [], []
-    for entry in entries:
-        options = {k: v for k, v in entry.items() if k != "params"}
-        members = _members(entry["params"])
-        if any(isinstance(p[1] if isinstance(p, tuple) else p,
-                          torch.nn.parameter.UninitializedParameter) for p in members):
-            raise ValueError("Muon splits parameters by shape when it is made: run one "
-                             "forward pass to initialise lazy modules (LazyLinear, ...) "
-                             "before making the optimizer")
-        adamw_options = {_ADAMW_KEYS[k]: options.pop(k) for k in list(options)
-                         if k in _ADAMW_KEYS}
-        if "use_muon" in options:
-            if adamw_options:
-                raise ValueError(
-                    f"a parameter group with 'use_muon' sets "
-                    f"{', '.join(repr('adamw_' + k) for k in adamw_options)}, which only "
-                    "a group split by the rule reads: set 'lr' and 'weight_decay' (in a "
-                    "group with use_muon=False for AdamW's)")
-            for p in members:
-                name, tensor = p if isinstance(p, tuple) else (None, p)
-                if options["use_muon"] and tensor.ndim < 2:
-                    raise ValueError(
-                        f"use_muon=True needs tensors of two or more dimensions, got "
-                        f"{name or 'a parameter'} of shape {tuple(tensor.shape)}: put it "
-                        "in a group with use_muon=False, or leave use_muon out to split "
-                        "by the rule")
-            # A half's lr and weight_decay default to the constructor's for that half:
-            # adamw_lr for an AdamW group (torch's defaults would give it Muon's lr).
-            half = (dict(lr=lr, weight_decay=weight_decay) if options["use_muon"]
-                    else dict(lr=adamw_lr, weight_decay=adamw_weight_decay))
-            groups.append({"params": members, **half, **options})
-            continue
-        split: dict[bool, list] = {True: [], False: []}
-        adamw_names = []
-        for p in members:
-            name, tensor = p if isinstance(p, tuple) else (None, p)
-            muon = default_use_muon(name, tensor.shape)
-            split[muon].append(tensor)
-            if muon and is_unnamed(name):
-                unnamed.append(tuple(tensor.shape))
-            if not muon:
-                adamw_names.append(f"{name or 'a parameter'} of shape {tuple(tensor.shape)}")
-        _check_unambiguous(options, adamw_options, adamw_names)
-        for muon, tensors in split.items():
-            if tensors:
-                defaults = (dict(lr=lr, weight_decay=weight_decay) if muon
-                            else dict(lr=adamw_lr, weight_decay=adamw_weight_decay))
-                own = {} if muon else adamw_options
-                groups.append({"params": tensors, **defaults, **options, **own,
-                               "use_muon": muon})
-    unnamed_matrices_warning(
-        unnamed, "Muon", "Pass model.named_parameters() so that the rule recognises "
-        "embeddings and heads by name, or groups with use_muon=True/False.")
-    return groups
-
-
-def _check_unambiguous(options, adamw_options, adamw_names) -> None:
-    """Refuse a group without ``use_muon`` whose ``lr`` or ``weight_decay`` would be read
-    as Muon's while the rule sends some of its parameters to AdamW (a script written
-    for AdamW's or torch.optim.Muon's groups means them for every parameter)."""
-    unmatched = [k for k in ("lr", "weight_decay") if k in options and k not in adamw_options]
-    if unmatched and adamw_names:
-        key = unmatched[0]
-        raise ValueError(
-            f"a parameter group without 'use_muon' sets {key!r}, which is Muon's (as the "
-            f"constructor's {key} is), but the rule sends {len(adamw_names)} of its "
-            f"parameters to AdamW ({adamw_names[0]}, ...): set 'adamw_{key}' in the group "
-            "too, or give groups with use_muon=True and use_muon=False")
-
 
 class Muon(torch.optim.Optimizer):
     """Stacked Muon for torch: one batched polar factor per matrix shape of the model.
@@ -208,7 +102,7 @@ class Muon(torch.optim.Optimizer):
         #: Steps skipped for NaN/Inf gradients (``nonfinite_grads="skip"``); not saved.
         self.skipped_steps = 0
         self._split_defaults = (lr, weight_decay, adamw_lr, adamw_weight_decay)
-        groups = _split_groups(params, *self._split_defaults)
+        groups = split_groups(params, *self._split_defaults)
         # "betas" is in every group but not in the defaults: a momentum-cycling
         # scheduler then cycles Muon's μ, as it does torch.optim.Muon's.
         super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, use_muon=True,
@@ -227,9 +121,9 @@ class Muon(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; without ``use_muon`` it is split by the rule, as in the constructor."""
-        for group in _split_groups([param_group], *self._split_defaults):
+        for group in split_groups([param_group], *self._split_defaults):
             group.setdefault("betas", self.config.betas)
-            super().add_param_group(group)
+            super().add_param_group(consistent_names(group, self.param_groups))
             added = self.param_groups[-1]
             MuonConfig(momentum=added["momentum"], betas=tuple(added["betas"]))  # validates
             for p in added["params"]:
@@ -382,7 +276,29 @@ class Muon(torch.optim.Optimizer):
                             "into the model it was saved from")
         super().load_state_dict(state_dict)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's pickled state (``pickle``, ``copy.deepcopy``, ``torch.save(opt)``) plus
+        Muon's settings, which torch's leaves out (a copy then failed at its next step)."""
+        if self._process_group not in (None, dist.group.WORLD):
+            raise TypeError("a Muon sharded over a process group other than the default one "
+                            "cannot be pickled or deep-copied; save its state_dict() and "
+                            "load it into a new optimizer instead")
+        return {**super().__getstate__(), "_muon": (
+            self.config, self._split_defaults, self.skipped_steps,
+            self._process_group is not None)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        muon = state.pop("_muon", None)
+        super().__setstate__(state)
+        if muon is not None:            # unpickled (load_state_dict passes none)
+            self.config, self._split_defaults, self.skipped_steps, sharded = muon
+            self._sharded = None        # made again at the next step
+            self._process_group = resolve_process_group("auto" if sharded else None)
+
     def __repr__(self) -> str:
+        """torch's (every group's values: ``lr`` as a scheduler left it), then the
+        optimizer-wide :class:`~matroot.optim.muon.core.MuonConfig`."""
         options = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}"
                             for f in dataclasses.fields(self.config))
-        return f"Muon({len(self.param_groups)} groups, {options})"
+        return f"{super().__repr__()[:-1]}Options: {options}\n)"

@@ -13,8 +13,9 @@ options) may.
 The state (moments, factors, bases, counters) lives with the families and travels
 in ``state_dict()["soap_families"]``, each with the numbers of its parameters in
 the ``param_groups`` order; ``load_state_dict`` rebuilds the families on this
-optimizer's parameters. Counters are Python ints: a step reads the host once (the
-non-finite check), and a refresh step as the eigenbasis certificate does.
+optimizer's parameters. Counters are Python ints (a step hands the core its
+per-parameter counts as 0-d tensors, :func:`_steps_as_tensors`): a step reads the host
+once (the non-finite check), and a refresh step as the eigenbasis certificate does.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..soap.config import FIELDS, PER_PARAMETER, SOAPConfig, check_soap_keywords
 from ..soap.state import GRAFTING_FIELDS, SOAPState, init, make_plan
 from .closure import closure_loss
 from .soap_sharding import SoapSharding
+from .state import host_number
 
 __all__ = ["SOAP"]
 
@@ -49,7 +51,9 @@ _COUNTERS = ("step", "refreshes", "skipped_steps")
 
 
 def _config_of(group) -> SOAPConfig:
-    values = {name: group[name] for name in FIELDS}
+    """The group's config; tensor values (``lr=torch.tensor(...)``, as torch's optimizers
+    take it) as the numbers they hold."""
+    values = {name: host_number(group[name]) for name in FIELDS}
     values["betas"] = tuple(values["betas"])
     return SOAPConfig(**values)
 
@@ -73,6 +77,8 @@ class _Family:
     def __init__(self, params, config: SOAPConfig, state: SOAPState,
                  sharding: SoapSharding | None = None):
         self.params, self.config, self.state, self.sharding = params, config, state, sharding
+        #: 0-d tensors the step counts are handed to the core in (:func:`_steps_as_tensors`).
+        self.step_slots: list = []
 
 
 def _new_family(params, config: SOAPConfig, group) -> _Family:
@@ -81,6 +87,42 @@ def _new_family(params, config: SOAPConfig, group) -> _Family:
     sharding = SoapSharding(group, make_plan(params, config))
     return _Family(params, config, init(params, config, plan=sharding.local,
                                         elementwise=sharding.elementwise), sharding)
+
+
+@torch.compiler.disable
+def _steps_as_tensors(family: _Family, grads) -> SOAPState:
+    """The family's state with its per-parameter step counts as 0-d float64 tensors for
+    the core, one per (count, has a gradient) pair, so equal counts share their bias
+    corrections.
+
+    Under ``torch.compile`` Python int counts that change at every step become symbols
+    of the graph, and Inductor's foreach kernel of the bias corrections names a symbol
+    it does not define (torch 2.13: ``NameError: name 's1' is not defined`` at the
+    second compiled step); a tensor is an input like any other. The same tensors are
+    refilled at every step (new ones would fail Dynamo's guards and recompile).
+    Parameters that share a tensor advance together, so those with and without a
+    gradient get their own.
+    """
+    device = next(g.device for g in grads if g is not None)
+    keys = list(dict.fromkeys((int(s), g is not None)
+                              for s, g in zip(family.state.param_steps, grads)))
+    slots = family.step_slots
+    slots.extend(torch.zeros((), dtype=torch.float64, device=device)
+                 for _ in range(len(keys) - len(slots)))
+    for slot, (count, _) in zip(slots, keys):
+        slot.fill_(count)
+    slot_of = dict(zip(keys, slots))
+    return family.state._replace(param_steps=tuple(
+        slot_of[int(s), g is not None] for s, g in zip(family.state.param_steps, grads)))
+
+
+def _counted_steps(before: SOAPState, after: SOAPState, grads) -> SOAPState:
+    """``after`` with the per-parameter counts as Python ints again, known on the host
+    without reading the tensors: one more for each parameter with a gradient, unless
+    the screen skipped the step (then ``skipped_steps`` moved)."""
+    skipped = after.skipped_steps != before.skipped_steps
+    return after._replace(param_steps=tuple(
+        int(s) + (g is not None and not skipped) for s, g in zip(before.param_steps, grads)))
 
 
 class SOAP(torch.optim.Optimizer):
@@ -127,10 +169,14 @@ class SOAP(torch.optim.Optimizer):
         if lr is not None:
             hyperparameters["lr"] = lr
         check_soap_keywords(hyperparameters)
-        config = SOAPConfig(**hyperparameters)
+        config = SOAPConfig(**{k: host_number(v) for k, v in hyperparameters.items()})
         self._families: list[_Family] = []
         self._process_group = resolve_process_group(distributed)
-        super().__init__(params, {name: getattr(config, name) for name in FIELDS})
+        defaults = {name: getattr(config, name) for name in FIELDS}
+        # A tensor stays one in the groups, as torch's optimizers keep it (a scheduler
+        # then fills it in place).
+        defaults.update({k: v for k, v in hyperparameters.items() if torch.is_tensor(v)})
+        super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (validated now; its parameters get stacks at their first step)."""
@@ -145,8 +191,8 @@ class SOAP(torch.optim.Optimizer):
     def _shared_of(self, group) -> SOAPConfig:
         """The group's shared config, made again only when one of its values changes (a
         scheduler's lr), not at every step for every parameter."""
-        values = tuple(tuple(group[name]) if name == "betas" else group[name]
-                       for name in FIELDS)
+        values = tuple(tuple(host_number(group[name])) if name == "betas" else
+                       host_number(group[name]) for name in FIELDS)
         cache = self.__dict__.setdefault("_shared_configs", {})
         entry = cache.get(id(group))
         if entry is None or entry[0] != values:
@@ -208,9 +254,10 @@ class SOAP(torch.optim.Optimizer):
             if family.sharding is not None:
                 self._sharded_step(family, config, grads, lrs, decays)
                 continue
-            updates, family.state = core.update(grads, family.state,
-                                                _decayed_params(family.params, decays), config,
-                                                lr=lrs, weight_decay=decays, in_place=True)
+            updates, state = core.update(grads, _steps_as_tensors(family, grads),
+                                         _decayed_params(family.params, decays), config,
+                                         lr=lrs, weight_decay=decays, in_place=True)
+            family.state = _counted_steps(family.state, state, grads)
             pairs = [(p, u) for p, u in zip(family.params, updates) if u is not None]
             # Plain parameters in one foreach addition; a DTensor takes its own rows.
             add_all_to_local([p for p, _ in pairs],
@@ -323,6 +370,22 @@ class SOAP(torch.optim.Optimizer):
             families.append(family)
         self._families = families
 
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's pickled state (``pickle``, ``copy.deepcopy``, ``torch.save(opt)``) plus
+        the families, which torch's leaves out (a copy then failed at its next step)."""
+        if self._process_group is not None:
+            raise TypeError("a sharded SOAP cannot be pickled or deep-copied (its process "
+                            "group does not pickle); save its state_dict() and load it "
+                            "into a new optimizer instead")
+        return {**super().__getstate__(), "_soap_families": self._families}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        families = state.pop("_soap_families", None)
+        super().__setstate__(state)
+        if families is not None:        # unpickled (load_state_dict passes none)
+            self._families, self._process_group = families, None
+
     def _saved_plans(self, state_dict: dict) -> list:
         """The whole block plan of each family of ``state_dict`` on this optimizer's
         parameters, with the settings it was saved with."""
@@ -331,6 +394,3 @@ class SOAP(torch.optim.Optimizer):
         return [make_plan([params[i] for i in entry["params"]],
                           _shared(_config_of(group_of[entry["params"][0]])))
                 for entry in state_dict["soap_families"]]
-
-    def __repr__(self) -> str:
-        return f"SOAP({len(self.param_groups)} groups, {_config_of(self.param_groups[0])})"
