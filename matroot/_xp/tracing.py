@@ -121,6 +121,28 @@ def host_constant(fn):
     return cached
 
 
+def within_torch_compile() -> bool:
+    """Whether ``torch.compile`` traces the caller, or the caller runs inside a compiled
+    function's extent without being traced (Dynamo ran it as Python after a graph break
+    and compiles the frames it calls one by one, so their Python numbers can still
+    become symbols). False in plain eager code; torch is looked up, not imported.
+
+    Examples
+    --------
+    >>> from matroot._xp.tracing import within_torch_compile
+    >>> within_torch_compile()
+    False
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    # The one private seam: Dynamo's frame callback is set only inside a compiled region.
+    callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)
+    return callback is not None and callback() not in (None, False)
+
+
 def outside_torch_compile(fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, run eagerly outside the graph when ``torch.compile``
     traces the caller (a graph break there), as a plain call otherwise.

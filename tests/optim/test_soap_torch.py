@@ -171,6 +171,13 @@ def test_more_same_shape_layers_cost_no_more_operations(refresh):
     assert many[0] <= few[0] + (4 if refresh else 0), (few, many)
 
 
+def test_an_eager_step_between_refreshes_keeps_its_operation_count():
+    """The count measured when the step counts stayed Python ints in eager steps (a
+    compiled step takes them as tensors: a fill and tensor bias corrections, 7 more
+    operations, had crept into every eager step)."""
+    assert _step_ops(2, refresh=False) == (38, 1)
+
+
 def test_bfloat16_parameters_keep_float32_state_through_a_checkpoint():
     model = _model().to(torch.bfloat16)
     opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=2)

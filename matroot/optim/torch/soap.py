@@ -14,7 +14,7 @@ The state (moments, factors, bases, counters) lives with the families and travel
 in ``state_dict()["soap_families"]``, each with the numbers of its parameters in
 the ``param_groups`` order; ``load_state_dict`` rebuilds the families on this
 optimizer's parameters. Counters are Python ints (a step hands the core its
-per-parameter counts as 0-d tensors, :func:`_steps_as_tensors`): a step reads the host
+per-parameter counts as 0-d tensors when compiled, :func:`_steps_as_tensors`): a step reads the host
 once (the non-finite check), and a refresh step as the eigenbasis certificate does.
 """
 
@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ... import _xp
+from ..._xp.tracing import within_torch_compile
 from ..distributed.core import resolve_process_group
 from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
 from ..distributed.soap_checkpoint import cut_family
@@ -254,7 +255,11 @@ class SOAP(torch.optim.Optimizer):
             if family.sharding is not None:
                 self._sharded_step(family, config, grads, lrs, decays)
                 continue
-            updates, state = core.update(grads, _steps_as_tensors(family, grads),
+            # Eager steps keep Python int counts (no fill or tensor bias corrections:
+            # fewer launches); a compiled step needs them as tensors.
+            counted = (_steps_as_tensors(family, grads) if within_torch_compile()
+                       else family.state)
+            updates, state = core.update(grads, counted,
                                          _decayed_params(family.params, decays), config,
                                          lr=lrs, weight_decay=decays, in_place=True)
             family.state = _counted_steps(family.state, state, grads)
