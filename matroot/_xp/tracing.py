@@ -22,6 +22,7 @@ __all__ = [
     "host_constant",
     "outside_torch_compile",
     "jax_compiled",
+    "one_program",
     "register_jax_pytree",
     "lapack_in_order",
 ]
@@ -151,6 +152,18 @@ def jax_compiled(fn, array, dynamic: dict | None = None, **static):
     compiling each on its first use, which is slower on the first call and after it.
     """
     return _jax_jit(fn, tuple(sorted(static.items())))(array, **(dynamic or {}))
+
+
+def one_program(fn, array, dynamic: dict | None = None, **static):
+    """``fn(array, **dynamic, **static)``: as one compiled program
+    (:func:`jax_compiled`) where ``array`` is an eager JAX array, else a plain call.
+
+    For a public entry point whose body is a few dozen small operations: eagerly, JAX
+    compiles each of them for its shapes on first use (seconds per new shape).
+    """
+    if array_api_compat.is_jax_array(array) and not is_traced(array):
+        return jax_compiled(fn, array, dynamic, **static)
+    return fn(array, **(dynamic or {}), **static)
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from . import stack_solve
 from .verdict import repair, repair_on_device, solve_fixed, warn_cast
 from .._checks import check_bound, check_choice, check_stack
 from .._typing import Array
-from .call import VERDICTS, RootCall, default_max_iter, resolve_call
+from .call import VERDICTS, RootCall, compiled_call, default_max_iter, resolve_call
 from .gradient import inv_root_derivative
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
 from ..solvers import get_solver
@@ -172,8 +172,8 @@ def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_fi
         # its float32 screen picks on the host the matrices that need float64.
         if check_finite and not bool(xp.all(xp.isfinite(a))):
             raise ValueError(stack_solve.NONFINITE_INPUT)
-        result, usable, cast_trouble, rtol_floor = _xp.jax_compiled(
-            stack_solve.solve_stack, a, bounds, call=call, check_finite=False)
+        result, usable, cast_trouble, rtol_floor = compiled_call(
+            stack_solve.solve_stack, a, call, bounds, check_finite=False)
     else:
         result, usable, cast_trouble, rtol_floor = stack_solve.solve_stack(
             a, call=call, check_finite=check_finite, **bounds)

@@ -1,0 +1,108 @@
+"""How many programs an eager JAX user's calls compile.
+
+Eager JAX compiles every operation (or ``jax.jit`` program) for its shapes and static
+arguments on first use, seconds each time on a CPU. A value that is data, not structure
+(``eps``, ``safety``), must be a traced argument, so that a user who sweeps it or whose
+ridge changes compiles once; a loop whose arrays change shape from step to step (the
+eager Lanczos run's growing basis) must run as one program. Counted here: the programs
+lowered to XLA (``jax.monitoring``'s lowering event), one per new program whether the
+run's compilation cache then serves it or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import matroot
+from matroot.testing import oracle_inv_root, relative_error
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+_LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+_COUNTS = [0]
+
+
+def _count(event: str, duration: float, **_kwargs) -> None:
+    if event == _LOWERING:
+        _COUNTS[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+@contextlib.contextmanager
+def lowered():
+    """``[n]``: the programs lowered inside the block, filled in at its end."""
+    out = [0]
+    start = _COUNTS[0]
+    yield out
+    out[0] = _COUNTS[0] - start
+
+
+def _gram(shape, dtype, seed=0):
+    g = np.random.default_rng(seed).standard_normal(shape)
+    return g @ np.swapaxes(g, -1, -2), jnp.asarray(g @ np.swapaxes(g, -1, -2), dtype=dtype)
+
+
+@pytest.mark.parametrize("options", [dict(method="newton_db"),
+                                     dict(method="coupled_newton"),
+                                     dict(method="newton_db", rtol=1e-3, steps="fixed")],
+                         ids=["newton_db", "coupled_newton", "fixed"])
+def test_a_new_eps_compiles_nothing_new(options):
+    host, a = _gram((3, 24, 12), jnp.float32)
+    matroot.inv_root(a, 4, eps=1e-2, **options).block_until_ready()
+    for eps in (2e-2, 0.5, 3.0):
+        with lowered() as count:
+            info = matroot.inv_root_info(a, 4, eps=eps, **options)
+            jax.block_until_ready(info)
+        assert count[0] == 0, f"eps={eps} compiled {count[0]} new programs"
+        # The traced ridge is the one asked for (a stale one would miss the oracle).
+        assert bool(jnp.all(info.converged))
+        error = relative_error(np.asarray(info.root, dtype=np.float64),
+                               oracle_inv_root(host, 4, eps))
+        assert np.all(error <= 1e-3), (eps, error)
+
+
+def test_eps_zero_and_positive_are_two_programs_of_one_call():
+    """``eps > 0`` is structure (the ridge's λmin floor replaces a Lanczos estimate)."""
+    host, a = _gram((2, 16, 16), jnp.float32, seed=1)
+    for eps in (0.0, 1e-1):
+        info = matroot.inv_root_info(a, 2, eps=eps, method="minimax")
+        error = relative_error(np.asarray(info.root, dtype=np.float64),
+                               oracle_inv_root(host, 2, eps))
+        assert bool(jnp.all(info.converged)) and np.all(error <= 1e-3), (eps, error)
+
+
+@pytest.mark.parametrize("certificate", ["randomized", "cholesky"])
+def test_lambda_max_bound_is_one_program_per_shape(certificate):
+    """Eagerly the randomized bound's Lanczos run lowered about 400 programs per new n
+    (its basis grows a row a step: new shapes each time), 20-40 s on a CPU."""
+    host, a = _gram((3, 40, 40), jnp.float32, seed=2)
+    with lowered() as first:
+        bound = matroot.lambda_max_bound(a, bound_certificate=certificate)
+        bound.block_until_ready()
+    doubled = (a * 2).block_until_ready()
+    with lowered() as again:
+        matroot.lambda_max_bound(doubled, bound_certificate=certificate,
+                                 safety=1.1).block_until_ready()
+    assert first[0] <= 2 and again[0] == 0, (first[0], again[0])
+    lam_max = np.linalg.eigvalsh(host)[..., -1]
+    assert np.all(np.asarray(bound, dtype=np.float64) >= lam_max * (1 - 1e-6))
+    assert np.all(np.asarray(bound, dtype=np.float64) <= lam_max * 1.5)
+
+
+def test_spectral_bounds_is_one_program_per_shape():
+    host, a = _gram((2, 30, 30), jnp.float32, seed=3)
+    with lowered() as first:
+        b = matroot.spectral_bounds(a, eps=1e-3)
+        jax.block_until_ready(b)
+    with lowered() as again:
+        jax.block_until_ready(matroot.spectral_bounds(a, eps=2e-3))
+    assert first[0] <= 2 and again[0] == 0, (first[0], again[0])
+    lam = np.linalg.eigvalsh(host)
+    assert np.all(np.asarray(b.lambda_max) >= (lam[..., -1] + 1e-3) * (1 - 1e-6))
+    assert np.all(np.asarray(b.lambda_min) >= 1e-3 * (1 - 1e-6))
