@@ -23,6 +23,7 @@ __all__ = [
     "outside_torch_compile",
     "jax_compiled",
     "one_program",
+    "power_of_count",
     "register_jax_pytree",
     "lapack_in_order",
 ]
@@ -164,6 +165,22 @@ def one_program(fn, array, dynamic: dict | None = None, **static):
     if array_api_compat.is_jax_array(array) and not is_traced(array):
         return jax_compiled(fn, array, dynamic, **static)
     return fn(array, **(dynamic or {}), **static)
+
+
+def power_of_count(base: float, count):
+    """``base ** count`` for a number ``base`` and a count (a Python int or a 0-d
+    integer array: a step count).
+
+    Eager JAX turns a concrete integer exponent into a program of its own for each
+    value (``lax.integer_pow``, compiled on first use): an eager training loop compiled
+    one a step. ``lax.pow`` takes the count as data, as ``jax.jit`` does (so eager and
+    compiled steps round alike).
+    """
+    if array_api_compat.is_jax_array(count) and not is_traced(count):
+        import jax
+
+        return jax.lax.pow(base, count)
+    return base ** count
 
 
 @functools.cache

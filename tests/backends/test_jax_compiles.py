@@ -106,3 +106,23 @@ def test_spectral_bounds_is_one_program_per_shape():
     lam = np.linalg.eigvalsh(host)
     assert np.all(np.asarray(b.lambda_max) >= (lam[..., -1] + 1e-3) * (1 - 1e-6))
     assert np.all(np.asarray(b.lambda_min) >= 1e-3 * (1 - 1e-6))
+
+
+def test_an_eager_optax_step_compiles_nothing_new_once_warm():
+    """The bias corrections ``1 − βᵗ`` took the step count as a concrete integer
+    exponent, which eager JAX compiles as a program per value: one compile a step."""
+    optax = pytest.importorskip("optax")
+    from matroot.optim import optax as matroot_optax
+
+    opt = matroot_optax.shampoo(1e-2, precondition_frequency=100)
+    params = {"w": jnp.ones((4, 3)) / 4, "b": jnp.zeros(3)}
+    grads = {"w": jnp.full((4, 3), 0.5), "b": jnp.ones(3)}
+    state = opt.init(params)
+    counts = []
+    for _ in range(4):
+        with lowered() as count:
+            updates, state = opt.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+            jax.block_until_ready(params)
+        counts.append(count[0])
+    assert counts[2:] == [0, 0], counts
