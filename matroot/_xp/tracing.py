@@ -157,12 +157,14 @@ def jax_compiled(fn, array, dynamic: dict | None = None, **static):
 
 def one_program(fn, array, dynamic: dict | None = None, **static):
     """``fn(array, **dynamic, **static)``: as one compiled program
-    (:func:`jax_compiled`) where ``array`` is an eager JAX array, else a plain call.
+    (:func:`jax_compiled`) where ``array`` is a JAX array, else a plain call.
 
     For a public entry point whose body is a few dozen small operations: eagerly, JAX
-    compiles each of them for its shapes on first use (seconds per new shape).
+    compiles each of them for its shapes on first use (seconds per new shape). Traced
+    too: under an eager ``jax.vmap`` a loop's program was traced and compiled again at
+    every call, and under ``jax.jit`` the cached trace is reused.
     """
-    if array_api_compat.is_jax_array(array) and not is_traced(array):
+    if array_api_compat.is_jax_array(array):
         return jax_compiled(fn, array, dynamic, **static)
     return fn(array, **(dynamic or {}), **static)
 

@@ -138,14 +138,10 @@ def _lanczos_coefficients(a, num_steps: int):
     its ``m`` couplings β (the last one couples to the next Lanczos vector: 0
     once the Krylov space is exhausted) and the per-matrix entry scale.
     """
-    xp = _xp.array_namespace(a)
     steps = max(1, min(int(num_steps), a.shape[-1]))
-    if _xp.is_jax_namespace(xp) and not _xp.is_traced(a):
-        # Eager JAX compiles every operation for its shapes, and the growing basis
-        # has new ones at each step: about 400 compiles (20-40 s) per new n. One
-        # program per shape instead.
-        return _xp.jax_compiled(_lanczos_run, a, steps=steps), steps
-    return _lanczos_run(a, steps), steps
+    # Eager JAX compiles every operation for its shapes, and the growing basis has new
+    # ones at each step: about 400 compiles (20-40 s) per new n. One program per shape.
+    return _xp.one_program(_lanczos_run, a, steps=steps), steps
 
 
 def _lanczos_run(a, steps: int):
