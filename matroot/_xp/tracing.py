@@ -22,6 +22,8 @@ __all__ = [
     "host_constant",
     "outside_torch_compile",
     "jax_compiled",
+    "one_program",
+    "power_of_count",
     "register_jax_pytree",
     "lapack_in_order",
 ]
@@ -173,6 +175,36 @@ def jax_compiled(fn, array, dynamic: dict | None = None, **static):
     compiling each on its first use, which is slower on the first call and after it.
     """
     return _jax_jit(fn, tuple(sorted(static.items())))(array, **(dynamic or {}))
+
+
+def one_program(fn, array, dynamic: dict | None = None, **static):
+    """``fn(array, **dynamic, **static)``: as one compiled program
+    (:func:`jax_compiled`) where ``array`` is a JAX array, else a plain call.
+
+    For a public entry point whose body is a few dozen small operations: eagerly, JAX
+    compiles each of them for its shapes on first use (seconds per new shape). Traced
+    too: under an eager ``jax.vmap`` a loop's program was traced and compiled again at
+    every call, and under ``jax.jit`` the cached trace is reused.
+    """
+    if array_api_compat.is_jax_array(array):
+        return jax_compiled(fn, array, dynamic, **static)
+    return fn(array, **(dynamic or {}), **static)
+
+
+def power_of_count(base: float, count):
+    """``base ** count`` for a number ``base`` and a count (a Python int or a 0-d
+    integer array: a step count).
+
+    Eager JAX turns a concrete integer exponent into a program of its own for each
+    value (``lax.integer_pow``, compiled on first use): an eager training loop compiled
+    one a step. ``lax.pow`` takes the count as data, as ``jax.jit`` does (so eager and
+    compiled steps round alike).
+    """
+    if array_api_compat.is_jax_array(count) and not is_traced(count):
+        import jax
+
+        return jax.lax.pow(base, count)
+    return base ** count
 
 
 @functools.cache

@@ -207,7 +207,7 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     static: dict[str, Any] = dict(iterations=iterations, rtol=rtol, method=method,
                                   block=block)
     with _xp.solve_context(xp, stack):
-        if _xp.is_jax_namespace(xp) and not traced:
+        if _xp.is_jax_namespace(xp):  # traced too: an eager vmap compiled at every call
             parts = _xp.jax_compiled(_iterate, stack, dict(start=start), **static)
         else:
             parts = _iterate(stack, start=start, **static)

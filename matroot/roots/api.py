@@ -16,7 +16,7 @@ from . import stack_solve
 from .verdict import repair, repair_on_device, solve_fixed, warn_cast
 from .._checks import check_bound, check_choice, check_stack
 from .._typing import Array
-from .call import VERDICTS, RootCall, default_max_iter, resolve_call
+from .call import VERDICTS, RootCall, compiled_call, default_max_iter, resolve_call
 from .gradient import inv_root_derivative
 from .result import ConvergenceWarning, InvRootResult, empty_result, reshaped
 from ..solvers import get_solver
@@ -165,15 +165,18 @@ def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, chec
 def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,
             bounds: dict) -> InvRootResult:
     """The body of :func:`inv_root_info` after its arguments are checked."""
-    if _xp.is_jax_namespace(xp) and not traced and call.solver.needs_scaling:
+    if _xp.is_jax_namespace(xp) and call.solver.needs_scaling:
         # Eager JAX dispatches, and first compiles, every operation on its own: for the
         # iterative methods' hundreds of small operations one compiled call per shape is
         # faster from the first call on. A direct method is a few operations, and eagerly
-        # its float32 screen picks on the host the matrices that need float64.
-        if check_finite and not bool(xp.all(xp.isfinite(a))):
+        # its float32 screen picks on the host the matrices that need float64. Traced,
+        # the same cached program: an eager jax.vmap re-traced and re-compiled the
+        # solve's loops at every call (3 programs, 4-13 s a call), and under jax.jit it
+        # is traced once per shape, not at every trace of the caller.
+        if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
             raise ValueError(stack_solve.NONFINITE_INPUT)
-        result, usable, cast_trouble, rtol_floor = _xp.jax_compiled(
-            stack_solve.solve_stack, a, bounds, call=call, check_finite=False)
+        result, usable, cast_trouble, rtol_floor = compiled_call(
+            stack_solve.solve_stack, a, call, bounds, check_finite=False)
     else:
         result, usable, cast_trouble, rtol_floor = stack_solve.solve_stack(
             a, call=call, check_finite=check_finite, **bounds)

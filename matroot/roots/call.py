@@ -32,7 +32,7 @@ from ..solvers.registry import SolverSpec, check_method, require_dtypes, require
 from ..certify.verify import CERTIFICATES, DEFAULT_CERTIFICATE
 
 __all__ = ["RootCall", "resolve_call", "check_keywords", "default_max_iter", "STEPS",
-           "VERDICTS"]
+           "VERDICTS", "compiled_call"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,11 @@ class RootCall:
     p : int or float
         Root order (integral values as int).
     eps : float
-        Ridge.
+        Ridge (in a compiled program's key 0.0, the value passed traced: see
+        :func:`compiled_call`).
+    has_ridge : bool
+        ``eps > 0``: what the code's structure depends on (a new ``eps`` of the same
+        sign compiles nothing new).
     scaling : {"power", "frobenius", "schatten"}
         How λmax is bounded.
     tol : float
@@ -93,6 +97,7 @@ class RootCall:
     certificate: str
     bound_certificate: str
     fallback: str | None
+    has_ridge: bool = False
     fixed: FixedPlan | None = None
 
     def _replace_fallback(self, fallback: str | None) -> RootCall:
@@ -339,7 +344,7 @@ def resolve_call(xp, a, p, *, method: str = "auto", eps: float = 0.0,
                     max_iter=solver.default_max_iter if max_iter is None else max_iter,
                     work_dtype=work_dtype, matmul_dtype=matmul_dtype,
                     certificate=certificate, bound_certificate=bound_certificate,
-                    fallback=fallback, fixed=plan)
+                    fallback=fallback, has_ridge=eps > 0, fixed=plan)
 
 
 def _resolve_steps(xp, a, steps: str, solver, p, *, rtol, tol, explicit_tol, max_iter,
@@ -379,3 +384,16 @@ def _fixed_plan(method: str, p, rtol: float, tol: float, n: int, unit: float):
     ``κ_max`` is the largest κ a root can be certified at for ``rtol``."""
     lower = 1.0 / (certifiable_kappa(p, rtol, unit) * schatten_overestimate(n, unit))
     return fixed_plan(method, p, lower, tol, unit)
+
+
+def compiled_call(solve, a, call: RootCall, dynamic: dict | None = None, **static):
+    """``solve(a, call=call, **dynamic, **static)`` as one ``jax.jit`` program (eager
+    JAX), compiled once per ``call`` less its ``eps``: the ridge is a traced argument
+    (data, not structure: ``call.has_ridge`` is the structure), so a caller whose eps
+    changes from call to call, or who sweeps it, compiles once, not once per value."""
+    return _xp.jax_compiled(_with_ridge, a, dict(dynamic or {}, eps=call.eps), solve=solve,
+                            call=dataclasses.replace(call, eps=0.0), **static)
+
+
+def _with_ridge(a, *, eps, solve, call: RootCall, **options):
+    return solve(a, call=dataclasses.replace(call, eps=eps), **options)

@@ -124,12 +124,12 @@ def _regularised(a, call: RootCall):
     b = math.prod(a.shape[:-2])
     stack = xp.reshape(xp.astype(a, getattr(xp, call.work_dtype), copy=False), (b, n, n))
     largest = xp.linalg.vector_norm(stack, axis=(-2, -1), ord=math.inf)  # NaN propagates
-    if call.eps > 0:
+    if call.has_ridge:
         largest = xp.maximum(largest, xp.full_like(largest, call.eps))
     inverse = _xp.power_of_two_inverse(largest)
     normalised = stack * inverse[:, None, None]
     stack = normalised + xp.matrix_transpose(normalised)
-    if call.eps > 0:
+    if call.has_ridge:
         stack = _xp.add_scaled_identity(stack, (2 * call.eps) * inverse)
     return stack, inverse
 

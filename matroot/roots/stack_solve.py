@@ -64,14 +64,14 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     b = reg.stack.shape[0]
     # A Lanczos run is needed only where a λmin estimate comes from the spectrum.
     needs_ritz = solver.needs_lower_bound and (solver.lower_from_spectrum or (
-        call.eps == 0 and lambda_min_lower is None))
+        not call.has_ridge and lambda_min_lower is None))
     sc = _scaled(reg, call, lambda_max_upper, needs_ritz)
     solver_kwargs: dict = dict(
         tol=call.tol, max_iter=call.max_iter, scaling=call.scaling,
         check_every=4 if _xp.is_accelerator(xp, a) else 1,
         matmul=_xp.Matmul(xp, None if call.matmul_dtype is None
                           else _xp.dtype_from_name(xp, call.matmul_dtype)))
-    if not solver.needs_scaling and call.eps > 0:
+    if not solver.needs_scaling and call.has_ridge:
         # A direct method adds the ridge itself, in the dtype it decomposes in (evd's
         # float64 eigh of a float32 stack gets the ridge in float64).
         solver_kwargs["ridge"] = reg.ridge
@@ -81,7 +81,7 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
                                             _xp.device_of(a))) / reg.magnitude)
     if solver.needs_lower_bound:
         solver_kwargs["lower"], ritz = _lower_bound(
-            sc.stack, floor / sc.scale, ritz, has_ridge=call.eps > 0 or lambda_min_lower
+            sc.stack, floor / sc.scale, ritz, has_ridge=call.has_ridge or lambda_min_lower
             is not None, from_spectrum=solver.lower_from_spectrum and (
                 ritz is not None or lambda_min_lower is None))
     out = solver.solve(sc.stack, p, **solver_kwargs)
@@ -174,7 +174,7 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     # Tensor by tensor: torch divides a Python number by a tensor as number·(1/tensor),
     # and 1/magnitude overflows for a subnormal magnitude (0·inf = NaN).
     ridge = xp.full_like(magnitude, call.eps) / magnitude
-    if call.eps > 0 and call.solver.needs_scaling:
+    if call.has_ridge and call.solver.needs_scaling:
         stack = _xp.add_scaled_identity(stack, ridge)
     return _Regularised(stack, finite, magnitude, ridge)
 

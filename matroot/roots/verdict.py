@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _xp
 from . import stack_solve
-from .call import RootCall
+from .call import RootCall, compiled_call
 from .fixed_solve import fixed_solve, verdict_limit
 from .result import ConvergenceWarning, reshaped
 
@@ -29,7 +29,7 @@ def solve_fixed(a, xp, call: RootCall, batch, b: int, n: int, on_device: bool,
     ``(None, None)`` where finite matrices were beyond the fixed path's range: the
     caller solves the call on the adaptive path instead."""
     if _xp.is_jax_namespace(xp) and not _xp.is_traced(a):
-        parts = _xp.jax_compiled(fixed_solve, a, call=call, on_device=on_device)
+        parts = compiled_call(fixed_solve, a, call, on_device=on_device)
     else:
         parts = fixed_solve(a, call=call, on_device=on_device)
     if on_device:

@@ -138,6 +138,14 @@ def _lanczos_coefficients(a, num_steps: int):
     its ``m`` couplings β (the last one couples to the next Lanczos vector: 0
     once the Krylov space is exhausted) and the per-matrix entry scale.
     """
+    steps = max(1, min(int(num_steps), a.shape[-1]))
+    # Eager JAX compiles every operation for its shapes, and the growing basis has new
+    # ones at each step: about 400 compiles (20-40 s) per new n. One program per shape.
+    return _xp.one_program(_lanczos_run, a, steps=steps), steps
+
+
+def _lanczos_run(a, steps: int):
+    """:func:`_lanczos_coefficients`' array, for ``steps`` steps."""
     xp = _xp.array_namespace(a)
     batch = tuple(a.shape[:-2])
     n = a.shape[-1]
@@ -145,7 +153,6 @@ def _lanczos_coefficients(a, num_steps: int):
     dev = _xp.device_of(a)
     scale = xp.reshape(_entry_scale(xp, a), (b,))
     mat = xp.reshape(a, (b, n, n)) / scale[:, None, None]
-    steps = max(1, min(int(num_steps), n))
     # Row vectors (vᵀA = (Av)ᵀ for symmetric A): a row times the stack streams it
     # row by row, ~9× faster than A @ v for one vector at n = 384 on torch CPU.
     fresh = xp.matrix_transpose(_start_vectors(xp, n, steps + 1, a.dtype, dev))
@@ -155,7 +162,7 @@ def _lanczos_coefficients(a, num_steps: int):
     # Where the Krylov space was exhausted the step went on from the restart row
     # (see _lanczos_step): the tridiagonal decouples there.
     betas = xp.where(betas <= limit * peaks, xp.zeros_like(betas), betas)
-    return xp.concat([alphas, betas, scale[:, None]], axis=-1), steps
+    return xp.concat([alphas, betas, scale[:, None]], axis=-1)
 
 
 def _lanczos_step(xp, mat, v, pair, peak, basis, restart, limit: float):

@@ -84,8 +84,9 @@ def lambda_max_bound(a: Array, /, *, scaling: str = "power",
     check_stack(a)
     check_choice(scaling, "scaling", SCALINGS)
     check_choice(bound_certificate, "bound_certificate", BOUND_CERTIFICATES)
-    return lambda_max_bound_core(a, scaling=scaling, safety=safety,
-                                 bound_certificate=bound_certificate)
+    safety = check_nonnegative(safety, "safety")
+    return _xp.one_program(lambda_max_bound_core, a, dict(safety=safety), scaling=scaling,
+                           bound_certificate=bound_certificate)
 
 
 def lambda_max_bound_core(a: Array, *, scaling: str = "power",
@@ -217,12 +218,18 @@ def spectral_bounds(a: Array, /, *, scaling: str = "power", eps: float = 0.0,
     >>> round(float(b.lambda_min), 2), round(float(b.lambda_max), 2)
     (2.0, 5.0)
     """
-    xp = check_stack(a)
+    check_stack(a)
     check_choice(scaling, "scaling", SCALINGS)
     eps = check_nonnegative(eps, "eps")
+    check_choice(bound_certificate, "bound_certificate", BOUND_CERTIFICATES)
+    return _xp.one_program(_spectral_bounds, a, dict(eps=eps), scaling=scaling,
+                           bound_certificate=bound_certificate)
+
+
+def _spectral_bounds(a: Array, *, eps, scaling: str, bound_certificate: str) -> SpectralBounds:
+    xp = _xp.array_namespace(a)
     reg = _xp.add_scaled_identity(a, xp.full(a.shape[:-2], eps, dtype=a.dtype,
                                              device=_xp.device_of(a)))
-    check_choice(bound_certificate, "bound_certificate", BOUND_CERTIFICATES)
     # One Lanczos run serves both ends.
     ritz = ritz_values(reg)
     upper = lambda_max_bound_core(reg, scaling=scaling, bound_certificate=bound_certificate,

@@ -99,3 +99,26 @@ def test_inject_hyperparams_learning_rate_under_jit():
     traced = optax.inject_hyperparams(soap)(learning_rate=0.1, precondition_frequency=2)
     with pytest.raises(TypeError, match="static_args"):
         jax.jit(traced.update)(params, traced.init(params), params)
+
+
+def test_inject_hyperparams_takes_soaps_weight_decay_under_jit():
+    """``inject_hyperparams(soap)(learning_rate=..., weight_decay=...)`` (a decay
+    schedule, ``optax.adamw``'s habit) was a TypeError under jit where Shampoo's shell
+    took it: the decoupled decay is added by the shell, the same sum the core forms."""
+    params = {"w": jnp.full((4, 3), 2.0, jnp.float32), "b": jnp.ones(3, jnp.float32)}
+    grads = {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3) / 10,
+             "b": jnp.full(3, 0.5, jnp.float32)}
+    injected = optax.inject_hyperparams(soap, static_args=("precondition_frequency",))(
+        learning_rate=0.1, weight_decay=0.3, precondition_frequency=100)
+    plain = soap(0.1, weight_decay=0.3, precondition_frequency=100)
+    state, plain_state = injected.init(params), plain.init(params)
+    step = jax.jit(injected.update)
+    for _ in range(2):
+        updates, state = step(grads, state, params)
+        expected, plain_state = jax.jit(plain.update)(grads, plain_state, params)
+        for key in params:
+            np.testing.assert_allclose(updates[key], expected[key], rtol=1e-5, atol=1e-7)
+    with pytest.raises(TypeError, match="weight_decay_type='decoupled'"):
+        jax.jit(optax.inject_hyperparams(soap)(learning_rate=0.1, weight_decay=0.3,
+                                               weight_decay_type="l2").update)(
+            grads, state, params)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -115,6 +116,23 @@ def test_launches_examples_run():
     assert result.failed == 0
 
 
+def test_readme_jax_example_asks_float32_for_roots_it_can_certify():
+    """The README's JAX line roots the NumPy example's factors in float32 (JAX's default,
+    x64 off) under jax.jit, where inv_root cannot warn. With eps=1e-6 their κ was about
+    6e8, past float32's table (κ ≤ 1e6): every root came back converged=False, silently."""
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    numpy_block = next(b for b in blocks if "NumPy: 8 rank-64" in b)
+    jax_line = next(line for b in blocks for line in b.splitlines() if "jax.jit(" in line)
+    shape = tuple(int(d) for d in re.search(r"standard_normal\(\(([\d, ]+)\)\)",
+                                            numpy_block).group(1).split(","))
+    eps = float(re.search(r"eps=([0-9.e-]+)", jax_line).group(1))
+    g = np.random.default_rng(0).standard_normal(shape)
+    lam = np.linalg.eigvalsh(g @ g.transpose(0, 2, 1))
+    kappa = (lam[:, -1] + eps) / (np.maximum(lam[:, 0], 0.0) + eps)
+    assert kappa.max() <= 1e6, kappa.max()
+
+
 def test_jax_examples_run_and_converge():
     """docs/jax.rst's examples, as a new user runs them: a fresh process (x64 off, no
     compiled functions from other tests), under the suite's hang guard (issue 26)."""
@@ -124,8 +142,12 @@ def test_jax_examples_run_and_converge():
               "r = doctest.testfile(sys.argv[1], module_relative=False,\n"
               "                     optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)\n"
               "print(r.attempted, r.failed)\n")
+    # Without the suite's XLA flags and thread limits, as a user runs them.
+    suite_only = ("XLA_FLAGS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                  "MATROOT_TEST_THREADS", "JAX_COMPILATION_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in suite_only}
     run = subprocess.run([sys.executable, "-c", script, str(DOCS / "jax.rst")],
-                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     attempted, failed = map(int, run.stdout.split()[-2:])
     assert failed == 0, run.stdout[-3000:]

@@ -399,7 +399,9 @@ def adamw_directions(grads: Sequence[Any], first: Sequence[Any], second: Sequenc
     new_first = _xp.each("lerp", list(first), grads, [1 - b for b in beta1])
     squares = _xp.each("lerp", list(second), _xp.each("mul", grads, grads),
                        [1 - b for b in beta2])
-    first_hat = _xp.each("div", new_first, [1 - b ** t for b, t in zip(beta1, steps)])
-    second_hat = _xp.each("div", squares, [1 - b ** t for b, t in zip(beta2, steps)])
+    first_hat = _xp.each("div", new_first,
+                         [1 - _xp.power_of_count(b, t) for b, t in zip(beta1, steps)])
+    second_hat = _xp.each("div", squares,
+                          [1 - _xp.power_of_count(b, t) for b, t in zip(beta2, steps)])
     denominators = _xp.each("add", _xp.each("sqrt", second_hat), eps)
     return new_first, squares, _xp.each("div", first_hat, denominators)

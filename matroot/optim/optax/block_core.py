@@ -23,7 +23,29 @@ from ..shampoo_core.core import DECAY_NEEDS_PARAMS
 from ..shampoo_core.gradients import all_finite
 from .leaves import check_leaves_fit
 
-__all__ = ["block_core_transform"]
+__all__ = ["block_core_transform", "split_traced_decay"]
+
+
+def split_traced_decay(name: str, hyperparameters: dict) -> tuple[dict, Any]:
+    """``(hyperparameters, traced_decay)``: a decoupled ``weight_decay`` that is traced
+    (``optax.inject_hyperparams`` under ``jax.jit``, a decay schedule) taken out of the
+    config's keywords (there 0) for :func:`block_core_transform` to add; ``None`` where
+    the decay is a Python number.
+
+    Raises
+    ------
+    TypeError
+        A traced decay with ``weight_decay_type="l2"`` (added to the gradient, inside
+        the preconditioner: it must be static).
+    """
+    decay = hyperparameters.get("weight_decay")
+    if not _xp.is_traced(decay):
+        return hyperparameters, None
+    if hyperparameters.get("weight_decay_type", "decoupled") != "decoupled":
+        raise TypeError("an injected weight_decay is added outside the preconditioner, so "
+                        "it needs weight_decay_type='decoupled'; with 'l2' name it in "
+                        f"inject_hyperparams({name}, static_args=('weight_decay',))")
+    return {**hyperparameters, "weight_decay": 0.0}, decay
 
 
 def block_core_transform(name: str, config: Any, *, make_plan: Callable, init: Callable,

@@ -17,7 +17,7 @@ import optax
 from ... import _xp
 from ..shampoo_core import core
 from ..shampoo_core.config import check_keywords
-from .block_core import block_core_transform
+from .block_core import block_core_transform, split_traced_decay
 from .keywords import host_values, with_keywords
 
 __all__ = ["shampoo", "scale_by_shampoo", "ShampooOptaxState"]
@@ -50,17 +50,9 @@ def scale_by_shampoo(**hyperparameters) -> optax.GradientTransformation:
         raise ValueError("scale_by_shampoo takes no lr: chain it with "
                          "optax.scale_by_learning_rate (matroot.optim.optax.shampoo does)")
     check_keywords(hyperparameters, "scale_by_shampoo")
-    # A traced decay (optax.inject_hyperparams under jax.jit) is added here, outside the
+    # A traced decay (optax.inject_hyperparams under jax.jit) is added outside the
     # config: decoupled, it is the same sum the core would form.
-    traced_decay = hyperparameters.get("weight_decay")
-    if not _xp.is_traced(traced_decay):
-        traced_decay = None
-    elif hyperparameters.get("weight_decay_type", "decoupled") != "decoupled":
-        raise TypeError("an injected weight_decay is added outside the preconditioner, so "
-                        "it needs weight_decay_type='decoupled'; with 'l2' name it in "
-                        "inject_hyperparams(..., static_args=('weight_decay',))")
-    else:
-        hyperparameters["weight_decay"] = 0.0
+    hyperparameters, traced_decay = split_traced_decay("shampoo", hyperparameters)
     return block_core_transform(
         "shampoo", core.ShampooConfig(lr=1.0, **hyperparameters), make_plan=core.make_plan,
         init=core.init, update=core.update, counters=("step", "root_refreshes", "skipped_steps"),

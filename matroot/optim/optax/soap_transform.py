@@ -17,7 +17,7 @@ from ... import _xp
 from ..soap import core
 from ..soap.config import FIELDS, SOAPConfig, check_soap_keywords
 from ..soap.state import SOAPState, init, make_plan
-from .block_core import block_core_transform
+from .block_core import block_core_transform, split_traced_decay
 from .keywords import host_values, with_keywords
 
 __all__ = ["soap", "scale_by_soap", "SOAPOptaxState"]
@@ -41,14 +41,18 @@ def scale_by_soap(**hyperparameters) -> optax.GradientTransformation:
     -------
     optax.GradientTransformation
     """
-    hyperparameters = host_values("scale_by_soap", hyperparameters)
+    hyperparameters = host_values("scale_by_soap", hyperparameters,
+                                  traced_ok=("weight_decay",))
     if "lr" in hyperparameters:
         raise ValueError("scale_by_soap takes no lr: chain it with "
                          "optax.scale_by_learning_rate (matroot.optim.optax.soap does)")
     check_soap_keywords(hyperparameters, "scale_by_soap")
+    # An injected (traced) decoupled decay is added by the shell, as Shampoo's is.
+    hyperparameters, traced_decay = split_traced_decay("soap", hyperparameters)
     return block_core_transform(
         "soap", SOAPConfig(lr=1.0, **hyperparameters), make_plan=make_plan, init=init,
-        update=core.update, counters=("step", "refreshes", "skipped_steps"))
+        update=core.update, counters=("step", "refreshes", "skipped_steps"),
+        traced_decay=traced_decay)
 
 
 def soap(learning_rate, **hyperparameters) -> optax.GradientTransformation:
@@ -82,7 +86,8 @@ def soap(learning_rate, **hyperparameters) -> optax.GradientTransformation:
     >>> bool(loss(params) < 12.0), int(state[0].refreshes)
     (True, 3)
     """
-    return optax.chain(scale_by_soap(**host_values("soap", hyperparameters)),
+    return optax.chain(scale_by_soap(**host_values("soap", hyperparameters,
+                                                   traced_ok=("weight_decay",))),
                        optax.scale_by_learning_rate(learning_rate))
 
 

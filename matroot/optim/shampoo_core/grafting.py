@@ -64,7 +64,7 @@ def _steps(xp, steps):
 def _corrections(xp, beta: float, steps):
     """``1 − βᵗ`` for one step count or a list of them (ints or 0-d arrays)."""
     if not isinstance(steps, list):
-        return 1.0 - beta ** steps
+        return 1.0 - _xp.power_of_count(beta, steps)
     if all(isinstance(t, numbers.Integral) for t in steps):
         return [1.0 - beta ** t for t in steps]
     return lists.add_(xp, lists.neg(xp, lists.pow_from(xp, beta, steps)), 1.0)

@@ -149,7 +149,7 @@ def pow_from(xp, base: float, exponents: Sequence) -> list:
     if exponents and is_foreach(xp):
         import torch
         return list(torch._foreach_pow(base, exponents))
-    return [base ** e for e in exponents]
+    return [_xp.power_of_count(base, e) for e in exponents]
 
 
 def copy_(xp, targets: Sequence, sources: Sequence) -> None:
