@@ -21,6 +21,7 @@ __all__ = [
     "cond",
     "host_constant",
     "outside_torch_compile",
+    "within_torch_compile",
     "jax_compiled",
     "one_program",
     "power_of_count",

@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from ... import _xp
-from ..._xp.tracing import within_torch_compile
 from ..distributed.core import resolve_process_group
 from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
 from ..distributed.soap_checkpoint import cut_family
@@ -257,7 +256,7 @@ class SOAP(torch.optim.Optimizer):
                 continue
             # Eager steps keep Python int counts (no fill or tensor bias corrections:
             # fewer launches); a compiled step needs them as tensors.
-            counted = (_steps_as_tensors(family, grads) if within_torch_compile()
+            counted = (_steps_as_tensors(family, grads) if _xp.within_torch_compile()
                        else family.state)
             updates, state = core.update(grads, counted,
                                          _decayed_params(family.params, decays), config,
