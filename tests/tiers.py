@@ -227,6 +227,12 @@ EXTENDED_TESTS: tuple[tuple[str, str], ...] = (
      "eager JAX, op by op (16 s); the jitted step (what users run) stays"),
     ("tests/optim/test_soap_optax.py::test_jit_steps_equal_the_torch_shell[adam-grafting]",
      "compiles a SOAP step (10 s); [plain] stays, grafting is checked against the reference"),
+    ("tests/testing/test_conformance.py::test_conforms_on_other_namespaces[jax-evd]",
+     "a hypothesis search compiling each example on JAX (26 s, the last test to end "
+     "under -n 2); NumPy checks every method, torch and the strict namespace stay"),
+    ("tests/testing/test_conformance.py::test_conforms_on_other_namespaces[jax-newton_db]",
+     "a hypothesis search compiling each example on JAX (31 s); torch and the strict "
+     "namespace stay"),
     ("tests/project/test_gpu_check.py::test_dry_run_records_every_step",
      "the GPU script's dry run (21 s): it checks bench/gpu_check.sh, not the library"),
     ("tests/accuracy/test_converged_means_right.py::"
