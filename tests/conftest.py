@@ -159,6 +159,7 @@ def pytest_collection_modifyitems(config, items):
                     if not any(item.nodeid == n or item.nodeid.startswith((n + "[", n + "::"))
                                for n in named)]
         if left_out:
+            config.stash[EXTENDED_LEFT_OUT] = len(left_out)
             config.hook.pytest_deselected(items=left_out)
             dropped = set(map(id, left_out))
             items[:] = [item for item in items if id(item) not in dropped]
@@ -180,12 +181,20 @@ def _named_tests(config) -> list[str]:
     return named
 
 
+#: How many extended tests this process's collection left out.
+EXTENDED_LEFT_OUT = pytest.StashKey[int]()
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    """Say that the extended tier did not run, and how to run it (CI does)."""
-    if tiers.EXTENDED_TESTS and not tiers.runs_extended(_markexpr(config)):
+    """Say that the extended tier did not run, and how to run it (CI does). Under xdist
+    the workers collect, so the controller says it whenever ``-m`` leaves the tier out."""
+    controller = config.pluginmanager.hasplugin("dsession")
+    left_out = config.stash.get(EXTENDED_LEFT_OUT, 0)
+    if (left_out or controller) and not tiers.runs_extended(_markexpr(config)):
+        what = f"{left_out} tests" if left_out else "the tests"
         terminalreporter.write_line(
-            f"The extended tier did not run ({len(tiers.EXTENDED_TESTS)} rules of "
-            f"tests/tiers.py's EXTENDED_TESTS; CI runs it): {tiers.EXTENDED_COMMAND}")
+            f"Left out the extended tier ({what} tests/tiers.py's EXTENDED_TESTS names; "
+            f"CI runs them): {tiers.EXTENDED_COMMAND}")
 
 
 @pytest.fixture(autouse=True, scope="module")
