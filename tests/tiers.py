@@ -128,8 +128,6 @@ SLOW_TESTS: tuple[tuple[str, str], ...] = (
      "compiles a SOAP step"),
     # Issue 39's cut (measured with --durations; each repeats a check that a quicker test
     # of the same module keeps in the quick tier, named in the reason).
-    ("tests/backends/test_jax_user_loop.py::test_the_user_loop_finishes_with_default_flags",
-     "trains in a fresh JAX process (the watchdog's quick test keeps LAPACK off the pool)"),
     ("tests/backends/test_jax_user_loop.py::test_every_lapack_call_of_the_step_runs_without*",
      "compiles a Shampoo step; test_jax_watchdog's LAPACK check stays quick"),
     ("tests/backends/test_jax_user_loop.py::test_chunked_lapack_calls_give_the_unchunked*[shape1]",
@@ -204,6 +202,11 @@ EXTENDED_TESTS: tuple[tuple[str, str], ...] = (
      "another attempt at the rare LAPACK deadlock (65 s with [2]); attempt [0] stays default"),
     ("tests/backends/test_jax_user_loop.py::test_the_user_loop_finishes_for_every_root_method[2]",
      "another attempt at the rare LAPACK deadlock; attempt [0] stays default"),
+    ("tests/backends/test_jax_user_loop.py::test_the_user_loop_finishes_with_default_flags",
+     "newton_db's loop alone in a fresh process (14 s): attempt [0] runs it among every method"),
+    ("tests/polar/test_polar_small_matrices.py::"
+     "test_small_polar_factors_meet_the_bound[jax-float64-*",
+     "repeats the float32 cells' JAX sweep in float64 (17 s); NumPy and torch keep float64"),
     ("tests/accuracy/test_adversarial_search.py::test_converged_means_right_on_searched_inputs_long",
      "the long search up to n = 512 (45 s); the two n <= 128 searches stay default"),
     ("tests/accuracy/test_accuracy_table.py::test_accuracy_table[jax-*",
