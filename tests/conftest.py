@@ -5,9 +5,11 @@ one backend registry (``matroot.testing.backends``), as the CLI's and the benchm
 do: numpy, torch, array_api_strict, jax (eager, float64 enabled), and torch-cuda, jax-cuda and
 cupy where a GPU is present; a backend not installed here is skipped with the reason.
 
-Tiers: ``python -m pytest`` runs everything (what CI runs); ``python -m pytest -m "not
-slow"`` is the quick tier to run before a commit. Which tests are slow is decided in one
-table, ``tests/tiers.py``, one line per rule with its reason, so no test file needs editing;
+Tiers: ``python -m pytest -n 2`` (the README's test command) runs every test but the
+extended ones; ``python -m pytest -m "not slow" -n 2`` is the quick tier to run before a
+commit; ``python -m pytest -n 2 -m extended`` the extended tier, which CI runs after the
+README's command. Which tests are slow or extended is decided in one table,
+``tests/tiers.py``, one line per rule with its reason, so no test file needs editing;
 the quick tier also draws a fifth of each hypothesis search's examples (``tiers.examples``).
 
 Layout: one folder per behaviour - ``accuracy/`` (the promise of ``converged`` against the
@@ -128,8 +130,7 @@ def pytest_configure(config):
     (:func:`tiers.examples`): its searches sample, the full suite's search; the
     ``thorough`` profile draws the long searches' full counts."""
     tiers.THOROUGH_RUN = config.getoption("hypothesis_profile", None) == "thorough"
-    expression = " ".join(str(config.getoption("markexpr", "") or "").split())
-    if expression == "not slow":
+    if _markexpr(config) == "not slow":
         tiers.QUICK_RUN = True
         settings.register_profile("quick", parent=settings.get_profile("ci"),
                                   max_examples=tiers.examples(25))
@@ -137,8 +138,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests :data:`tiers.SLOW_TESTS` names ``slow`` (``-m "not slow"`` skips them)."""
+    """Mark the tests :data:`tiers.SLOW_TESTS` names ``slow`` (``-m "not slow"`` skips them)
+    and those :data:`tiers.EXTENDED_TESTS` names ``extended`` and ``slow``; leave the
+    extended ones out unless ``-m`` names ``extended`` or the command names the test."""
     config.stash[COLLECTED] = [item.nodeid for item in items]
+    extended = []
     for item in items:
         if item.nodeid in KNOWN_REGRESSIONS:
             item.add_marker(pytest.mark.xfail(reason=KNOWN_REGRESSIONS[item.nodeid],
@@ -146,6 +150,51 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("slow") is None and slow_reason(
                 item.nodeid, {mark.name for mark in item.iter_markers()}) is not None:
             item.add_marker(pytest.mark.slow)
+        if tiers.extended_reason(item.nodeid) is not None:
+            item.add_marker(pytest.mark.extended)
+            extended.append(item)
+    if extended and not tiers.runs_extended(_markexpr(config)):
+        named = _named_tests(config)
+        left_out = [item for item in extended
+                    if not any(item.nodeid == n or item.nodeid.startswith((n + "[", n + "::"))
+                               for n in named)]
+        if left_out:
+            config.stash[EXTENDED_LEFT_OUT] = len(left_out)
+            config.hook.pytest_deselected(items=left_out)
+            dropped = set(map(id, left_out))
+            items[:] = [item for item in items if id(item) not in dropped]
+
+
+def _markexpr(config) -> str:
+    return " ".join(str(config.getoption("markexpr", "") or "").split())
+
+
+def _named_tests(config) -> list[str]:
+    """The tests the command line names by node id (``path::name``), as node ids."""
+    named = []
+    for arg in config.args:
+        if "::" not in arg:
+            continue
+        path, rest = arg.split("::", 1)
+        relative = os.path.relpath(os.path.abspath(path), str(config.rootpath))
+        named.append(relative.replace(os.sep, "/") + "::" + rest)
+    return named
+
+
+#: How many extended tests this process's collection left out.
+EXTENDED_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Say that the extended tier did not run, and how to run it (CI does). Under xdist
+    the workers collect, so the controller says it whenever ``-m`` leaves the tier out."""
+    controller = config.pluginmanager.hasplugin("dsession")
+    left_out = config.stash.get(EXTENDED_LEFT_OUT, 0)
+    if (left_out or controller) and not tiers.runs_extended(_markexpr(config)):
+        what = f"{left_out} tests" if left_out else "the tests"
+        terminalreporter.write_line(
+            f"Left out the extended tier ({what} tests/tiers.py's EXTENDED_TESTS names; "
+            f"CI runs them): {tiers.EXTENDED_COMMAND}")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,6 +1,6 @@
-"""The slow-test table of tests/tiers.py: its rules match what they say, and every rule
-matches a test that pytest collects, so a renamed or moved test cannot silently become
-quick."""
+"""The slow and extended tables of tests/tiers.py: their rules match what they say, every
+rule matches a test that pytest collects (so a renamed or moved test cannot silently
+move tier), and CI runs the extended tier after the README's test command."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hang_guard import HANG_GUARD_S
-from tiers import SLOW_TESTS, matches, slow_reason
+from tiers import (EXTENDED_COMMAND, EXTENDED_TESTS, SLOW_TESTS, extended_reason, matches,
+                   runs_extended, slow_reason)
 
 from conftest import COLLECTED
 
@@ -45,21 +47,47 @@ def collected_node_ids(config, files: list[str]) -> list[str]:
         return session
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         *rest], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+         "-m", "extended or not extended", *rest],     # every tier's tests
+        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return session + [line for line in run.stdout.splitlines() if "::" in line]
 
 
-def test_every_rule_matches_a_collected_test_and_gives_a_reason(request):
-    files = sorted({pattern.split("::", 1)[0] for pattern, _ in SLOW_TESTS})
+@pytest.mark.parametrize("table", [SLOW_TESTS, EXTENDED_TESTS], ids=["slow", "extended"])
+def test_every_rule_matches_a_collected_test_and_gives_a_reason(request, table):
+    files = sorted({pattern.split("::", 1)[0] for pattern, _ in table})
     assert not [f for f in files if not (ROOT / f).is_file()], "a rule names no file"
     node_ids = collected_node_ids(request.config, files)
     # The collection did run and reached the rules' files (else this could not fail).
     assert {node_id.split("::", 1)[0] for node_id in node_ids} >= set(files)
-    unmatched = [pattern for pattern, _ in SLOW_TESTS
+    unmatched = [pattern for pattern, _ in table
                  if not any(matches(pattern, node_id) for node_id in node_ids)]
     assert not unmatched, "rules that match no collected test (renamed or moved?)"
-    assert all(reason.strip() for _, reason in SLOW_TESTS)
+    assert all(reason.strip() for _, reason in table)
+
+
+def test_an_extended_test_is_slow_and_runs_only_when_named():
+    extended = ("tests/backends/test_jax_user_loop.py::"
+                "test_the_user_loop_finishes_for_every_root_method[1]")
+    default = extended.replace("[1]", "[0]")
+    assert extended_reason(extended) and slow_reason(extended, set())
+    assert extended_reason(default) is None
+    assert runs_extended("extended") and runs_extended("slow or (extended)")
+    assert runs_extended("not extended")          # names it: -m itself then decides
+    assert not runs_extended("") and not runs_extended("not slow")
+    assert not runs_extended("not extendedish")
+
+
+def test_ci_runs_the_readme_command_then_the_extended_tier():
+    """CI runs every test: the README's command verbatim (read from its markers),
+    then the extended tier's command in the environment that command made."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "<!-- test-command -->" in ci and 'bash -euo pipefail -c "$cmd"' in ci
+    readme_run = ci.index('bash -euo pipefail -c "$cmd"')
+    extended = ci.index(EXTENDED_COMMAND.replace("python ", ".venv/bin/python ", 1))
+    assert extended > readme_run
+    readme = (ROOT / "README.md").read_text()
+    assert EXTENDED_COMMAND in readme and "python -m pytest -n 2\n" in readme
 
 
 def test_a_rule_for_a_renamed_test_matches_nothing():
