@@ -51,18 +51,22 @@ def _trained(steps=3):
     return opt, params
 
 
+def _copied(thing, how):
+    """``thing`` copied as users copy an optimizer: deepcopy, pickle or torch.save/load."""
+    if how == "deepcopy":
+        return copy.deepcopy(thing)
+    if how == "pickle":
+        return pickle.loads(pickle.dumps(thing))
+    buffer = io.BytesIO()
+    torch.save(thing, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
 @pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
 def test_a_copied_optimizer_continues_like_the_original(how):
     opt, params = _trained()
-    if how == "deepcopy":
-        opt2 = copy.deepcopy(opt)
-    elif how == "pickle":
-        opt2 = pickle.loads(pickle.dumps(opt))
-    else:
-        buffer = io.BytesIO()
-        torch.save(opt, buffer)
-        buffer.seek(0)
-        opt2 = torch.load(buffer, weights_only=False)
+    opt2 = _copied(opt, how)
     params2 = [p for g in opt2.param_groups for p in g["params"]]
     assert all(p is not q for p, q in zip(params, params2))
     assert _same(params, params2)
@@ -91,16 +95,7 @@ def test_soap_and_muon_copies_continue_like_the_original(name, how):
     params = _params()
     opt = _soap_or_muon(name, params)
     _train(opt, params, 3)
-    pair = {"params": params, "opt": opt}
-    if how == "deepcopy":
-        copied = copy.deepcopy(pair)
-    elif how == "pickle":
-        copied = pickle.loads(pickle.dumps(pair))
-    else:
-        buffer = io.BytesIO()
-        torch.save(pair, buffer)
-        buffer.seek(0)
-        copied = torch.load(buffer, weights_only=False)
+    copied = _copied({"params": params, "opt": opt}, how)
     params2, opt2 = copied["params"], copied["opt"]
     assert all(p is not q for p, q in zip(params, params2)) and _same(params, params2)
     _train(opt, params, 3, start=3)
