@@ -93,6 +93,18 @@ def test_muon_rule_sends_gpt2_style_embeddings_to_adamw():
     assert default_use_muon("transformer.h.0.attn.c_attn.weight", (8, 24))
 
 
+def test_muon_rule_knows_mingpt_and_llama_names():
+    """minGPT's ``tok_emb`` (no "embed" in it) and Meta Llama's / torchtitan's top-level
+    ``output`` head went to Muon; BERT's hidden ``attention.output.dense`` stays there."""
+    from matroot.optim.muon.core import default_use_muon
+
+    for name in ("tok_emb.weight", "pos_emb", "output.weight", "model.emb.weight"):
+        assert not default_use_muon(name, (100, 8)), name
+    for name in ("bert.encoder.layer.0.attention.output.dense.weight",
+                 "layers.0.attention.wo.weight", "layers.0.feed_forward.w1.weight"):
+        assert default_use_muon(name, (8, 8)), name
+
+
 def test_muon_steps_past_an_empty_matrix():
     """A zero-width layer (shape (4, 0) or (0, 4)) made the polar solver divide by
     zero (ZeroDivisionError) and the whole step fail."""

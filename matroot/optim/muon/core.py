@@ -52,7 +52,11 @@ GRAM_SIDE_ASPECT = 4
 SHAPE_SCALES = ("original", "match_rms_adamw")
 #: Name parts (of a dotted parameter name or pytree path) that mark an output head.
 HEAD_NAMES = ("head", "lm_head", "classifier")
-#: Name parts that mark an embedding without saying "embed": GPT-2's token and
+#: First name parts that mark an output head: a model's own top-level ``output``
+#: (Meta's Llama and torchtitan: ``output.weight``). Deeper, ``output`` is a hidden
+#: layer (Hugging Face BERT's ``attention.output.dense``).
+TOP_HEAD_NAMES = ("output",)
+#: Name parts that mark an embedding without saying "emb": GPT-2's token and
 #: position tables (``transformer.wte.weight`` in nanoGPT and Hugging Face's GPT-2).
 EMBEDDING_NAMES = ("wte", "wpe")
 
@@ -82,24 +86,30 @@ def default_use_muon(name: str | None, shape: Sequence[int]) -> bool:
     :func:`matrix_stack_shape` views them) have one row or one column, is a
     vector: its polar factor would be its normalised gradient, so it takes AdamW
     (a ``Linear(256, 1)`` output layer, JAX's ``(256, 1)`` kernel). A name part
-    (split at ``.`` or ``/``) that contains ``embed`` in any case
-    (``embed_tokens``, ``tok_embeddings``, flax's ``Embed_0``) or equals one of
-    :data:`EMBEDDING_NAMES` marks an embedding, one that equals one of
-    :data:`HEAD_NAMES` a head; without a name only the shape counts (the shells
-    warn: :func:`unnamed_matrices_warning`).
+    (split at ``.`` or ``/``) that contains ``emb`` in any case
+    (``embed_tokens``, ``tok_embeddings``, flax's ``Embed_0``, minGPT's ``tok_emb``)
+    or equals one of :data:`EMBEDDING_NAMES` marks an embedding, one that equals one
+    of :data:`HEAD_NAMES` (or, as the first part, :data:`TOP_HEAD_NAMES`) a head;
+    without a name only the shape counts (the shells warn:
+    :func:`unnamed_matrices_warning`).
 
     Examples
     --------
     >>> from matroot.optim.muon.core import default_use_muon
     >>> [default_use_muon(n, s) for n, s in [("layers.0.weight", (8, 8)),
     ...  ("embed_tokens.weight", (100, 8)), ("transformer.wte.weight", (100, 8)),
-    ...  ("lm_head.weight", (100, 8)), ("norm.weight", (8,)), ("w3", (256, 1))]]
-    [True, False, False, False, False, False]
+    ...  ("lm_head.weight", (100, 8)), ("norm.weight", (8,)), ("w3", (256, 1)),
+    ...  ("tok_emb.weight", (100, 8)), ("output.weight", (100, 8)),
+    ...  ("layer.0.attention.output.dense.weight", (8, 8))]]
+    [True, False, False, False, False, False, False, False, True]
     """
     if len(shape) < 2 or min(matrix_stack_shape(shape)[1:]) == 1:
         return False
-    return not any("embed" in part.lower() or part in EMBEDDING_NAMES or part in HEAD_NAMES
-                   for part in _name_parts(name))
+    parts = _name_parts(name)
+    if parts and parts[0] in TOP_HEAD_NAMES:
+        return False
+    return not any("emb" in part.lower() or part in EMBEDDING_NAMES or part in HEAD_NAMES
+                   for part in parts)
 
 
 def unnamed_matrices_warning(shapes: Sequence[Sequence[int]], where: str,
