@@ -201,7 +201,10 @@ def power_of_count(base: float, count):
     one a step. ``lax.pow`` takes the count as data, as ``jax.jit`` does (so eager and
     compiled steps round alike).
     """
-    if array_api_compat.is_jax_array(count) and not is_traced(count):
+    # A Python count never reaches the JAX check: torch.compile would guard on its value
+    # there (a recompile at every step of a compiled torch step).
+    if (not isinstance(count, int) and array_api_compat.is_jax_array(count)
+            and not is_traced(count)):
         import jax
 
         return jax.lax.pow(base, count)
