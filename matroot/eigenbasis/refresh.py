@@ -207,10 +207,8 @@ def refresh_eigenbasis(a: Array, basis: Array, /, *, iterations: int = DEFAULT_I
     static: dict[str, Any] = dict(iterations=iterations, rtol=rtol, method=method,
                                   block=block)
     with _xp.solve_context(xp, stack):
-        if _xp.is_jax_namespace(xp):  # traced too: an eager vmap compiled at every call
-            parts = _xp.jax_compiled(_iterate, stack, dict(start=start), **static)
-        else:
-            parts = _iterate(stack, start=start, **static)
+        # One program on JAX, traced too: an eager vmap compiled at every call.
+        parts = _xp.one_program(_iterate, stack, dict(start=start), **static)
         if fallback == "eigh":
             parts = _with_fallback(parts, rtol=rtol, traced=traced)
         else:
