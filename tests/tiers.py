@@ -277,6 +277,23 @@ EXTENDED_TESTS: tuple[tuple[str, str], ...] = (
      "a 4-rank HSDP process group; the FSDP2 runs at 2 and 3 ranks stay default"),
     ("tests/distributed/test_soap_fsdp.py::test_hsdp_*",
      "a 4-rank HSDP process group; the FSDP2 runs at 2 and 3 ranks stay default"),
+    # The heaviest default tests of 2026-12-07's --durations (seconds unloaded, about a
+    # quarter of what a loaded run printed); each names what the default tier keeps.
+    ("tests/optim/test_soap_compile.py::test_a_step_compiled_by_inductor_runs_past*",
+     "Inductor compiles a SOAP step (30 s); the module's eager-backend compiles stay default"),
+    ("tests/project/test_docs.py::test_jax_examples_run_and_converge",
+     "compiles the docs' JAX Shampoo examples (33 s); the docstring examples stay default"),
+    ("tests/project/test_docs.py::test_support_page_matches_what_info_finds",
+     "`matroot info` probes every method on every backend (31 s); test_cli's info "
+     "tests stay default"),
+    ("tests/project/test_docs.py::test_docs_build_without_warnings",
+     "builds the docs with Sphinx (21 s); the docstring examples stay default"),
+    ("tests/project/test_bench_smoke.py::*",
+     "runs the solver benchmark end to end in workers (35 s): it checks bench/, not matroot"),
+    ("tests/backends/test_jax.py::test_an_eager_call_compiles_once_per_shape*",
+     "several JAX compiles (21 s); test_jax_compiles counts eager programs in the default tier"),
+    ("tests/backends/test_torch_compile.py::test_dynamic_shapes_batch_dimension_and_evd",
+     "recompiles for dynamic shapes (21 s); the one-graph compile of minimax stays default"),
 )
 
 
