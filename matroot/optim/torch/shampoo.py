@@ -176,6 +176,8 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
 
     def add_param_group(self, param_group):
         """Add a group (validated now; its parameters get their own stacks at the next step)."""
+        # A misspelled option raises; the script's own keys ("name", ...) pass.
+        check_keywords([k for k in param_group if k != "params"], metadata=True)
         param_group["params"] = listed_once(param_group["params"], "Shampoo")
         super().add_param_group(param_group)
         group = self.param_groups[-1]

@@ -38,9 +38,10 @@ def _valueless(param_groups: Sequence[dict]) -> bool:
         _xp.holds_no_values(p) for p in _firsts(param_groups))
 
 
-def step_context(param_groups: Sequence[dict]) -> contextlib.ExitStack:
+def step_context(param_groups: Sequence[dict]) -> contextlib.AbstractContextManager:
     """Autocast off for the parameters' device types, and host reads off where the
-    parameters hold no values.
+    parameters hold no values; nothing under ``torch.compile`` (an ``ExitStack`` breaks
+    its graph, and a compiled step runs as traced, autocast or not).
 
     Examples
     --------
@@ -54,6 +55,8 @@ def step_context(param_groups: Sequence[dict]) -> contextlib.ExitStack:
     True
     False False
     """
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     for device_type in sorted({p.device.type for p in _firsts(param_groups)}):
         if torch.amp.is_autocast_available(device_type) and \
