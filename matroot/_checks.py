@@ -33,9 +33,11 @@ def check_stack(a, name: str = "a", *, square: bool = True):
             f"{name} must be an array of a supported library (NumPy, CuPy, PyTorch, JAX, "
             f"array-api-strict), got {type(a).__name__}"
         ) from err
-    if holds_no_values(a):
-        raise ValueError(f"{name} is on torch's meta device, which holds shapes but no "
-                         "values to compute with; pass a tensor on the CPU or a GPU")
+    # Traced (host reads off), every decision stays on the device, so shapes suffice.
+    if holds_no_values(a) and not is_traced(a):
+        raise ValueError(f"{name} is on torch's meta device or a FakeTensor, which holds "
+                         "shapes but no values to compute with; pass a tensor on the CPU "
+                         "or a GPU")
     if a.ndim < 2:
         layout = "(..., n, n)" if square else "(..., m, n); reshape a vector to (1, n) or (n, 1)"
         raise ValueError(

@@ -12,7 +12,8 @@ only, and never while a trace runs (a traced value must not outlive its trace).
 from __future__ import annotations
 
 from .linalg import cholesky_succeeds, identity_stack
-from .namespace import array_namespace, backend_name, device_of, is_torch_namespace, is_traced
+from .namespace import (array_namespace, backend_name, device_of, fake_mode_active,
+                        is_torch_namespace, is_traced)
 from .precision import has_float64
 
 __all__ = ["add_product_of", "constant", "constant_vector", "failure_penalty", "kept",
@@ -23,7 +24,10 @@ def kept(cache: dict, key, limit: int, make):
     """``cache[key]``, made by ``make()`` on a miss and kept (the oldest entry dropped
     once ``limit`` are kept) unless it is traced: a traced value must not outlive its
     trace. ``key`` holds strings for backend, device and dtype (not every backend's
-    device object is hashable)."""
+    device object is hashable). Nothing is kept or reused while a FakeTensorMode is
+    active (:func:`fake_mode_active`)."""
+    if fake_mode_active():
+        return make()
     if key in cache:
         return cache[key]
     value = make()

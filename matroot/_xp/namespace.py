@@ -32,6 +32,7 @@ __all__ = [
     "is_accelerator",
     "is_traced",
     "holds_no_values",
+    "fake_mode_active",
     "host_reads_off",
 ]
 
@@ -68,8 +69,27 @@ def is_accelerator(xp, x) -> bool:
 
 def holds_no_values(x) -> bool:
     """True for an array with a shape but no data to compute on: a torch tensor on
-    the ``meta`` device."""
-    return array_api_compat.is_torch_array(x) and x.device.type == "meta"
+    the ``meta`` device, or a ``FakeTensor`` (``torch._subclasses.FakeTensorMode``, as
+    torch's memory and FLOP estimators and FSDP's deferred init trace a step)."""
+    if not array_api_compat.is_torch_array(x):
+        return False
+    torch = sys.modules["torch"]
+    # torch.compile traces with fake tensors, for a program that runs on real ones.
+    if torch.compiler.is_compiling():
+        return False
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return x.device.type == "meta" or isinstance(x, FakeTensor)
+
+
+def fake_mode_active() -> bool:
+    """True while a ``torch._subclasses.FakeTensorMode`` is active outside
+    ``torch.compile``: every tensor made then is a FakeTensor of that mode, which must
+    not be kept beyond it, and a kept real tensor may not enter it."""
+    torch = sys.modules.get("torch")
+    if torch is None or torch.compiler.is_compiling():
+        return False
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 #: Set inside :func:`host_reads_off`: every array counts as traced (no host read).

@@ -334,10 +334,13 @@ _DISTRIBUTED_SHAMPOO_NAMES = {
 
 
 def check_keywords(names, where: str = "Shampoo", *, config: type = ShampooConfig,
-                   renamed: Mapping[str, str] = _DISTRIBUTED_SHAMPOO_NAMES) -> None:
+                   renamed: Mapping[str, str] = _DISTRIBUTED_SHAMPOO_NAMES,
+                   metadata: bool = False) -> None:
     """Raise a TypeError naming each of ``names`` that is not a field of ``config``, with
     the fix: for a name another optimizer uses, its entry in ``renamed`` or, for an
-    implementation switch, to leave it out; else the nearest field name.
+    implementation switch, to leave it out; else the nearest field name. With
+    ``metadata`` (a parameter group's keys, which torch lets scripts use for their own
+    ``"name"``, ``"initial_lr"``, ...) a name like none of those passes.
 
     Examples
     --------
@@ -357,6 +360,8 @@ def check_keywords(names, where: str = "Shampoo", *, config: type = ShampooConfi
             hint = "another optimizer's implementation or variant switch: leave it out"
         else:
             close = difflib.get_close_matches(name, known, n=1)
+            if metadata and not close:
+                continue
             hint = (f"did you mean {close[0]!r}?" if close else
                     f"see {config.__name__} for the options")
         raise TypeError(f"{where} has no option {name!r} ({hint})")

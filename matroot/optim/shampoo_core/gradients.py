@@ -128,7 +128,9 @@ def nonfinite_params(xp, grads) -> list[int]:
     [2]
     """
     present = [g for g in grads if g is not None]
-    if not present or bool(lists.finite_flag(xp, present)):
+    # Meta and fake tensors (a traced step) have no values to screen.
+    if not present or any(_xp.holds_no_values(g) for g in present) or \
+            bool(lists.finite_flag(xp, present)):
         return []
     return [i for i, flag in enumerate(nonfinite_flags(grads)) if flag]
 

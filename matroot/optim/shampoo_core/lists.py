@@ -188,14 +188,10 @@ def constant(xp, value: float, like):
     per use), elsewhere ``value`` times ``ones_like``."""
     if not is_foreach(xp):
         return value * xp.ones_like(like)
-    key = (value, like.dtype, like.device)
-    if key not in _CONSTANTS:
-        import torch
-        made = torch.full((), value, dtype=like.dtype, device=like.device)
-        if _xp.is_traced(like):     # a traced value must not outlive its trace
-            return made
-        _CONSTANTS[key] = made
-    return _CONSTANTS[key]
+    import torch
+    # Not kept while traced (a traced value must not outlive its trace) or fake.
+    return _xp.kept(_CONSTANTS, (value, like.dtype, like.device), 256,
+                    lambda: torch.full((), value, dtype=like.dtype, device=like.device))
 
 
 def finite_flag(xp, arrays: Sequence):

@@ -18,23 +18,31 @@ __all__ = ["pack", "unpack", "diagonals"]
 _INDEX_CACHE: dict = {}
 
 
-def _packing_index(xp, n: int, device, unpack: bool):
-    """Flat indices that pack an ``n×n`` matrix's upper triangle (row by row) or unpack it.
-
-    Made once per size and device, so no index is copied to the device per step.
-    """
-    key = (xp.__name__, n, str(device), unpack)
+def _cached_index(like, key: tuple, make):
+    """The index ``make()`` gives, on ``like``'s device: made once per key, library and
+    device, so no index is copied to the device per step (made afresh while a
+    FakeTensorMode is active, whose tensors must not be kept, nor kept ones enter it)."""
+    xp, device = _xp.array_namespace(like), _xp.device_of(like)
+    if _xp.fake_mode_active():
+        return _on_device(xp, make(), device)
+    key = (xp.__name__, str(device), *key)
     if key not in _INDEX_CACHE:
-        rows, cols = np.triu_indices(n)
-        if unpack:
-            position = np.empty((n, n), dtype=np.int64)
-            position[rows, cols] = np.arange(rows.size)
-            position[cols, rows] = np.arange(rows.size)
-            index = position.reshape(-1)
-        else:
-            index = rows * n + cols
-        _INDEX_CACHE[key] = _on_device(xp, index, device)
+        _INDEX_CACHE[key] = _on_device(xp, make(), device)
     return _INDEX_CACHE[key]
+
+
+def _packing_index(like, n: int, unpack: bool):
+    """Flat indices that pack an ``n×n`` matrix's upper triangle (row by row) or unpack it."""
+    def make():
+        rows, cols = np.triu_indices(n)
+        if not unpack:
+            return rows * n + cols
+        position = np.empty((n, n), dtype=np.int64)
+        position[rows, cols] = np.arange(rows.size)
+        position[cols, rows] = np.arange(rows.size)
+        return position.reshape(-1)
+
+    return _cached_index(like, (n, unpack), make)
 
 
 def _on_device(xp, index: np.ndarray, device):
@@ -66,7 +74,7 @@ def pack(matrices):
     """
     xp = _xp.array_namespace(matrices)
     k, n = matrices.shape[0], matrices.shape[-1]
-    index = _packing_index(xp, n, _xp.device_of(matrices), unpack=False)
+    index = _packing_index(matrices, n, unpack=False)
     return _take_columns(xp, xp.reshape(matrices, (k, n * n)), index)
 
 
@@ -81,7 +89,7 @@ def unpack(packed, n: int):
            [1., 3.]])
     """
     xp = _xp.array_namespace(packed)
-    index = _packing_index(xp, n, _xp.device_of(packed), unpack=True)
+    index = _packing_index(packed, n, unpack=True)
     return xp.reshape(_take_columns(xp, packed, index), (packed.shape[0], n, n))
 
 
@@ -97,10 +105,10 @@ def diagonals(matrices, n: int):
     xp = _xp.array_namespace(matrices)
     if matrices.ndim == 3:
         return xp.linalg.diagonal(matrices)
-    key = (xp.__name__, n, str(_xp.device_of(matrices)), "diagonal")
-    if key not in _INDEX_CACHE:
-        rows = np.arange(n)
+
+    def make():
         # Row i of the packed upper triangle starts after i rows of n, n−1, … entries.
-        _INDEX_CACHE[key] = _on_device(xp, rows * n - rows * (rows - 1) // 2,
-                                       _xp.device_of(matrices))
-    return _take_columns(xp, matrices, _INDEX_CACHE[key])
+        rows = np.arange(n)
+        return rows * n - rows * (rows - 1) // 2
+
+    return _take_columns(xp, matrices, _cached_index(matrices, (n, "diagonal"), make))

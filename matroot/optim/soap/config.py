@@ -224,8 +224,10 @@ class SOAPConfig:
         return bool(started) if isinstance(step, numbers.Integral) else started
 
 
-def check_soap_keywords(names, where: str = "SOAP") -> None:
-    """A TypeError naming each of ``names`` that is not a :class:`SOAPConfig` field, with the fix.
+def check_soap_keywords(names, where: str = "SOAP", *, metadata: bool = False) -> None:
+    """A TypeError naming each of ``names`` that is not a :class:`SOAPConfig` field, with the
+    fix (a group's own keys pass with ``metadata``:
+    :func:`~matroot.optim.shampoo_core.config.check_keywords`).
 
     Examples
     --------
@@ -234,7 +236,7 @@ def check_soap_keywords(names, where: str = "SOAP") -> None:
     ...
     TypeError: SOAP has no option 'max_precond_dim' (use max_preconditioned_dim)
     """
-    check_keywords(names, where, config=SOAPConfig, renamed=_RENAMED)
+    check_keywords(names, where, config=SOAPConfig, renamed=_RENAMED, metadata=metadata)
 
 
 #: The keyword names, for the shells.

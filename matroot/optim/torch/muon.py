@@ -32,6 +32,7 @@ from ..distributed.dtensor import is_dtensor
 from ..distributed.muon_step import ShardedMuon
 from .closure import closure_loss
 from .muon_groups import consistent_names, split_groups
+from .step_context import step_context
 from .state import with_missing_group_keys
 
 __all__ = ["Muon"]
@@ -137,12 +138,18 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None):
         """One step; ``closure`` re-evaluates the model and returns the loss."""
         loss = closure_loss(closure)
-        if self._process_group is not None:
-            self._sharded_step()
-            return loss
+        with step_context(self.param_groups):
+            if self._process_group is not None:
+                self._sharded_step()
+            else:
+                self._local_step()
+        return loss
+
+    def _local_step(self) -> None:
+        """The step of one process: its parameters' Muon and AdamW directions applied."""
         prepared = self._prepare_step()
         if prepared is None:
-            return loss
+            return
         members, states, steps, use_muon, lrs, decays, momenta, betas, splits = prepared
         core_state = MuonState([s["momentum_buffer"] for s in states],
                                [s.get("exp_avg_sq") for s in states], steps)
@@ -162,12 +169,11 @@ class Muon(torch.optim.Optimizer):
             # torch.compile specializes on) so that a new lr does not recompile.
             for p, direction, lr, decay in zip(members, directions, lrs, decays):
                 p.add_(direction * -lr - p * (lr * decay))
-            return loss
+            return
         # One operation per list for the whole model, not four per parameter.
         if any(lr * decay for lr, decay in zip(lrs, decays)):
             torch._foreach_mul_(members, [1 - lr * decay for lr, decay in zip(lrs, decays)])
         torch._foreach_add_(members, torch._foreach_mul(directions, [-lr for lr in lrs]))
-        return loss
 
     @torch.compiler.disable
     def _sharded_step(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..muon.core import default_use_muon, is_unnamed, unnamed_matrices_warning
+from .param_lists import listed_once
 
 __all__ = ["consistent_names", "split_groups"]
 
@@ -27,7 +28,7 @@ def _members(params) -> list:
         raise TypeError("optimizer parameters need to be organized in ordered collections, "
                         "but the ordering of tensors in sets will change between runs. "
                         "Please use a list instead.")
-    members = list(params)
+    members = listed_once(params, "Muon")
     for p in members:
         tensor = p[1] if isinstance(p, tuple) and len(p) == 2 else p
         if not isinstance(tensor, torch.Tensor):

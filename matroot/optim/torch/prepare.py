@@ -80,7 +80,8 @@ class StepPreparation:
         """
         for p in self._all_params():
             if p.grad is not None and p.grad.is_sparse:
-                raise TypeError("Shampoo does not support sparse gradients")
+                raise TypeError("Shampoo does not support sparse gradients (an Embedding made "
+                                "with sparse=True): make it dense")
         self._form_families()
         group_of = self._group_of()
         on_device = self._process_group is None and all(

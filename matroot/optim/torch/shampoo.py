@@ -50,9 +50,11 @@ from ..distributed.core import (BlockSharding, agree_on_parameters,
 from ..distributed.dtensor import add_all_to_local, is_dtensor, local_view, whole
 from ..shampoo_core import lists
 from .closure import closure_loss
+from .param_lists import listed_once
 from .graph_replay import ReplayedSteps, StepGraphs
 from .prepare import _ON_DEVICE, _SKIPPED, StepPreparation
 from .state import ShampooStateDict, _Family, host_number, update_dtypes
+from .step_context import step_context
 
 __all__ = ["Shampoo"]
 
@@ -174,6 +176,9 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
 
     def add_param_group(self, param_group):
         """Add a group (validated now; its parameters get their own stacks at the next step)."""
+        # A misspelled option raises; the script's own keys ("name", ...) pass.
+        check_keywords([k for k in param_group if k != "params"], metadata=True)
+        param_group["params"] = listed_once(param_group["params"], "Shampoo")
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         for p in group["params"]:
@@ -298,14 +303,15 @@ class Shampoo(ReplayedSteps, StepPreparation, ShampooStateDict, torch.optim.Opti
     def step(self, closure=None):
         """Take one optimization step; ``closure`` re-evaluates the model and returns the loss."""
         loss = closure_loss(closure)
-        jobs, grads, screen = self._prepare_step()
-        if jobs is None:
-            return loss
-        refresh = any(job is not None and job.schedule[0] for job in jobs)
-        if torch.compiler.is_compiling():
-            (self._update_outside_graph if refresh else self._update)(jobs, grads, screen)
-        elif not self._replays(jobs, grads, screen):
-            self._update(jobs, grads, screen)
+        with step_context(self.param_groups):
+            jobs, grads, screen = self._prepare_step()
+            if jobs is None:
+                return loss
+            refresh = any(job is not None and job.schedule[0] for job in jobs)
+            if torch.compiler.is_compiling():
+                (self._update_outside_graph if refresh else self._update)(jobs, grads, screen)
+            elif not self._replays(jobs, grads, screen):
+                self._update(jobs, grads, screen)
         return loss
 
     def _update(self, jobs, grads, screen) -> None:

@@ -14,7 +14,8 @@ The state (moments, factors, bases, counters) lives with the families and travel
 in ``state_dict()["soap_families"]``, each with the numbers of its parameters in
 the ``param_groups`` order; ``load_state_dict`` rebuilds the families on this
 optimizer's parameters. Counters are Python ints (a step hands the core its
-per-parameter counts as 0-d tensors when compiled, :func:`_steps_as_tensors`): a step reads the host
+per-parameter counts as 0-d tensors when compiled,
+:func:`~matroot.optim.torch.soap_counts.steps_as_tensors`): a step reads the host
 once (the non-finite check), and a refresh step as the eigenbasis certificate does.
 """
 
@@ -36,8 +37,11 @@ from ..soap import core
 from ..soap.config import FIELDS, PER_PARAMETER, SOAPConfig, check_soap_keywords
 from ..soap.state import GRAFTING_FIELDS, SOAPState, init, make_plan
 from .closure import closure_loss
+from .soap_counts import counted_steps, steps_as_tensors
+from .param_lists import listed_once
 from .soap_sharding import SoapSharding
 from .state import host_number
+from .step_context import refuse_valueless, step_context
 
 __all__ = ["SOAP"]
 
@@ -77,7 +81,8 @@ class _Family:
     def __init__(self, params, config: SOAPConfig, state: SOAPState,
                  sharding: SoapSharding | None = None):
         self.params, self.config, self.state, self.sharding = params, config, state, sharding
-        #: 0-d tensors the step counts are handed to the core in (:func:`_steps_as_tensors`).
+        #: 0-d tensors the step counts are handed to the core in
+        #: (:func:`~matroot.optim.torch.soap_counts.steps_as_tensors`).
         self.step_slots: list = []
 
 
@@ -87,42 +92,6 @@ def _new_family(params, config: SOAPConfig, group) -> _Family:
     sharding = SoapSharding(group, make_plan(params, config))
     return _Family(params, config, init(params, config, plan=sharding.local,
                                         elementwise=sharding.elementwise), sharding)
-
-
-@torch.compiler.disable
-def _steps_as_tensors(family: _Family, grads) -> SOAPState:
-    """The family's state with its per-parameter step counts as 0-d float64 tensors for
-    the core, one per (count, has a gradient) pair, so equal counts share their bias
-    corrections.
-
-    Under ``torch.compile`` Python int counts that change at every step become symbols
-    of the graph, and Inductor's foreach kernel of the bias corrections names a symbol
-    it does not define (torch 2.13: ``NameError: name 's1' is not defined`` at the
-    second compiled step); a tensor is an input like any other. The same tensors are
-    refilled at every step (new ones would fail Dynamo's guards and recompile).
-    Parameters that share a tensor advance together, so those with and without a
-    gradient get their own.
-    """
-    device = next(g.device for g in grads if g is not None)
-    keys = list(dict.fromkeys((int(s), g is not None)
-                              for s, g in zip(family.state.param_steps, grads)))
-    slots = family.step_slots
-    slots.extend(torch.zeros((), dtype=torch.float64, device=device)
-                 for _ in range(len(keys) - len(slots)))
-    for slot, (count, _) in zip(slots, keys):
-        slot.fill_(count)
-    slot_of = dict(zip(keys, slots))
-    return family.state._replace(param_steps=tuple(
-        slot_of[int(s), g is not None] for s, g in zip(family.state.param_steps, grads)))
-
-
-def _counted_steps(before: SOAPState, after: SOAPState, grads) -> SOAPState:
-    """``after`` with the per-parameter counts as Python ints again, known on the host
-    without reading the tensors: one more for each parameter with a gradient, unless
-    the screen skipped the step (then ``skipped_steps`` moved)."""
-    skipped = after.skipped_steps != before.skipped_steps
-    return after._replace(param_steps=tuple(
-        int(s) + (g is not None and not skipped) for s, g in zip(before.param_steps, grads)))
 
 
 class SOAP(torch.optim.Optimizer):
@@ -180,7 +149,9 @@ class SOAP(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (validated now; its parameters get stacks at their first step)."""
-        check_soap_keywords([k for k in param_group if k != "params"])
+        # A group may carry the script's own keys ("name", ...), as torch allows.
+        check_soap_keywords([k for k in param_group if k != "params"], metadata=True)
+        param_group["params"] = listed_once(param_group["params"], "SOAP")
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         for p in group["params"]:
@@ -239,6 +210,12 @@ class SOAP(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None):
         """One step; ``closure`` re-evaluates the model and returns the loss."""
         loss = closure_loss(closure)
+        refuse_valueless(self.param_groups, "SOAP")
+        with step_context(self.param_groups):
+            self._step_families()
+        return loss
+
+    def _step_families(self) -> None:
         group_of = self._group_of()
         self._form_families(group_of)
         for family in self._families:
@@ -256,17 +233,16 @@ class SOAP(torch.optim.Optimizer):
                 continue
             # Eager steps keep Python int counts (no fill or tensor bias corrections:
             # fewer launches); a compiled step needs them as tensors.
-            counted = (_steps_as_tensors(family, grads) if _xp.within_torch_compile()
+            counted = (steps_as_tensors(family, grads) if _xp.within_torch_compile()
                        else family.state)
             updates, state = core.update(grads, counted,
                                          _decayed_params(family.params, decays), config,
                                          lr=lrs, weight_decay=decays, in_place=True)
-            family.state = _counted_steps(family.state, state, grads)
+            family.state = counted_steps(family.state, state, grads)
             pairs = [(p, u) for p, u in zip(family.params, updates) if u is not None]
             # Plain parameters in one foreach addition; a DTensor takes its own rows.
             add_all_to_local([p for p, _ in pairs],
                              [u if u.dtype == p.dtype else u.to(p.dtype) for p, u in pairs])
-        return loss
 
     def _sharded_step(self, family: _Family, config: SOAPConfig, grads, lrs, decays) -> None:
         """A step of a sharded family: every rank screens every gradient (so all decide
