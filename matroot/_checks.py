@@ -83,6 +83,14 @@ def check_p(p):
     return int(p) if float(p).is_integer() else float(p)
 
 
+def check_flag(value, name: str) -> bool:
+    """A yes/no option: a bool (NumPy's included), never a string or a number whose
+    truth value would stand in for it (``check_finite="no"`` checked)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_choice(value, name: str, choices):
     if value not in choices:
         raise ValueError(

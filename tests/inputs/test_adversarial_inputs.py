@@ -54,3 +54,17 @@ def test_float64_input_computed_in_float32_counts_the_rounding_of_the_input(meth
         assert np.all(error[converged] <= np.broadcast_to(target, error.shape)[converged]), \
             (p, error[converged].max())
         assert np.all(res.error_estimate[converged] <= 0.5), "an estimate that cannot hold"
+
+
+@pytest.mark.parametrize("flag", ["no", "False", None, 0, 1.0])
+@pytest.mark.parametrize("call", [matroot.inv_root_info, matroot.polar_info],
+                         ids=["inv_root", "polar"])
+def test_check_finite_takes_only_a_bool(call, flag):
+    """``check_finite="no"`` read as True (a string's truth value) and ``None`` as
+    False: a TypeError now says what it takes."""
+    a = np.eye(3)[None]
+    with pytest.raises(TypeError, match="check_finite must be True or False"):
+        call(a, 2, check_finite=flag) if call is matroot.inv_root_info else \
+            call(a, check_finite=flag)
+    call(a, 2, check_finite=np.bool_(False)) if call is matroot.inv_root_info else \
+        call(a, check_finite=np.bool_(False))
