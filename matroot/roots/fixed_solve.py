@@ -213,6 +213,12 @@ def _fits(size, cast_ok, dtype, n: int) -> Array:
     cast, if any, kept their precision (``cast_ok``)."""
     xp = _xp.array_namespace(size)
     low, high = n * n * float(xp.finfo(dtype).smallest_normal), float(xp.finfo(dtype).max)
+    # Limits the size's own dtype holds: torch refuses to clip a float32 size to a
+    # float64 bound (float64 input computed in float32), where any positive finite
+    # float32 fits (2^-149 is float32's smallest subnormal).
+    computed = xp.finfo(size.dtype)
+    low = max(low, float(computed.smallest_normal) * float(computed.eps))
+    high = min(high, float(computed.max))
     fits = xp.clip(size, low, high) == size
     return fits if cast_ok is None else fits & cast_ok
 

@@ -68,3 +68,16 @@ def test_check_finite_takes_only_a_bool(call, flag):
             call(a, check_finite=flag)
     call(a, 2, check_finite=np.bool_(False)) if call is matroot.inv_root_info else \
         call(a, check_finite=np.bool_(False))
+
+
+@pytest.mark.parametrize("method", ["newton_db", "coupled_newton", "minimax"])
+def test_fixed_steps_of_a_float64_torch_inverse_computed_in_float32(method):
+    """``steps="fixed"``, p = 1, float64 torch input, ``compute_dtype="float32"``: the
+    range test clipped the float32 root norm to float64's largest number, which torch
+    refuses (RuntimeError: value cannot be converted to type float without overflow)."""
+    torch = pytest.importorskip("torch")
+    a = torch.diag(torch.tensor([2.0, 4.0, 8.0], dtype=torch.float64))[None]
+    res = matroot.inv_root_info(a, 1, method=method, rtol=1e-4, steps="fixed",
+                                compute_dtype="float32")
+    assert res.root.dtype == torch.float64 and bool(res.converged.all())
+    np.testing.assert_allclose(np.diag(res.root[0].numpy()), [0.5, 0.25, 0.125], rtol=1e-4)
