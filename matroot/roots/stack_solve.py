@@ -188,7 +188,9 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
         # here, in the input's dtype (exactly: a − fl(a) is representable there).
         flat = xp.reshape(a, (b, n, n))
         moved = _xp.frobenius_norm(flat - xp.astype(xp.astype(flat, work_dtype), a.dtype))
-        narrowing = xp.astype(moved, work_dtype) / magnitude
+        # Scaled before the cast: an input rounded to a subnormal moves by less than
+        # the compute dtype's smallest number (float64 input near 1e-44, float32 compute).
+        narrowing = xp.astype(moved / xp.astype(magnitude, a.dtype), work_dtype)
     return _Regularised(stack, finite, magnitude, ridge, narrowing)
 
 
