@@ -179,11 +179,16 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     stack = _xp.symmetric_part(stack / magnitude[:, None, None])
     # Tensor by tensor: torch divides a Python number by a tensor as number·(1/tensor),
     # and 1/magnitude overflows for a subnormal magnitude (0·inf = NaN).
-    ridge = xp.full_like(magnitude, call.eps) / magnitude
+    narrowed = unit_roundoff(xp, a.dtype) < unit_roundoff(xp, work_dtype)
+    if narrowed:  # eps scaled in the input's dtype: in float32 a tiny one is subnormal
+        wide = xp.astype(magnitude, a.dtype)
+        ridge = xp.astype(xp.full_like(wide, call.eps) / wide, work_dtype)
+    else:
+        ridge = xp.full_like(magnitude, call.eps) / magnitude
     if call.has_ridge and call.solver.needs_scaling:
         stack = _xp.add_scaled_identity(stack, ridge)
     narrowing = None
-    if unit_roundoff(xp, a.dtype) < unit_roundoff(xp, work_dtype):
+    if narrowed:
         # The check sees only the rounded stack: what the rounding moved is measured
         # here, in the input's dtype (exactly: a − fl(a) is representable there).
         flat = xp.reshape(a, (b, n, n))
