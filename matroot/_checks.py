@@ -80,7 +80,12 @@ def check_p(p):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
     if not 0 < p < math.inf:  # comparisons, as in check_nonnegative
         raise ValueError(f"p must be a finite number > 0, got {p}")
-    return int(p) if float(p).is_integer() else float(p)
+    try:
+        number = float(p)
+    except OverflowError:  # a Python int past float64's range (10**400)
+        raise ValueError(f"p ≈ 2^{int(p).bit_length() - 1} is beyond float64's range; pass "
+                         "a root order below 1.8e308") from None
+    return int(p) if number.is_integer() else number
 
 
 def check_flag(value, name: str) -> bool:

@@ -288,3 +288,16 @@ def test_a_bad_neighbour_changes_no_bits(call, kind, where):
 @given(call=_calls(), kind=st.sampled_from(NEIGHBOURS), where=st.integers(0, 3))
 def test_a_bad_neighbour_changes_no_bits_long(call, kind, where):
     _isolation_once(call, kind, where)
+
+
+@pytest.mark.parametrize("p", [10**400, 2**1100])
+def test_a_root_order_beyond_float64_is_a_value_error(p):
+    """A Python int past float64's range raised OverflowError from ``float(p)``."""
+    with pytest.raises(ValueError, match="beyond float64's range"):
+        matroot.inv_root(np.eye(2)[None], p, method="evd")
+
+
+def test_a_huge_root_order_is_named_briefly():
+    """p = 1e300 (integral, so an int) was printed with its 301 digits."""
+    with pytest.raises(ValueError, match=r"does not support p=1e\+300; methods that do"):
+        matroot.inv_root(np.eye(2)[None], 1e300, method="newton_db")
