@@ -123,6 +123,7 @@ def _regularised(a, call: RootCall):
     n = a.shape[-1]
     b = math.prod(a.shape[:-2])
     stack = xp.reshape(xp.astype(a, getattr(xp, call.work_dtype), copy=False), (b, n, n))
+    stack = _xp.row_major(stack)
     largest = xp.linalg.vector_norm(stack, axis=(-2, -1), ord=math.inf)  # NaN propagates
     if call.has_ridge:
         largest = xp.maximum(largest, xp.full_like(largest, call.eps))

@@ -160,7 +160,7 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     b = math.prod(a.shape[:-2])
     traced = _xp.is_traced(a)
     work_dtype = getattr(xp, call.work_dtype)
-    stack = xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n))
+    stack = _xp.row_major(xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n)))
     finite = _xp.finite_matrices(stack)
     # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
     # come back NaN, and every matrix takes the select below.

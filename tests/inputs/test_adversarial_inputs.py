@@ -301,3 +301,33 @@ def test_a_huge_root_order_is_named_briefly():
     """p = 1e300 (integral, so an int) was printed with its 301 digits."""
     with pytest.raises(ValueError, match=r"does not support p=1e\+300; methods that do"):
         matroot.inv_root(np.eye(2)[None], 1e300, method="newton_db")
+
+
+def _layouts(a: np.ndarray) -> dict:
+    padded = np.zeros((a.shape[0], 2 * a.shape[1], 2 * a.shape[2]), a.dtype)
+    padded[:, ::2, ::2] = a
+    frozen = a.copy()
+    frozen.flags.writeable = False
+    return {"fortran": np.asfortranarray(a), "negative_strides": a[::-1, ::-1].copy()[::-1, ::-1],
+            "strided": padded[:, ::2, ::2], "read_only": frozen,
+            "transposed_copy": np.swapaxes(np.swapaxes(a, -1, -2).copy(), -1, -2)}
+
+
+@pytest.mark.parametrize("method", ["evd", "minimax", "coupled_newton"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layouts_give_the_bits_of_a_contiguous_copy(method, dtype):
+    """Fortran order, negative and padded strides, read-only and stride-0 (expanded)
+    stacks, NumPy and torch: the same bits as a C-contiguous copy."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    q, _ = np.linalg.qr(rng.standard_normal((3, 6, 6)))
+    a = ((q * np.geomspace(1e-3, 1, 6)) @ np.swapaxes(q, -1, -2)).astype(dtype)
+    want = matroot.inv_root(a, 2, method=method)
+    for name, view in _layouts(a).items():
+        assert np.array_equal(matroot.inv_root(view, 2, method=method), want), name
+    t = torch.from_numpy(a)
+    views = {"expanded": t[:1].expand(3, 6, 6), "strided": torch.from_numpy(
+        _layouts(a)["strided"]), "transposed": t.mT.contiguous().mT}
+    for name, view in views.items():
+        got = matroot.inv_root(view, 2, method=method)
+        assert torch.equal(got, matroot.inv_root(view.contiguous(), 2, method=method)), name
