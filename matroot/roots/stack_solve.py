@@ -123,7 +123,9 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     cast_error, cast_ok = _cast_back_error(returned, root, computed)
     estimate = check.error_estimate
     if reg.narrowing is not None:
-        estimate = estimate + _narrowing_error(reg.narrowing, lam_max, check.kappa, p)
+        # ‖A‖_F ≥ λmax caps a caller's loose λmax bound, which would shrink the term.
+        top = xp.minimum(lam_max, _xp.frobenius_norm(reg.stack))
+        estimate = estimate + _narrowing_error(reg.narrowing, top, check.kappa, p)
     error_estimate = xp.where(fits & computed, estimate + cast_error,
                               xp.full_like(cast_error, float("inf")))
     converged = is_converged(out.converged | (call.tol == 0),
