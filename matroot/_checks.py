@@ -82,7 +82,20 @@ def check_p(p):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
     if not 0 < p < math.inf:  # comparisons, as in check_nonnegative
         raise ValueError(f"p must be a finite number > 0, got {p}")
-    return int(p) if float(p).is_integer() else float(p)
+    try:
+        number = float(p)
+    except OverflowError:  # a Python int past float64's range (10**400)
+        raise ValueError(f"p ≈ 2^{int(p).bit_length() - 1} is beyond float64's range; pass "
+                         "a root order below 1.8e308") from None
+    return int(p) if number.is_integer() else number
+
+
+def check_flag(value, name: str) -> bool:
+    """A yes/no option: a bool (NumPy's included), never a string or a number whose
+    truth value would stand in for it (``check_finite="no"`` checked)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def check_choice(value, name: str, choices):

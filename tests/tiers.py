@@ -204,6 +204,10 @@ EXTENDED_COMMAND = 'python -m pytest -n 2 -m extended'
 #: (node-id pattern, why it waits for the extended tier). A test matching any is
 #: extended (and slow); each reason names the check the default tier keeps.
 EXTENDED_TESTS: tuple[tuple[str, str], ...] = (
+    ("tests/inputs/test_adversarial_inputs.py::test_converged_means_right_on_nasty_constructions_long",
+     "the long hunt (600 examples) beside the default tier's 40"),
+    ("tests/inputs/test_adversarial_inputs.py::test_a_bad_neighbour_changes_no_bits_long",
+     "the long neighbour hunt (150 examples) beside the default tier's 8"),
     # Repeats of a check the default tier makes once (CPU seconds on two cores, measured
     # with --durations and per-test CPU time under -n 2, 2026-12-07).
     ("tests/backends/test_jax_user_loop.py::test_the_user_loop_finishes_for_every_root_method[1]",

@@ -1,4 +1,4 @@
-"""Copies between a backend's arrays and host NumPy arrays."""
+"""Copies between a backend's arrays and host NumPy arrays, and into row-major order."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .namespace import (
 __all__ = [
     "to_numpy",
     "from_numpy",
+    "row_major",
 ]
 
 
@@ -39,3 +40,14 @@ def from_numpy(xp, arr: np.ndarray, *, dtype=None, device=None):
     if dtype is None:
         return xp.asarray(arr, device=device)
     return xp.astype(xp.asarray(arr, device=device), dtype)
+
+
+def row_major(x):
+    """``x`` in C (row-major) order: a NumPy array in another order (Fortran, negative
+    or padded strides) is copied, as BLAS rounds its products differently for
+    another layout (a Fortran-order stack's float64 roots differed from a C-order
+    copy's by a few units in the last place). Other backends' arrays are returned as
+    they are (torch's results were already layout-independent)."""
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    return x

@@ -19,8 +19,8 @@ import warnings
 from typing import Any
 
 from .. import _xp
-from .._checks import (check_choice, check_matmul_dtype, check_max_iter, check_nonnegative,
-                      check_stack)
+from .._checks import (check_choice, check_flag, check_matmul_dtype, check_max_iter,
+                      check_nonnegative, check_stack)
 from .._typing import Array
 from ..certify.accuracy import check_rtol, unit_roundoff
 from ..certify.polar_accuracy import DEFAULT_LOWER, DEFAULT_RTOL
@@ -165,6 +165,7 @@ def polar_info(g: Array, /, *, method: str = "auto", rtol: float | None = None,
     _xp.refuse_torch_func(g, "polar")
     check_choice(method, "method", polar_method_names())
     check_choice(sigma_bound, "sigma_bound", SIGMA_BOUNDS)
+    check_finite = check_flag(check_finite, "check_finite")
     method, work_name, rtol, sigma_bound, rows = _resolve(
         xp, g, method, rtol, max_iter, matmul_dtype, lower, sigma_bound)
     # A decomposition (no polynomial steps) has a backward that divides by singular-value

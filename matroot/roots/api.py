@@ -14,7 +14,7 @@ from typing import Any
 from .. import _xp
 from . import stack_solve
 from .verdict import repair, repair_on_device, solve_fixed, warn_cast
-from .._checks import check_bound, check_choice, check_stack
+from .._checks import check_bound, check_choice, check_flag, check_stack
 from .._typing import Array
 from .call import VERDICTS, RootCall, compiled_call, default_max_iter, resolve_call
 from .gradient import inv_root_derivative
@@ -108,6 +108,7 @@ def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, chec
     the verdict (None where nothing was read: a traced call, the device verdict)."""
     xp = check_stack(a)
     check_choice(verdict, "verdict", VERDICTS)
+    check_finite = check_flag(check_finite, "check_finite")
     _xp.refuse_torch_func(a, "inv_root")
     if _xp.is_jax_namespace(xp):
         _xp.register_jax_pytree(InvRootResult, ("method", "failure_probability"))

@@ -123,6 +123,7 @@ def _regularised(a, call: RootCall):
     n = a.shape[-1]
     b = math.prod(a.shape[:-2])
     stack = xp.reshape(xp.astype(a, getattr(xp, call.work_dtype), copy=False), (b, n, n))
+    stack = _xp.row_major(stack)
     largest = xp.linalg.vector_norm(stack, axis=(-2, -1), ord=math.inf)  # NaN propagates
     if call.has_ridge:
         largest = xp.maximum(largest, xp.full_like(largest, call.eps))
@@ -213,6 +214,12 @@ def _fits(size, cast_ok, dtype, n: int) -> Array:
     cast, if any, kept their precision (``cast_ok``)."""
     xp = _xp.array_namespace(size)
     low, high = n * n * float(xp.finfo(dtype).smallest_normal), float(xp.finfo(dtype).max)
+    # Limits the size's own dtype holds: torch refuses to clip a float32 size to a
+    # float64 bound (float64 input computed in float32), where any positive finite
+    # float32 fits (2^-149 is float32's smallest subnormal).
+    computed = xp.finfo(size.dtype)
+    low = max(low, float(computed.smallest_normal) * float(computed.eps))
+    high = min(high, float(computed.max))
     fits = xp.clip(size, low, high) == size
     return fits if cast_ok is None else fits & cast_ok
 

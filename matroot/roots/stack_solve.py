@@ -30,12 +30,15 @@ NONFINITE_INPUT = ("a contains NaN or Inf (pass check_finite=False to get NaN ro
 
 class _Regularised(NamedTuple):
     """The flat stack in the compute dtype, divided by ``magnitude`` (an exact power
-    of two per matrix) and symmetrised; the ridge is added for an iterative method."""
+    of two per matrix) and symmetrised; the ridge is added for an iterative method.
+    ``narrowing``: per matrix, ``‖A − fl(A)‖_F/magnitude`` where the input was rounded
+    to a narrower compute dtype (float64 input, ``compute_dtype="float32"``), else None."""
 
     stack: Array
     finite: Array
     magnitude: Array
     ridge: Array
+    narrowing: Array | None = None
 
 
 class _Scaled(NamedTuple):
@@ -118,11 +121,16 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
     fits = _xp.finite_matrices(returned)
     computed = usable & _xp.finite_matrices(root)
     cast_error, cast_ok = _cast_back_error(returned, root, computed)
-    error_estimate = xp.where(fits & computed, check.error_estimate + cast_error,
+    estimate = check.error_estimate
+    if reg.narrowing is not None:
+        # ‖A‖_F ≥ λmax caps a caller's loose λmax bound, which would shrink the term.
+        top = xp.minimum(lam_max, _xp.frobenius_norm(reg.stack))
+        estimate = estimate + _narrowing_error(reg.narrowing, top, check.kappa, p)
+    error_estimate = xp.where(fits & computed, estimate + cast_error,
                               xp.full_like(cast_error, float("inf")))
     converged = is_converged(out.converged | (call.tol == 0),
                              usable & check.positive & fits & cast_ok,
-                             check.error_estimate, call.accuracy(check.kappa, a.shape[-1]))
+                             estimate, call.accuracy(check.kappa, a.shape[-1]))
     lam_max = lam_max * reg.magnitude
     nan_b = xp.full_like(lam_max, float("nan"))
     residual = xp.where(usable, check.residual if isinstance(p, int) else out.residual,
@@ -154,7 +162,7 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     b = math.prod(a.shape[:-2])
     traced = _xp.is_traced(a)
     work_dtype = getattr(xp, call.work_dtype)
-    stack = xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n))
+    stack = _xp.row_major(xp.reshape(xp.astype(a, work_dtype, copy=False), (b, n, n)))
     finite = _xp.finite_matrices(stack)
     # Traced (jax.jit, torch.compile) values cannot be read: non-finite matrices
     # come back NaN, and every matrix takes the select below.
@@ -173,10 +181,37 @@ def _regularised(a, call: RootCall, check_finite: bool) -> _Regularised:
     stack = _xp.symmetric_part(stack / magnitude[:, None, None])
     # Tensor by tensor: torch divides a Python number by a tensor as number·(1/tensor),
     # and 1/magnitude overflows for a subnormal magnitude (0·inf = NaN).
-    ridge = xp.full_like(magnitude, call.eps) / magnitude
+    narrowed = unit_roundoff(xp, a.dtype) < unit_roundoff(xp, work_dtype)
+    if narrowed:  # eps scaled in the input's dtype: in float32 a tiny one is subnormal
+        wide = xp.astype(magnitude, a.dtype)
+        ridge = xp.astype(xp.full_like(wide, call.eps) / wide, work_dtype)
+    else:
+        ridge = xp.full_like(magnitude, call.eps) / magnitude
     if call.has_ridge and call.solver.needs_scaling:
         stack = _xp.add_scaled_identity(stack, ridge)
-    return _Regularised(stack, finite, magnitude, ridge)
+    narrowing = None
+    if narrowed:
+        # The check sees only the rounded stack: what the rounding moved is measured
+        # here, in the input's dtype (exactly: a − fl(a) is representable there).
+        flat = xp.reshape(a, (b, n, n))
+        moved = _xp.frobenius_norm(flat - xp.astype(xp.astype(flat, work_dtype), a.dtype))
+        # Scaled before the cast: an input rounded to a subnormal moves by less than
+        # the compute dtype's smallest number (float64 input near 1e-44, float32 compute).
+        narrowing = xp.astype(moved / xp.astype(magnitude, a.dtype), work_dtype)
+    return _Regularised(stack, finite, magnitude, ridge, narrowing)
+
+
+def _narrowing_error(narrowing, lam_max, kappa, p):
+    """The root's relative error from rounding the input to the compute dtype, to
+    first order: a perturbation E moves ``A^(-1/p)`` by at most ``‖E‖_F/(p·λmin)``
+    relative to its norm (divided differences of ``λ^(-1/p)`` are at most
+    ``λmin^(-1/p-1)/p``), with λmin = λmax/κ. A float32 solve of float64 input at
+    κ = 1e7 came back converged 0.1 off (evd, whose float64 retry of the rounded
+    stack saw none of it); ∞ where λmax or κ is unusable, so not converged."""
+    xp = _xp.array_namespace(narrowing)
+    usable = (lam_max > 0) & xp.isfinite(lam_max) & xp.isfinite(kappa)
+    safe = xp.where(usable, lam_max, xp.ones_like(lam_max))
+    return xp.where(usable, narrowing * kappa / (p * safe), xp.full_like(safe, float("inf")))
 
 
 def _scaled(reg: _Regularised, call: RootCall, lambda_max_upper, needs_ritz: bool) -> _Scaled:

@@ -229,7 +229,7 @@ def solvers_supporting(p: int | float) -> tuple[str, ...]:
 def require_support(method: str, p: int | float) -> None:
     """A ValueError naming the methods that do accept ``p`` unless ``method`` does."""
     if method != "auto" and not get_solver(method).root_orders.accepts(p):
-        raise ValueError(f"method={method!r} does not support p={p}; methods that do: "
+        raise ValueError(f"method={method!r} does not support p={p:.6g}; methods that do: "
                          + ", ".join(repr(m) for m in solvers_supporting(p)))
 
 
