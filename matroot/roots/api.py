@@ -166,18 +166,19 @@ def _info(a, p, *, method, eps, scaling, tol, rtol, max_iter, matmul_dtype, chec
 def _solved(a, xp, call: RootCall, batch, b: int, n: int, traced: bool, check_finite: bool,
             bounds: dict) -> InvRootResult:
     """The body of :func:`inv_root_info` after its arguments are checked."""
-    if _xp.is_jax_namespace(xp) and call.solver.needs_scaling:
-        # Eager JAX dispatches, and first compiles, every operation on its own: for the
-        # iterative methods' hundreds of small operations one compiled call per shape is
-        # faster from the first call on. A direct method is a few operations, and eagerly
-        # its float32 screen picks on the host the matrices that need float64. Traced,
-        # the same cached program: an eager jax.vmap re-traced and re-compiled the
-        # solve's loops at every call (3 programs, 4-13 s a call), and under jax.jit it
-        # is traced once per shape, not at every trace of the caller.
+    if _xp.is_jax_namespace(xp) and (call.solver.needs_scaling or not traced):
+        # Eager JAX dispatches, and first compiles, every operation on its own: one
+        # compiled call per shape is faster from the first call on (evd's eager call
+        # lowered ~120 programs, 20-40 s on a 2-core CPU; its float32 screen and float64
+        # retry then decide on the device, matrix by matrix as eagerly). Traced, the
+        # same cached program for the iterative methods: an eager jax.vmap re-traced and
+        # re-compiled the solve's loops at every call (3 programs, 4-13 s a call), and
+        # under jax.jit it is traced once per shape, not at every trace of the caller.
         if check_finite and not traced and not bool(xp.all(xp.isfinite(a))):
             raise ValueError(stack_solve.NONFINITE_INPUT)
         result, usable, cast_trouble, rtol_floor = compiled_call(
-            stack_solve.solve_stack, a, call, bounds, check_finite=False)
+            stack_solve.solve_stack, a, call, bounds, check_finite=False,
+            eager_program=not traced)
     else:
         result, usable, cast_trouble, rtol_floor = stack_solve.solve_stack(
             a, call=call, check_finite=check_finite, **bounds)

@@ -55,12 +55,14 @@ class _Scaled(NamedTuple):
 
 
 def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
-                lambda_min_lower=None):
+                lambda_min_lower=None, eager_program: bool = False):
     """The flat ``(b, ...)`` result of ``call`` on ``a``, which matrices were finite
     with a positive λmax bound (the others get NaN roots), a 0-d flag, True
     where some root lost its precision in the cast back to ``a.dtype``, and the
     largest ``u·κ/p`` above a caller's ``rtol`` among the matrices that did not
-    converge (0-d; 0 where none: the ``rtol`` their dtype could not certify)."""
+    converge (0-d; 0 where none: the ``rtol`` their dtype could not certify).
+    ``eager_program``: traced as an eager call's compiled program (a direct solver
+    then decides as it does eagerly)."""
     xp = _xp.array_namespace(a)
     solver, p = call.solver, call.p
     reg = _regularised(a, call, check_finite)
@@ -78,6 +80,8 @@ def solve_stack(a, *, call: RootCall, check_finite: bool, lambda_max_upper=None,
         # A direct method adds the ridge itself, in the dtype it decomposes in (evd's
         # float64 eigh of a float32 stack gets the ridge in float64).
         solver_kwargs["ridge"] = reg.ridge
+    if not solver.needs_scaling:
+        solver_kwargs["eager_program"] = eager_program
     ritz = sc.ritz
     floor = reg.ridge if lambda_min_lower is None else xp.maximum(
         reg.ridge, _informative(_per_matrix(xp, lambda_min_lower, b, reg.stack.dtype,

@@ -25,6 +25,8 @@ check takes the larger of the two estimates.
 
 from __future__ import annotations
 
+import functools
+
 from .. import _xp
 from ..certify.accuracy import unit_roundoff
 from ._result import SolverOutput
@@ -101,7 +103,17 @@ def _retry_in_float64(xp, a, lam, root, redo, p, ridge=None, error=None):
     return lam, root, error
 
 
-def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
+def _merge_float64(xp, a, redo, p, ridge, lam, root, error):
+    """``(lam, root, error)`` with the ``redo`` matrices' from a float64 eigh of the
+    whole stack ``a`` (traced: the picked matrices' count is not a shape)."""
+    wide_lam, wide_root, wide_error = _all_in_float64(xp, a, p, ridge,
+                                                      measure=error is not None)
+    return (xp.where(redo[:, None], wide_lam, lam), _xp.batched_where(redo, wide_root, root),
+            None if error is None else xp.where(redo, wide_error, error))
+
+
+def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None,
+        eager_program: bool = False, **_):
     """``a^(-1/p) = Q diag(λ^(-1/p)) Qᵀ`` from one ``eigh`` per matrix.
 
     Matrices with an eigenvalue ≤ 0 (singular or indefinite: there is no real
@@ -119,6 +131,12 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     ridge : array, shape (b,), optional
         Added to the diagonal in the dtype each eigh runs in (float64 for the
         retried matrices), so the roots are of ``a + ridge·I``.
+    eager_program : bool
+        Traced as an eager call's one compiled program
+        (:func:`matroot.roots.call.compiled_call`): the float32 screen and retry
+        decide on the device as they do eagerly on the host, the retry a branch
+        (``lax.cond``) that decomposes the whole stack in float64 and keeps the
+        redone matrices only, so every matrix gets the bits it gets eagerly.
 
     Returns
     -------
@@ -143,7 +161,7 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     # which ones fell short). Under tracing nothing can be read back to pick the
     # matrices to retry, so the whole stack is decomposed in float64.
     widen = a.dtype == xp.float32 and float64_retry and _xp.has_float64(xp)
-    narrow = widen and not traced
+    narrow = widen and (not traced or eager_program)
     eigh_dtype = xp.float64 if _xp.eigh_runs_in_float64(xp) else a.dtype
     eigh_unit = xp.full((b,), unit_roundoff(xp, eigh_dtype), dtype=a.dtype, device=dev)
     wide_unit = xp.full_like(eigh_unit, unit_roundoff(xp, xp.float64))
@@ -154,7 +172,8 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     a = _with_ridge(xp, a, ridge, eigh_dtype)
     beyond = surely_beyond_float32(a, p, tol) if screened else None
     # Where every matrix surely needs float64, the float32 eigh is skipped.
-    skip = (widen and traced) or (beyond is not None and bool(xp.all(beyond)))
+    skip = (widen and not narrow) or (beyond is not None and not traced
+                                      and bool(xp.all(beyond)))
     widened = False  # some root formed from float64 eigenpairs rounded to plain's dtype
     decomposition = None if skip else _eigh_or_none(xp, a)
     if decomposition is None and widen:
@@ -173,7 +192,12 @@ def evd(a, p, *, tol: float = 0.0, float64_retry: bool = True, ridge=None, **_):
     if decomposition is not None and beyond is not None:
         # The screened ones too, so a matrix's bits never depend on its neighbours.
         redo = ~float32_eigh_suffices(lam, p, tol, error) | beyond
-        if bool(xp.any(redo)):
+        if traced:
+            lam, root, error = _xp.cond(xp.any(redo), functools.partial(
+                _merge_float64, xp, plain, redo, p, ridge), lambda *kept: kept, lam, root, error)
+            eigh_unit = xp.where(redo, wide_unit, eigh_unit)
+            widened = True
+        elif bool(xp.any(redo)):
             lam, root, error = _retry_in_float64(xp, plain, lam, root, redo, p, ridge, error)
             eigh_unit = xp.where(redo, wide_unit, eigh_unit)
             widened = True

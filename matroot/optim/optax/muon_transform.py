@@ -22,6 +22,7 @@ from ..muon.core import (MuonConfig, MuonState, check_muon_keywords, default_use
 from ..shampoo_core.gradients import all_finite, apply_nonfinite_policy, nonfinite_params
 from .keywords import host_values, with_keywords
 from .leaves import check_leaves_fit
+from .muon_layout import leaf_views, torch_layout_warning
 
 __all__ = ["muon", "scale_by_muon", "MuonOptaxState"]
 
@@ -35,7 +36,7 @@ class MuonOptaxState(NamedTuple):
     exp_avg_sq: list
 
 
-def _muon_leaves(tree, use_muon, warn: bool = False) -> list[bool]:
+def _muon_leaves(tree, use_muon, views, warn: bool = False) -> list[bool]:
     """Per leaf: Muon or AdamW, by ``use_muon`` (a pytree of bools or a callable of
     ``(path_string, leaf)``) or the default rule on the leaf's key path joined by
     ``.`` (``{"params": {"Dense_0": {"kernel": ...}}}`` is ``params.Dense_0.kernel``).
@@ -60,8 +61,12 @@ def _muon_leaves(tree, use_muon, warn: bool = False) -> list[bool]:
              for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
     if use_muon is not None:
         return [bool(use_muon(name, leaf)) for name, leaf in named]
-    flags = [default_use_muon(name, leaf.shape) for name, leaf in named]
+    # A leaf with dimension numbers is judged as the matrices it is read as.
+    flags = [default_use_muon(name, leaf.shape if view is None else view.view)
+             for (name, leaf), view in zip(named, views)]
     if warn:
+        torch_layout_warning([leaf.shape for (_, leaf), flag, view in zip(named, flags, views)
+                              if flag and view is None and leaf.ndim > 2])
         unnamed_matrices_warning(
             [leaf.shape for (name, leaf), flag in zip(named, flags) if flag and is_unnamed(name)],
             "muon", "Give the parameters as a dict whose keys name them ('embed', "
@@ -87,7 +92,7 @@ def _stack_placement(sharding) -> Callable[[Any], Any] | None:
 
 def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
                   split: Callable[[str, Any], int] | None = None,
-                  stack_sharding: Any = None,
+                  stack_sharding: Any = None, weight_dimension_numbers: Any = None,
                   **config: Any) -> optax.GradientTransformation:
     """The Muon/AdamW direction ``+D`` of every leaf, without learning rate or decay.
 
@@ -115,6 +120,18 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         in and out (all-to-all) from wherever the gradients and moments are
         (replicated, or sharded like the parameters). For ``jax.jit`` over a
         mesh; the updates equal the unsharded ones to rounding.
+    weight_dimension_numbers : MuonDimensionNumbers, pytree or callable, optional
+        Which axes of a Muon leaf are its matrix's input (``reduction_axis``) and
+        output (``output_axis``), the others batch axes, as ``optax.contrib.muon``
+        takes them (``optax.contrib.MuonDimensionNumbers``): one for every leaf, a
+        pytree of them (None where the default holds) or a callable of the params
+        returning one (:mod:`.muon_layout`). By default a leaf is read in torch's
+        layouts: ``(out, in)``, ``(experts, out, in)``, ``(out, in, kh, kw)``. flax's
+        and haiku's dense kernels are ``(in, out)`` (pass
+        ``MuonDimensionNumbers(0, 1)`` for the shape scale optax's Muon and torch's
+        give them) and their convolutions ``(kh, kw, in, out)``
+        (``MuonDimensionNumbers((0, 1, 2), 3)``); Muon leaves of three or more
+        dimensions without one draw a warning.
     **config
         :class:`~matroot.optim.muon.core.MuonConfig` fields.
     """
@@ -128,7 +145,8 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 
     def init_fn(params):
         leaves = jax.tree_util.tree_leaves(params)
-        muon = _muon_leaves(params, use_muon, warn=True)
+        muon = _muon_leaves(params, use_muon, leaf_views(params, weight_dimension_numbers),
+                            warn=True)
         return MuonOptaxState(jnp.zeros((), jnp.int32), [jnp.zeros_like(x) for x in leaves],
                               [None if m else jnp.zeros_like(x) for x, m in zip(leaves, muon)])
 
@@ -146,17 +164,24 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
         if eagerly_finite is False and settings.nonfinite_grads == "raise":
             apply_nonfinite_policy(nonfinite_params(jnp, leaves), "raise",
                                    numbering=" (pytree leaf order)")
-        muon = _muon_leaves(updates, use_muon)
+        views = leaf_views(updates, weight_dimension_numbers)
+        muon = _muon_leaves(updates, use_muon, views)
+        # Muon leaves with dimension numbers go to the core as (batch, out, in) stacks.
+        views = [view if m else None for view, m in zip(views, muon)]
+        into = lambda arrays: [x if v is None else v.into(x)  # noqa: E731
+                               for x, v in zip(arrays, views)]
+        back = lambda arrays: [x if v is None else v.back(x)  # noqa: E731
+                               for x, v in zip(arrays, views)]
         splits = None if split is None else [
             int(split(jax.tree_util.keystr(path, simple=True, separator="."), leaf))
             for path, leaf in jax.tree_util.tree_flatten_with_path(updates)[0]]
-        core = MuonState(state.momentum, state.exp_avg_sq, [state.count] * len(leaves))
+        core = MuonState(into(state.momentum), state.exp_avg_sq, [state.count] * len(leaves))
         directions, new = muon_directions(
-            leaves, core, muon, settings,
+            into(leaves), core, muon, settings,
             momentum=None if momentum is None else [momentum] * len(leaves), split=splits,
             place=place)
-        directions = [d if m else d * adamw_lr_ratio for d, m in zip(directions, muon)]
-        new_state = MuonOptaxState(state.count + 1, new.momentum, new.exp_avg_sq)
+        directions = [d if m else d * adamw_lr_ratio for d, m in zip(back(directions), muon)]
+        new_state = MuonOptaxState(state.count + 1, back(new.momentum), new.exp_avg_sq)
         if eagerly_finite:
             return treedef.unflatten(directions), new_state
         directions = [jnp.where(finite, d, jnp.zeros_like(d)) for d in directions]
@@ -170,6 +195,7 @@ def scale_by_muon(*, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
 def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
          weight_decay_mask: Any = None, use_muon: Any = None, adamw_lr_ratio: float = 1.0,
          split: Callable[[str, Any], int] | None = None, stack_sharding: Any = None,
+         weight_dimension_numbers: Any = None,
          **config: Any) -> optax.GradientTransformation:
     """Stacked Muon for optax: ``scale_by_muon``, decoupled weight decay, learning rate.
 
@@ -185,7 +211,7 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
         ``optax.contrib.muon``'s ``weight_decay_mask``): a pytree of bools like the
         parameters, or a function of the parameters returning one; e.g. leave out
         biases and norms, as the torch shell's AdamW part does by default.
-    use_muon, adamw_lr_ratio, split, stack_sharding, **config
+    use_muon, adamw_lr_ratio, split, stack_sharding, weight_dimension_numbers, **config
         As :func:`scale_by_muon`.
 
     Returns
@@ -217,6 +243,7 @@ def muon(learning_rate: float | Callable, *, weight_decay: float = 0.0,
     settings = host_values("muon", config, traced_ok=("momentum",))
     return optax.chain(scale_by_muon(use_muon=use_muon, adamw_lr_ratio=adamw_lr_ratio,
                                      split=split, stack_sharding=stack_sharding,
+                                     weight_dimension_numbers=weight_dimension_numbers,
                                      **settings),
                        *decay, optax.scale_by_learning_rate(learning_rate))
 
