@@ -36,12 +36,14 @@ class MuonOptaxState(NamedTuple):
     exp_avg_sq: list
 
 
-def _muon_leaves(tree, use_muon, views, warn: bool = False) -> list[bool]:
+def _muon_leaves(tree, use_muon, views=None, warn: bool = False) -> list[bool]:
     """Per leaf: Muon or AdamW, by ``use_muon`` (a pytree of bools or a callable of
     ``(path_string, leaf)``) or the default rule on the leaf's key path joined by
     ``.`` (``{"params": {"Dense_0": {"kernel": ...}}}`` is ``params.Dense_0.kernel``).
-    With ``warn``, the rule's matrices whose path holds no name (only positions, as
-    in a list of arrays) draw a warning.
+    ``views``: per leaf, its :class:`~.muon_layout.LeafView` or None (the rule
+    judges a viewed leaf by its view's shape). With ``warn``, the rule's matrices
+    whose path holds no name (only positions, as in a list of arrays), and those of
+    three or more dimensions without a view, draw a warning.
 
     A pytree of bools is matched to ``tree`` by structure, as ``optax.masked``
     matches its mask: it may be a prefix of ``tree`` (one bool for a subtree), and
@@ -61,7 +63,8 @@ def _muon_leaves(tree, use_muon, views, warn: bool = False) -> list[bool]:
              for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
     if use_muon is not None:
         return [bool(use_muon(name, leaf)) for name, leaf in named]
-    # A leaf with dimension numbers is judged as the matrices it is read as.
+    # A leaf with dimension numbers (its view) is judged as the matrices it is read as.
+    views = views or [None] * len(named)
     flags = [default_use_muon(name, leaf.shape if view is None else view.view)
              for (name, leaf), view in zip(named, views)]
     if warn:
