@@ -89,7 +89,9 @@ def test_lambda_max_bound_is_one_program_per_shape(certificate):
     with lowered() as again:
         matroot.lambda_max_bound(doubled, bound_certificate=certificate,
                                  safety=1.1).block_until_ready()
-    assert first[0] <= 2 and again[0] == 0, (first[0], again[0])
+    # A fresh process also lowers a small shared program or two (3 when this test runs
+    # first in its process, 2 after others): a handful, against ~400 before.
+    assert first[0] <= 4 and again[0] == 0, (first[0], again[0])
     lam_max = np.linalg.eigvalsh(host)[..., -1]
     assert np.all(np.asarray(bound, dtype=np.float64) >= lam_max * (1 - 1e-6))
     assert np.all(np.asarray(bound, dtype=np.float64) <= lam_max * 1.5)
@@ -102,7 +104,8 @@ def test_spectral_bounds_is_one_program_per_shape():
         jax.block_until_ready(b)
     with lowered() as again:
         jax.block_until_ready(matroot.spectral_bounds(a, eps=2e-3))
-    assert first[0] <= 2 and again[0] == 0, (first[0], again[0])
+    # A handful (3 when this test runs first in its process, as under -n 2 it may).
+    assert first[0] <= 4 and again[0] == 0, (first[0], again[0])
     lam = np.linalg.eigvalsh(host)
     assert np.all(np.asarray(b.lambda_max) >= (lam[..., -1] + 1e-3) * (1 - 1e-6))
     assert np.all(np.asarray(b.lambda_min) >= 1e-3 * (1 - 1e-6))
