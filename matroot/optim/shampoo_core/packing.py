@@ -19,16 +19,11 @@ _INDEX_CACHE: dict = {}
 
 
 def _cached_index(like, key: tuple, make):
-    """The index ``make()`` gives, on ``like``'s device: made once per key, library and
-    device, so no index is copied to the device per step (made afresh while a
-    FakeTensorMode is active, whose tensors must not be kept, nor kept ones enter it)."""
+    """The index ``make()`` gives, on ``like``'s device: kept once per key, library and
+    device (:func:`matroot._xp.kept`), so no index is copied to the device per step."""
     xp, device = _xp.array_namespace(like), _xp.device_of(like)
-    if _xp.fake_mode_active():
-        return _on_device(xp, make(), device)
-    key = (xp.__name__, str(device), *key)
-    if key not in _INDEX_CACHE:
-        _INDEX_CACHE[key] = _on_device(xp, make(), device)
-    return _INDEX_CACHE[key]
+    return _xp.kept(_INDEX_CACHE, (xp.__name__, str(device), *key), 512,
+                    lambda: _on_device(xp, make(), device))
 
 
 def _packing_index(like, n: int, unpack: bool):
